@@ -1,0 +1,26 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv once.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: demo test lint clean-demo
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	time snakemake --workflow-profile workflow/profiles/demo
+	@echo "Tables, figures and the report are in results/demo/ (start with results/demo/report.md)"
+
+test: $(STAMP)
+	pytest
+
+lint: $(STAMP)
+	snakemake --lint
+	snakefmt --check .
+
+clean-demo:
+	rm -rf results/demo

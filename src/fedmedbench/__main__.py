@@ -1,0 +1,3 @@
+from fedmedbench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""Command line: ``fedmedbench <command>``. Every pipeline step is a command, so any job can be rerun
+by hand exactly as Snakemake ran it (the command is in the job's log). Heavy imports (torch,
+SimpleITK, matplotlib) happen inside the commands that need them, to keep start-up short."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def cmd_train(args) -> None:
+    from fedmedbench import config as cfgmod
+    from fedmedbench.fl.engine import run_training
+
+    if args.run_config:
+        run_cfg = json.loads(args.run_config)
+    else:
+        if not (args.config and args.task and args.run and args.seed is not None):
+            raise SystemExit("train: give --run-config JSON, or --config FILE... --task --run --seed")
+        config = cfgmod.load_config(*args.config)
+        run_cfg = cfgmod.resolve_run(config, args.task, args.run, args.seed)
+    out = Path(args.out) if args.out else None
+    if out is None:
+        raise SystemExit("train: --out is required")
+    logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
+    final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress)
+    metric = final["primary_metric"]
+    mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
+    print(f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})")
+
+
+def cmd_fetch(args) -> None:
+    from fedmedbench.data import prostate
+    from fedmedbench.data.download import fetch
+
+    manual = {"prostate": prostate.DOWNLOAD.manual_step}.get(args.dataset)
+    fetch(args.source, Path(args.dest), sha256=args.sha256, log=logging.getLogger("fedmedbench.fetch").info, manual_step=manual)
+
+
+def cmd_extract(args) -> None:
+    from fedmedbench.data.archive import safe_extract
+
+    safe_extract(Path(args.archive), Path(args.out))
+
+
+def cmd_synthesize(args) -> None:
+    from fedmedbench.data import prostate
+
+    info = prostate.write_synthetic_release(Path(args.out), seed=args.seed, cases_per_site=args.cases_per_site, depth=args.depth, size=args.size)
+    logging.getLogger("fedmedbench.synthetic").info("wrote %s: %s", args.out, info)
+
+
+def cmd_preprocess(args) -> None:
+    from fedmedbench.data import prostate
+    from fedmedbench.data.store import atomic_write_text
+
+    counts = prostate.preprocess_harmofl(
+        Path(args.raw), Path(args.out), expect_real_counts=args.expect_real_counts, size=args.size, log=logging.getLogger("fedmedbench.prostate").info
+    )
+    if args.counts:
+        atomic_write_text(Path(args.counts), json.dumps(counts, indent=2) + "\n")
+
+
+def cmd_split(args) -> None:
+    from fedmedbench.data import prostate
+
+    prostate.split_harmofl(Path(args.store), Path(args.out), permutation=args.permutation, seed=args.seed)
+
+
+def _load_finals(paths: list[str]) -> list[dict]:
+    finals = []
+    for path in paths:
+        with open(path) as handle:
+            finals.append(json.load(handle))
+    return finals
+
+
+def cmd_collect(args) -> None:
+    """All runs' per-client metrics of an experiment in one long CSV (run, seed, client, split, metric)."""
+    import pandas as pd
+
+    from fedmedbench.data.store import atomic_write_text
+
+    rows = []
+    for final in _load_finals(args.finals):
+        for split in ("val", "test"):
+            for client, scores in final[split].items():
+                for metric, value in scores.items():
+                    rows.append({"task": final["task"], "run": final["run"], "seed": final["seed"], "client": client, "split": split, "metric": metric, "value": value})
+    atomic_write_text(Path(args.out), pd.DataFrame(rows).to_csv(index=False))
+
+
+def cmd_table(args) -> None:
+    from fedmedbench.report.tables import seed_summary, write_table
+
+    exp = json.loads(args.experiment)
+    summary = seed_summary(_load_finals(args.finals), exp["metric"], sources=args.finals)
+    rows = [(run, exp.get("labels", {}).get(run, run)) for run in exp["runs"]]
+    write_table(summary, Path(args.out_prefix), rows, caption=exp["title"])
+
+
+def cmd_figure(args) -> None:
+    import pandas as pd
+
+    from fedmedbench.report.figures import convergence
+
+    exp = json.loads(args.experiment)
+    histories: dict[str, list] = {run: [] for run in exp["runs"]}
+    for path in args.histories:
+        with open(Path(path).with_name("final.json")) as handle:
+            run = json.load(handle)["run"]
+        histories[run].append(pd.read_csv(path))
+    convergence(histories, exp["metric"], Path(args.out_prefix), title=exp["title"].split(":")[0] + ": convergence", labels=exp.get("labels"))
+
+
+def cmd_report(args) -> None:
+    from fedmedbench.report.compare import compare, load_paper_table, write_report
+    from fedmedbench.report.tables import seed_summary
+
+    experiments = json.loads(args.experiments)
+    finals = _load_finals(args.finals)
+    sections, seeds, rounds = [], set(), set()
+    for name, exp in experiments.items():
+        runs = set(exp["runs"])
+        picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp["task"] and f["run"] in runs and f["seed"] in exp["seeds"]]
+        summary = seed_summary([f for f, _ in picked], exp["metric"], sources=[p for _, p in picked])
+        seeds.update(f["seed"] for f, _ in picked)
+        rounds.update(f["selection"]["rounds"] for f, _ in picked)
+        description = picked[0][0]["metric_descriptions"].get(exp["metric"], exp["metric"])
+        section = {"title": exp["title"], "metric_note": f"`{exp['metric']}`: {description}", "labels": exp.get("labels", {}), "figure": exp.get("figure")}
+        if exp.get("paper_table"):
+            paper = load_paper_table(Path(args.paper_tables) / exp["paper_table"])
+            ids = {run: exp.get("paper_ids", {}).get(run, run.split("-")[0]) for run in exp["runs"]}
+            section["comparison"] = compare(summary, paper, ids)
+        sections.append(section)
+    synthetic = any(f.get("synthetic", False) for f in finals)
+    write_report(sections, Path(args.out), synthetic=synthetic, run_info={"seeds": sorted(seeds), "rounds": sorted(rounds)})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedmedbench", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="run one federated training job")
+    p.add_argument("--run-config", help="resolved run config as JSON (what Snakemake passes)")
+    p.add_argument("--config", nargs="+", help="config.yaml [overlay.yaml ...] (instead of --run-config)")
+    p.add_argument("--task")
+    p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedprox-mu0.1")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", required=True, help="run folder: history.csv, final.json, model_best.pt")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("fetch", help="download (or copy) an archive, verify it, move it into place")
+    p.add_argument("--source", required=True, help="http(s)://, file://, gdrive:<id> or a local path")
+    p.add_argument("--dest", required=True)
+    p.add_argument("--sha256", default=None)
+    p.add_argument("--dataset", default=None, help="family whose manual-download advice errors should give")
+    p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("extract", help="safely extract a zip/tar archive")
+    p.add_argument("--archive", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_extract)
+
+    p = sub.add_parser("synthesize", help="write the synthetic twin of a raw release")
+    p.add_argument("dataset", choices=["prostate"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases-per-site", type=int, default=3)
+    p.add_argument("--depth", type=int, default=10)
+    p.add_argument("--size", type=int, default=64)
+    p.set_defaults(func=cmd_synthesize)
+
+    p = sub.add_parser("preprocess", help="raw release -> canonical store")
+    p.add_argument("dataset", choices=["prostate"])
+    p.add_argument("--raw", required=True, help="extracted release folder")
+    p.add_argument("--out", required=True, help="store folder")
+    p.add_argument("--counts", help="write per-client sample counts here (JSON)")
+    p.add_argument("--size", type=int, default=None, help="resize slices to this size")
+    p.add_argument("--expect-real-counts", action="store_true", help="fail unless the counts of the real release come out")
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("split", help="write the split of record (CSV)")
+    p.add_argument("dataset", choices=["prostate"])
+    p.add_argument("--store", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--permutation", choices=["harmofl", "seeded"], default="harmofl")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_split)
+
+    p = sub.add_parser("collect", help="per-client metrics of many runs -> one long CSV")
+    p.add_argument("--out", required=True)
+    p.add_argument("finals", nargs="+")
+    p.set_defaults(func=cmd_collect)
+
+    p = sub.add_parser("table", help="a paper-layout table (csv, md, tex) from runs' final.json")
+    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
+    p.add_argument("--out-prefix", required=True)
+    p.add_argument("finals", nargs="+")
+    p.set_defaults(func=cmd_table)
+
+    p = sub.add_parser("figure", help="convergence figure (png, pdf) from runs' history.csv")
+    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
+    p.add_argument("--out-prefix", required=True)
+    p.add_argument("histories", nargs="+")
+    p.set_defaults(func=cmd_figure)
+
+    p = sub.add_parser("report", help="our numbers next to the published ones (Markdown)")
+    p.add_argument("--experiments", required=True, help="the experiments config section as JSON")
+    p.add_argument("--paper-tables", required=True, help="folder of the papers' tables (CSV)")
+    p.add_argument("--out", required=True)
+    p.add_argument("finals", nargs="+")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        # Expected failures (bad input, checksum, counts) as one clear line, not a traceback.
+        logging.getLogger("fedmedbench").error("%s", err)
+        if args.verbose:
+            raise
+        return 1
+    return 0

@@ -1,0 +1,31 @@
+"""Base server: holds the global state and aggregates replies. The base behaviour is FedAvg's server."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fedmedbench.ops.aggregate import aggregation_weights, clone_state, weighted_average
+
+
+class Server:
+    def __init__(self, cfg: dict, model: nn.Module, num_clients: int):
+        self.cfg = cfg
+        self.params = cfg.get("method_params", {})
+        self.num_clients = num_clients
+        self.global_state = clone_state(model.state_dict())
+
+    def package(self, client_index: int, round_index: int) -> dict | None:
+        """What client ``client_index`` receives after round ``round_index`` (0: before training)."""
+        return {"state": self.global_state}
+
+    def aggregate(self, round_index: int, replies: list[dict]) -> None:
+        weights = aggregation_weights([r["num_samples"] for r in replies], self.cfg["aggregation"]["weighting"])
+        # Keys every client sent; a key kept local by any client is not averaged.
+        keys = set.intersection(*(set(r["state"]) for r in replies))
+        self.global_state.update(weighted_average([r["state"] for r in replies], weights, sorted(keys)))
+
+    def state_dict(self) -> dict:
+        return {"global_state": self.global_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.global_state = state["global_state"]

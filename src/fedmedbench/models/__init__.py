@@ -1,0 +1,19 @@
+"""Model factory: ``build_model(cfg["model"])`` from a run config's model section."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def build_model(model_cfg: dict) -> nn.Module:
+    name = model_cfg["name"]
+    if name == "unet":
+        from fedmedbench.models.unet import UNet
+
+        return UNet(
+            in_channels=model_cfg.get("in_channels", 3),
+            num_classes=model_cfg.get("num_classes", 2),
+            init_features=model_cfg.get("init_features", 32),
+            bn=model_cfg.get("bn", "standard"),
+        )
+    raise ValueError(f"unknown model {name!r} (known: unet)")

@@ -1,0 +1,347 @@
+"""Result tables in the papers' layout: per-client columns, an Avg column, "mean (std)" cells.
+
+Conventions (see resources/paper_tables/README.md):
+
+* A per-client cell is the mean over seeds and the sample standard deviation over seeds
+  (ddof=1) of that client's test metric, in percent.
+* The ``Avg`` cell is the mean over clients of the per-client seed means, and its parenthesis
+  is the standard deviation **across clients** of those seed means (ddof=1). This is what the
+  HarmoFL tables print: their Avg parenthesis equals the sample std of the printed client means.
+* The optional ``Std`` row (Fed-LWR's fairness measure) is the population standard deviation
+  (ddof=0) across clients of the per-client seed means; it has no parenthesis.
+
+This module must stay light (no torch): report jobs import it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+AVG = "Avg"
+STD = "Std"
+AGGREGATE_LABELS = (AVG, STD)
+NO_STD = "–"  # shown when the spread over seeds is undefined (a single seed)
+NO_RESULT = "n/a"  # shown for a run (or cell) that has no result
+
+SUMMARY_COLUMNS = ["run", "method", "client", "client_label", "mean", "std", "n_seeds"]
+
+
+class ReportInputError(ValueError):
+    """The final.json files cannot be summarised (inconsistent clients, missing metric, ...)."""
+
+
+# --------------------------------------------------------------------------------------------
+# atomic writes (shared with figures.py and compare.py)
+# --------------------------------------------------------------------------------------------
+
+
+def atomic_write_text(path: Path | str, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``,
+    so that a crashed or killed job never leaves a half-written output behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# seed summary
+# --------------------------------------------------------------------------------------------
+
+
+def _where(run: str, seed, source: str | None) -> str:
+    text = f"run {run!r}, seed {seed!r}"
+    return f"{text} ({source})" if source else text
+
+
+def _metric_value(final: dict, split: str, client: str, metric: str, where: str) -> float:
+    per_split = final.get(split)
+    if not isinstance(per_split, dict):
+        raise ReportInputError(f"{where}: final.json has no {split!r} section")
+    per_client = per_split.get(client)
+    if not isinstance(per_client, dict):
+        raise ReportInputError(
+            f"{where}: no {split!r} results for client {client!r} "
+            f"(has {sorted(per_split)})"
+        )
+    if metric not in per_client:
+        raise ReportInputError(
+            f"{where}: metric {metric!r} missing for client {client!r} in {split!r} "
+            f"(available: {sorted(per_client)})"
+        )
+    value = per_client[metric]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ReportInputError(
+            f"{where}: metric {metric!r} of client {client!r} is not a number: {value!r}"
+        ) from None
+
+
+def seed_summary(
+    finals: list[dict],
+    metric: str,
+    split: str = "test",
+    sources: Sequence[Path | str] | None = None,
+    std_row: bool = False,
+) -> pd.DataFrame:
+    """Summarise the ``final.json`` dicts of several runs and seeds, in percent.
+
+    Returns a long DataFrame with columns ``run, method, client, client_label, mean, std,
+    n_seeds``: one row per (run, client), with the mean and sample std (ddof=1) over seeds
+    (std is NaN for a single seed), then one ``Avg`` row per run (mean over clients of the
+    seed means; std = sample std across clients of the seed means, ddof=1), and, when
+    ``std_row`` is True, one ``Std`` row per run (population std across clients, ddof=0,
+    Fed-LWR's fairness measure; its ``std`` is NaN). Runs keep the order in which they first
+    appear in ``finals``; clients keep the order of ``final["clients"]``.
+
+    ``sources`` (optional, same length as ``finals``) names the file each dict came from, for
+    error messages. Raises :class:`ReportInputError` when finals of one run disagree on their
+    clients, labels or method, when a (run, seed) appears twice, or when the metric is missing.
+    """
+    if sources is not None and len(sources) != len(finals):
+        raise ValueError(f"sources has {len(sources)} entries but finals has {len(finals)}")
+    if not finals:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+
+    by_run: dict[str, list[tuple[dict, str | None]]] = {}
+    for i, final in enumerate(finals):
+        source = str(sources[i]) if sources is not None else None
+        run = final.get("run") or final.get("method")
+        if not run:
+            raise ReportInputError(
+                f"final #{i}{f' ({source})' if source else ''} has neither 'run' nor 'method'"
+            )
+        by_run.setdefault(str(run), []).append((final, source))
+
+    rows: list[dict] = []
+    for run, members in by_run.items():
+        first, first_source = members[0]
+        first_where = _where(run, first.get("seed"), first_source)
+        clients = list(first.get("clients") or [])
+        if not clients:
+            raise ReportInputError(f"{first_where}: final.json lists no clients")
+        labels = list(first.get("client_labels") or clients)
+        if len(labels) != len(clients):
+            raise ReportInputError(
+                f"{first_where}: {len(clients)} clients but {len(labels)} client_labels"
+            )
+        if len(set(clients)) != len(clients) or len(set(labels)) != len(labels):
+            raise ReportInputError(f"{first_where}: duplicate clients or client_labels")
+        if set(labels) & set(AGGREGATE_LABELS):
+            raise ReportInputError(
+                f"{first_where}: client_labels {labels} use a reserved label {AGGREGATE_LABELS}"
+            )
+        method = first.get("method", run)
+        seeds_seen: dict = {}
+        values = np.empty((len(members), len(clients)))
+        for j, (final, source) in enumerate(members):
+            seed = final.get("seed")
+            where = _where(run, seed, source)
+            other_clients = list(final.get("clients") or [])
+            other_labels = list(final.get("client_labels") or other_clients)
+            if other_clients != clients or other_labels != labels:
+                raise ReportInputError(
+                    f"finals of run {run!r} disagree on clients: {first_where} has "
+                    f"{list(zip(clients, labels))}, {where} has "
+                    f"{list(zip(other_clients, other_labels))}"
+                )
+            if final.get("method", run) != method:
+                raise ReportInputError(
+                    f"finals of run {run!r} disagree on method: {method!r} ({first_where}) "
+                    f"vs {final.get('method')!r} ({where})"
+                )
+            if seed in seeds_seen:
+                raise ReportInputError(
+                    f"run {run!r} has seed {seed!r} twice: {seeds_seen[seed]} and {where}"
+                )
+            seeds_seen[seed] = where
+            for k, client in enumerate(clients):
+                values[j, k] = 100.0 * _metric_value(final, split, client, metric, where)
+
+        n_seeds = len(members)
+        client_means = values.mean(axis=0)
+        client_stds = values.std(axis=0, ddof=1) if n_seeds > 1 else np.full(len(clients), np.nan)
+        for client, label, m, s in zip(clients, labels, client_means, client_stds):
+            rows.append(
+                dict(run=run, method=method, client=client, client_label=label,
+                     mean=float(m), std=float(s), n_seeds=n_seeds)
+            )
+        avg_std = float(client_means.std(ddof=1)) if len(clients) > 1 else math.nan
+        rows.append(
+            dict(run=run, method=method, client=AVG, client_label=AVG,
+                 mean=float(client_means.mean()), std=avg_std, n_seeds=n_seeds)
+        )
+        if std_row:
+            rows.append(
+                dict(run=run, method=method, client=STD, client_label=STD,
+                     mean=float(client_means.std(ddof=0)), std=math.nan, n_seeds=n_seeds)
+            )
+
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    summary.attrs.update(metric=metric, split=split)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# formatting
+# --------------------------------------------------------------------------------------------
+
+
+def format_cell(mean: float, std: float, decimals: int = 2, with_std: bool = True) -> str:
+    """``90.04 (1.27)``; ``90.04 (–)`` when the std is undefined; ``n/a`` without a mean."""
+    if mean is None or pd.isna(mean):
+        return NO_RESULT
+    text = f"{mean:.{decimals}f}"
+    if not with_std:
+        return text
+    spread = NO_STD if std is None or pd.isna(std) else f"{std:.{decimals}f}"
+    return f"{text} ({spread})"
+
+
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "–": "--",
+}
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX's special characters (``_``, ``%``, ``&``, ...) in plain text."""
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def _md_escape(text: str) -> str:
+    return str(text).replace("|", r"\|")
+
+
+def _column_order(summary: pd.DataFrame) -> list[str]:
+    labels = [str(x) for x in dict.fromkeys(summary["client_label"]) if x not in AGGREGATE_LABELS]
+    present = set(summary["client_label"])
+    return labels + [AVG] + ([STD] if STD in present else [])
+
+
+def _layout(
+    summary: pd.DataFrame, rows: list[tuple[str, str]], columns: list[str], decimals: int,
+    higher_is_better: bool,
+):
+    """Cells as text (without bold) plus the row indices holding the best Avg."""
+    cells: list[list[str]] = []
+    avgs: list[float] = []
+    for run, _display in rows:
+        sub = summary[summary["run"] == run].set_index("client_label")
+        line = []
+        for col in columns:
+            if col in sub.index:
+                rec = sub.loc[col]
+                line.append(format_cell(rec["mean"], rec["std"], decimals, with_std=col != STD))
+            else:
+                line.append(NO_RESULT)
+        cells.append(line)
+        avgs.append(float(sub.loc[AVG, "mean"]) if AVG in sub.index else math.nan)
+    finite = [a for a in avgs if not math.isnan(a)]
+    best: set[int] = set()
+    if finite:
+        target = round(max(finite) if higher_is_better else min(finite), decimals)
+        best = {i for i, a in enumerate(avgs) if not math.isnan(a) and round(a, decimals) == target}
+    return cells, best
+
+
+def write_table(
+    summary: pd.DataFrame,
+    out_prefix: Path | str,
+    rows: list[tuple[str, str]],
+    caption: str,
+    decimals: int = 2,
+    columns: list[str] | None = None,
+    higher_is_better: bool = True,
+) -> list[Path]:
+    """Write ``<out_prefix>.csv``, ``.md`` and ``.tex`` for the runs in ``rows``.
+
+    ``rows`` is ``[(run, display_name), ...]`` in table order; a run absent from ``summary``
+    gets ``n/a`` everywhere. Columns are the client labels in summary order, then ``Avg``
+    (and ``Std`` when the summary has that row), unless ``columns`` is given. Cells read
+    ``mean (std)``; the best Avg (ties included) is bold in Markdown and LaTeX. The CSV is long:
+    ``row, run, client, mean, std, n_seeds`` with unrounded values. Returns the written paths.
+    """
+    out_prefix = Path(out_prefix)
+    if columns is None:
+        columns = _column_order(summary) if len(summary) else [AVG]
+    columns = [str(c) for c in columns]
+    cells, best = _layout(summary, rows, columns, decimals, higher_is_better)
+    avg_idx = columns.index(AVG) if AVG in columns else None
+
+    # CSV (long)
+    records = []
+    for run, display in rows:
+        sub = summary[summary["run"] == run].set_index("client_label")
+        for col in columns:
+            if col in sub.index:
+                rec = sub.loc[col]
+                records.append(dict(row=display, run=run, client=col, mean=rec["mean"],
+                                    std=rec["std"], n_seeds=rec["n_seeds"]))
+            else:
+                records.append(dict(row=display, run=run, client=col, mean=math.nan,
+                                    std=math.nan, n_seeds=0))
+    csv_text = pd.DataFrame(
+        records, columns=["row", "run", "client", "mean", "std", "n_seeds"]
+    ).to_csv(index=False)
+
+    # Markdown
+    md = [f"**{_md_escape(caption)}**", ""]
+    md.append("| Method | " + " | ".join(_md_escape(c) for c in columns) + " |")
+    md.append("|---|" + "---:|" * len(columns))
+    for i, ((_run, display), line) in enumerate(zip(rows, cells)):
+        shown = [
+            f"**{c}**" if (i in best and j == avg_idx) else c for j, c in enumerate(line)
+        ]
+        md.append(f"| {_md_escape(display)} | " + " | ".join(_md_escape(c) for c in shown) + " |")
+    md_text = "\n".join(md) + "\n"
+
+    # LaTeX (booktabs)
+    tex = [
+        r"% Generated by fedmedbench.report.tables; requires \usepackage{booktabs}",
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{latex_escape(caption)}}}",
+        r"\begin{tabular}{l" + "c" * len(columns) + "}",
+        r"\toprule",
+        "Method & " + " & ".join(latex_escape(c) for c in columns) + r" \\",
+        r"\midrule",
+    ]
+    for i, ((_run, display), line) in enumerate(zip(rows, cells)):
+        shown = [
+            rf"\textbf{{{latex_escape(c)}}}" if (i in best and j == avg_idx) else latex_escape(c)
+            for j, c in enumerate(line)
+        ]
+        tex.append(latex_escape(display) + " & " + " & ".join(shown) + r" \\")
+    tex += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    tex_text = "\n".join(tex) + "\n"
+
+    written = []
+    for suffix, text in ((".csv", csv_text), (".md", md_text), (".tex", tex_text)):
+        written.append(atomic_write_text(out_prefix.with_name(out_prefix.name + suffix), text))
+    return written

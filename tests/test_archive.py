@@ -1,0 +1,190 @@
+"""safe_extract(): refuses escaping members, skips macOS junk, atomic and idempotent."""
+
+import io
+import stat
+import tarfile
+import zipfile
+
+import pytest
+
+from fedmedbench.data.archive import COMPLETE_MARKER, UnsafeArchiveError, safe_extract
+
+
+def _zip(path, members):
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members:
+            zf.writestr(name, data)
+    return path
+
+
+def _leftovers(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_normal_zip_extracts_and_second_call_is_noop(tmp_path):
+    archive = _zip(
+        tmp_path / "a.zip",
+        [("top/a.txt", b"A"), ("top/sub dir/b.txt", b"B"), ("top/empty/", b"")],
+    )
+    target = tmp_path / "out" / "raw"
+    assert safe_extract(archive, target) == target
+    assert (target / "top" / "a.txt").read_bytes() == b"A"
+    assert (target / "top" / "sub dir" / "b.txt").read_bytes() == b"B"
+    assert (target / "top" / "empty").is_dir()
+    assert (target / COMPLETE_MARKER).is_file()
+    assert _leftovers(target.parent) == ["raw"]
+
+    # Idempotent: a finished extraction is left alone, even if the archive is gone.
+    (target / "top" / "a.txt").write_bytes(b"changed")
+    archive.unlink()
+    safe_extract(archive, target)
+    assert (target / "top" / "a.txt").read_bytes() == b"changed"
+
+
+def test_zip_with_dotdot_is_refused(tmp_path):
+    archive = _zip(tmp_path / "evil.zip", [("ok.txt", b"fine"), ("../evil.txt", b"gotcha")])
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UnsafeArchiveError, match=r"\.\./evil\.txt") as err:
+        safe_extract(archive, out / "raw")
+    assert str(archive) in str(err.value)
+    assert _leftovers(out) == []
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_zip_with_absolute_path_is_refused(tmp_path):
+    buf = tmp_path / "abs.zip"
+    with zipfile.ZipFile(buf, "w") as zf:
+        info = zipfile.ZipInfo("placeholder")
+        info.filename = "/tmp/evil.txt"  # writestr would strip the leading slash
+        zf.writestr(info, b"x")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UnsafeArchiveError, match="absolute"):
+        safe_extract(buf, out / "raw")
+    assert _leftovers(out) == []
+
+
+def test_zip_symlink_outside_is_refused(tmp_path):
+    archive = tmp_path / "link.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        info = zipfile.ZipInfo("data/link")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(info, "../../etc/passwd")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UnsafeArchiveError, match="symlink"):
+        safe_extract(archive, out / "raw")
+    assert _leftovers(out) == []
+
+
+def test_member_written_through_a_symlink_is_refused(tmp_path):
+    # Even an inside link may not redirect later members: "a" -> "." would let
+    # "a/../x"-style tricks escape once the link exists on disk.
+    archive = tmp_path / "through.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        info = zipfile.ZipInfo("a")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(info, ".")
+        zf.writestr("a/x.txt", b"x")
+    with pytest.raises(UnsafeArchiveError, match="through symlink"):
+        safe_extract(archive, tmp_path / "raw")
+    assert not (tmp_path / "raw").exists()
+
+
+def _tar(path, add):
+    with tarfile.open(path, "w:gz") as tf:
+        add(tf)
+    return path
+
+
+def _add_file(tf, name, data):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tf.addfile(info, io.BytesIO(data))
+
+
+def test_tar_symlink_outside_is_refused(tmp_path):
+    def add(tf):
+        _add_file(tf, "data/ok.txt", b"ok")
+        link = tarfile.TarInfo("data/escape")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "../../outside"
+        tf.addfile(link)
+
+    archive = _tar(tmp_path / "t.tar.gz", add)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UnsafeArchiveError, match="data/escape"):
+        safe_extract(archive, out / "raw")
+    assert _leftovers(out) == []
+
+
+def test_tar_device_and_hardlink_are_refused(tmp_path):
+    def add_dev(tf):
+        dev = tarfile.TarInfo("dev/null")
+        dev.type = tarfile.CHRTYPE
+        tf.addfile(dev)
+
+    def add_hard(tf):
+        hard = tarfile.TarInfo("x")
+        hard.type = tarfile.LNKTYPE
+        hard.linkname = "../secret"
+        tf.addfile(hard)
+
+    with pytest.raises(UnsafeArchiveError, match="device"):
+        safe_extract(_tar(tmp_path / "d.tar.gz", add_dev), tmp_path / "o1")
+    with pytest.raises(UnsafeArchiveError, match="hard link|\\.\\."):
+        safe_extract(_tar(tmp_path / "h.tar.gz", add_hard), tmp_path / "o2")
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_tar_inside_symlink_extracts(tmp_path):
+    def add(tf):
+        _add_file(tf, "top/real.txt", b"R")
+        link = tarfile.TarInfo("top/alias.txt")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "real.txt"
+        tf.addfile(link)
+
+    target = safe_extract(_tar(tmp_path / "ok.tar.gz", add), tmp_path / "raw")
+    assert (target / "top" / "alias.txt").is_symlink()
+    assert (target / "top" / "alias.txt").read_bytes() == b"R"
+
+
+def test_macos_junk_is_skipped(tmp_path):
+    archive = _zip(
+        tmp_path / "mac.zip",
+        [
+            ("Folder/Case00.nii.gz", b"data"),
+            ("__MACOSX/Folder/._Case00.nii.gz", b"junk"),
+            ("Folder/._Case00.nii.gz", b"junk"),
+        ],
+    )
+    target = safe_extract(archive, tmp_path / "raw")
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == [
+        COMPLETE_MARKER,
+        "Folder",
+        "Folder/Case00.nii.gz",
+    ]
+
+
+def test_foreign_target_and_non_archive(tmp_path):
+    archive = _zip(tmp_path / "a.zip", [("a.txt", b"A")])
+    foreign = tmp_path / "raw"
+    foreign.mkdir()
+    (foreign / "user_file.txt").write_text("not ours")
+    with pytest.raises(FileExistsError, match="no .complete marker"):
+        safe_extract(archive, foreign)
+    page = tmp_path / "page.zip"
+    page.write_bytes(b"<!DOCTYPE html><html></html>")
+    with pytest.raises(ValueError, match="HTML"):
+        safe_extract(page, tmp_path / "raw2")
+
+
+def test_empty_target_folder_is_replaced(tmp_path):
+    archive = _zip(tmp_path / "a.zip", [("a.txt", b"A")])
+    target = tmp_path / "raw"
+    target.mkdir()  # as a workflow engine might pre-create it
+    safe_extract(archive, target)
+    assert (target / "a.txt").read_bytes() == b"A" and (target / COMPLETE_MARKER).is_file()

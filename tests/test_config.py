@@ -1,0 +1,47 @@
+"""Config loading, schema validation and run resolution."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedmedbench import config as fmb
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "workflow" / "profiles" / "demo" / "demo.yaml"
+
+
+def test_paper_config_holds_the_papers_settings():
+    cfg = fmb.load_config(ROOT / "config.yaml")
+    run = fmb.resolve_run(cfg, "prostate", "fedprox", 2)
+    assert run["rounds"] == 500 and run["batch_size"] == 16 and run["optimizer"]["lr"] == 1e-4
+    assert run["optimizer"]["betas"] == [0.9, 0.99] and run["optimizer"]["weight_decay"] == 1e-4
+    assert run["model"]["init_features"] == 32 and run["method_params"] == {"mu": 0.01}
+    assert run["data"]["store"] == "results/paper/data/prostate/harmofl/store"
+    assert cfg["experiments"]["harmofl_table1_prostate"]["seeds"] == [0, 1, 2]
+
+
+def test_demo_overlay_shrinks_the_run(tmp_path):
+    cfg = fmb.load_config(ROOT / "config.yaml", DEMO)
+    run = fmb.resolve_run(cfg, "prostate", "fedavg", 0)
+    assert run["model"]["init_features"] < 32 and run["rounds"] < 50 and run["data"]["synthetic"] is True
+    assert run["model"]["name"] == "unet"  # deep merge keeps what the overlay does not set
+
+
+def test_variants_change_params_or_run_settings(tmp_path):
+    cfg = fmb.load_config(ROOT / "config.yaml")
+    cfg["methods"]["fedprox"]["variants"] = {"mu0.1": {"mu": 0.1}, "e4": {"local_epochs": 4}}
+    assert fmb.resolve_run(cfg, "prostate", "fedprox-mu0.1", 0)["method_params"]["mu"] == 0.1
+    e4 = fmb.resolve_run(cfg, "prostate", "fedprox-e4", 0)
+    assert e4["local_epochs"] == 4 and e4["method_params"]["mu"] == 0.01 and e4["variant"] == "e4"
+    with pytest.raises(ValueError, match="no variant 'nope'"):
+        fmb.resolve_run(cfg, "prostate", "fedprox-nope", 0)
+
+
+def test_typo_in_config_fails_with_its_location(tmp_path):
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    cfg["tasks"]["prostate"]["optimizer"]["name"] = "adamm"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="tasks/prostate/optimizer/name"):
+        fmb.load_config(bad)

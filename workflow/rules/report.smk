@@ -1,0 +1,68 @@
+# Paper-layout tables, figures, and the reproduced-vs-published report.
+
+
+rule table:
+    input:
+        experiment_finals,
+    output:
+        csv=report(
+            f"{ROOT}/tables/{{experiment}}.csv",
+            caption="../report/table.rst",
+            category="Tables",
+        ),
+        md=f"{ROOT}/tables/{{experiment}}.md",
+        tex=f"{ROOT}/tables/{{experiment}}.tex",
+    log:
+        f"{ROOT}/logs/report/table_{{experiment}}.log",
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/tables/{{experiment}}",
+    shell:
+        "python -m fedmedbench table --experiment {params.experiment:q} --out-prefix {params.prefix} "
+        "{input} &> {log}"
+
+
+rule convergence_figure:
+    input:
+        histories=experiment_histories,
+        finals=experiment_finals,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}_convergence.png",
+            caption="../report/convergence.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}_convergence.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}_convergence",
+    shell:
+        "python -m fedmedbench figure --experiment {params.experiment:q} --out-prefix {params.prefix} "
+        "{input.histories} &> {log}"
+
+
+rule reproduction_report:
+    input:
+        finals=all_finals,
+        figures=expand(
+            f"{ROOT}/figures/{{experiment}}_convergence.png",
+            experiment=config["experiments"],
+        ),
+        paper_tables=f"{RESOURCES}/paper_tables",
+    output:
+        report(f"{ROOT}/report.md", caption="../report/report.rst", category="Report"),
+    log:
+        f"{ROOT}/logs/report/report.log",
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiments=experiments_json,
+    shell:
+        "python -m fedmedbench report --experiments {params.experiments:q} --paper-tables {input.paper_tables} "
+        "--out {output} {input.finals} &> {log}"

@@ -1,0 +1,28 @@
+# One job per (task, run, seed). `run` is a method or method-variant (e.g. fedprox-mu0.1).
+# params.run_config is the fully resolved run config, so changing a setting re-runs exactly the
+# jobs it affects. A killed job resumes from checkpoint.pt (not a declared output, so Snakemake
+# leaves it in place) and ends with the same numbers.
+
+
+rule train:
+    input:
+        unpack(train_inputs),
+    output:
+        final=f"{ROOT}/train/{{task}}/{{run}}/seed{{seed}}/final.json",
+        history=f"{ROOT}/train/{{task}}/{{run}}/seed{{seed}}/history.csv",
+        model=f"{ROOT}/train/{{task}}/{{run}}/seed{{seed}}/model_best.pt",
+    log:
+        f"{ROOT}/logs/train/{{task}}/{{run}}/seed{{seed}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/train/{{task}}/{{run}}/seed{{seed}}.tsv"
+    conda:
+        "../../envs/torch.yaml"
+    threads: 1
+    resources:
+        gpu=1,
+    params:
+        run_config=run_config_json,
+        out_dir=run_dir,
+    shell:
+        "python -m fedmedbench train --run-config {params.run_config:q} --out {params.out_dir} "
+        "--threads {threads} &> {log}"
