@@ -37,11 +37,12 @@ def cmd_train(args) -> None:
 
 
 def cmd_fetch(args) -> None:
-    from fedmedbench.data import prostate
+    from fedmedbench.data import load_family
     from fedmedbench.data.download import fetch
 
-    manual = {"prostate": prostate.DOWNLOAD.manual_step}.get(args.dataset)
-    fetch(args.source, Path(args.dest), sha256=args.sha256, log=logging.getLogger("fedmedbench.fetch").info, manual_step=manual)
+    specs = {spec.filename: spec for spec in load_family(args.dataset).DOWNLOADS}
+    spec = specs.get(Path(args.dest).name)
+    fetch(args.source, Path(args.dest), sha256=args.sha256, log=logging.getLogger("fedmedbench.fetch").info, manual_step=spec.manual_step if spec else None)
 
 
 def cmd_extract(args) -> None:
@@ -51,27 +52,27 @@ def cmd_extract(args) -> None:
 
 
 def cmd_synthesize(args) -> None:
-    from fedmedbench.data import prostate
+    from fedmedbench.data import load_family
 
-    info = prostate.write_synthetic_release(Path(args.out), seed=args.seed, cases_per_site=args.cases_per_site, depth=args.depth, size=args.size)
-    logging.getLogger("fedmedbench.synthetic").info("wrote %s: %s", args.out, info)
+    info = load_family(args.dataset).write_synthetic(Path(args.out), seed=args.seed, **json.loads(args.options))
+    logging.getLogger("fedmedbench.synthetic").info("wrote the synthetic %s release to %s: %s", args.dataset, args.out, info)
 
 
 def cmd_preprocess(args) -> None:
-    from fedmedbench.data import prostate
+    from fedmedbench.data import load_family
     from fedmedbench.data.store import atomic_write_text
 
-    counts = prostate.preprocess_harmofl(
-        Path(args.raw), Path(args.out), expect_real_counts=args.expect_real_counts, size=args.size, log=logging.getLogger("fedmedbench.prostate").info
-    )
+    raw = dict(item.split("=", 1) for item in args.raw)
+    log = logging.getLogger(f"fedmedbench.{args.dataset}").info
+    counts = load_family(args.dataset).preprocess(raw, Path(args.out), args.protocol, expect_real_counts=args.expect_real_counts, size=args.size, log=log)
     if args.counts:
         atomic_write_text(Path(args.counts), json.dumps(counts, indent=2) + "\n")
 
 
 def cmd_split(args) -> None:
-    from fedmedbench.data import prostate
+    from fedmedbench.data import load_family
 
-    prostate.split_harmofl(Path(args.store), Path(args.out), permutation=args.permutation, seed=args.seed)
+    load_family(args.dataset).split(Path(args.store), Path(args.out), args.protocol, permutation=args.permutation, seed=args.seed)
 
 
 def _load_finals(paths: list[str]) -> list[dict]:
@@ -161,11 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("fetch", help="download (or copy) an archive, verify it, move it into place")
-    p.add_argument("--source", required=True, help="http(s)://, file://, gdrive:<id> or a local path")
+    p = sub.add_parser("fetch", help="download (or copy) a raw file, verify it, move it into place")
+    p.add_argument("--dataset", required=True, help="the family whose file this is (for its manual-download advice)")
+    p.add_argument("--source", required=True, help="http(s)://, file://, gdrive:<id>, a local path, or 'manual'")
     p.add_argument("--dest", required=True)
     p.add_argument("--sha256", default=None)
-    p.add_argument("--dataset", default=None, help="family whose manual-download advice errors should give")
     p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("extract", help="safely extract a zip/tar archive")
@@ -173,29 +174,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_extract)
 
-    p = sub.add_parser("synthesize", help="write the synthetic twin of a raw release")
-    p.add_argument("dataset", choices=["prostate"])
-    p.add_argument("--out", required=True)
+    p = sub.add_parser("synthesize", help="write the synthetic twin of a family's raw files")
+    p.add_argument("dataset")
+    p.add_argument("--out", required=True, help="folder for the raw files")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cases-per-site", type=int, default=3)
-    p.add_argument("--depth", type=int, default=10)
-    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--options", default="{}", help="family-specific sizes as JSON")
     p.set_defaults(func=cmd_synthesize)
 
-    p = sub.add_parser("preprocess", help="raw release -> canonical store")
-    p.add_argument("dataset", choices=["prostate"])
-    p.add_argument("--raw", required=True, help="extracted release folder")
+    p = sub.add_parser("preprocess", help="raw files -> canonical store")
+    p.add_argument("dataset")
+    p.add_argument("--protocol", required=True)
+    p.add_argument("--raw", nargs="+", required=True, metavar="FILENAME=PATH", help="each raw file and its extracted folder / path")
     p.add_argument("--out", required=True, help="store folder")
     p.add_argument("--counts", help="write per-client sample counts here (JSON)")
-    p.add_argument("--size", type=int, default=None, help="resize slices to this size")
+    p.add_argument("--size", type=int, default=None, help="image size in pixels")
     p.add_argument("--expect-real-counts", action="store_true", help="fail unless the counts of the real release come out")
     p.set_defaults(func=cmd_preprocess)
 
     p = sub.add_parser("split", help="write the split of record (CSV)")
-    p.add_argument("dataset", choices=["prostate"])
+    p.add_argument("dataset")
+    p.add_argument("--protocol", required=True)
     p.add_argument("--store", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--permutation", choices=["harmofl", "seeded"], default="harmofl")
+    p.add_argument("--permutation", default="default", help="family-specific: e.g. harmofl (the paper's files) or seeded")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_split)
 

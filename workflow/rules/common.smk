@@ -9,6 +9,7 @@ SRC = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SRC))
 
 from fedmedbench import config as fmb  # noqa: E402  (light: no torch)
+from fedmedbench.data import is_archive, load_family  # noqa: E402
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -25,37 +26,74 @@ wildcard_constraints:
     dataset="|".join(config["data"]),
     run=r"[a-z0-9_]+(-[A-Za-z0-9_.]+)?",
     seed=r"\d+",
+    file=r"[^/]+",
     archive=r"[^/]+\.(zip|tar|tar\.gz|tgz)",
+    protocol=r"[a-z0-9_]+",
     experiment="|".join(config["experiments"]),
 
 
 # --- data ---------------------------------------------------------------------------------------
-# The archive each dataset family is distributed as (its download spec lives in its data module).
-ARCHIVES = {"prostate": "Processed_data_nii.zip"}
+def family(dataset):
+    return load_family(dataset)
 
 
-def synthetic_options(dataset):
-    return config["data"][dataset].get("synthetic_options", {})
+def raw_files(dataset):
+    return [spec.filename for spec in family(dataset).DOWNLOADS]
+
+
+def file_override(dataset, filename):
+    return config["data"][dataset].get("files", {}).get(filename) or {}
 
 
 def download_source(wildcards, input):
-    """A manually downloaded archive wins; the demo fetches its synthetic twin via file://."""
-    spec = config["data"][wildcards.dataset]
-    if spec.get("synthetic"):
-        return Path(input.synthetic).resolve().as_uri()
-    return spec.get("archive") or spec["source"]
+    """A manually downloaded file wins; the demo fetches its synthetic twin via file://."""
+    if config["data"][wildcards.dataset]["synthetic"]:
+        return (Path(input.synthetic) / wildcards.file).resolve().as_uri()
+    override = file_override(wildcards.dataset, wildcards.file)
+    spec = {s.filename: s for s in family(wildcards.dataset).DOWNLOADS}[wildcards.file]
+    return override.get("archive") or override.get("source") or spec.url
 
 
 def download_inputs(wildcards):
-    if config["data"][wildcards.dataset].get("synthetic"):
-        archive = ARCHIVES[wildcards.dataset]
-        return {"synthetic": f"{ROOT}/data/{wildcards.dataset}/synthetic/{archive}"}
+    if config["data"][wildcards.dataset]["synthetic"]:
+        return {"synthetic": f"{ROOT}/data/{wildcards.dataset}/synthetic"}
     return {}
 
 
 def sha256_option(wildcards):
-    sha = config["data"][wildcards.dataset].get("sha256")
+    spec = {s.filename: s for s in family(wildcards.dataset).DOWNLOADS}[wildcards.file]
+    sha = file_override(wildcards.dataset, wildcards.file).get("sha256") or spec.sha256
+    if config["data"][wildcards.dataset]["synthetic"]:
+        sha = None  # pinned hashes are of the real files
     return f"--sha256 {sha}" if sha else ""
+
+
+def synthetic_options(wildcards):
+    return json.dumps(config["data"][wildcards.dataset].get("synthetic_options", {}))
+
+
+def synthetic_seed(wildcards):
+    return config["data"][wildcards.dataset].get("synthetic_seed", 0)
+
+
+def extracted_raw(dataset):
+    """Each raw file as preprocessing reads it: archives extracted, single files as they are."""
+    return {
+        name: (
+            f"{ROOT}/data/{dataset}/extracted/{name}"
+            if is_archive(name)
+            else f"{ROOT}/data/{dataset}/raw/{name}"
+        )
+        for name in raw_files(dataset)
+    }
+
+
+def preprocess_inputs(wildcards):
+    return extracted_raw(wildcards.dataset)
+
+
+def raw_arguments(wildcards, input):
+    return " ".join(f"{name}={input[name]}" for name in raw_files(wildcards.dataset))
 
 
 def task_of_protocol(dataset, protocol):
@@ -75,7 +113,7 @@ def preprocess_options(wildcards):
 
 def split_options(wildcards):
     split = task_of_protocol(wildcards.dataset, wildcards.protocol).get("split", {})
-    return f"--permutation {split.get('permutation', 'harmofl')} --seed {split.get('seed', 0)}"
+    return f"--permutation {split.get('permutation', 'default')} --seed {split.get('seed', 0)}"
 
 
 # --- training -----------------------------------------------------------------------------------

@@ -1,31 +1,30 @@
-# download -> verify -> extract -> preprocess -> split
+# synthesize (demo) | download -> verify -> extract -> preprocess -> split. One set of rules for
+# every dataset family: each family module declares its raw files (fedmedbench.data).
 
 
-rule synthesize_prostate:
+rule synthesize:
     output:
-        f"{ROOT}/data/prostate/synthetic/Processed_data_nii.zip",
+        directory(f"{ROOT}/data/{{dataset}}/synthetic"),
     log:
-        f"{ROOT}/logs/data/synthesize_prostate.log",
+        f"{ROOT}/logs/data/synthesize_{{dataset}}.log",
     conda:
         "../../envs/data.yaml"
     params:
-        seed=synthetic_options("prostate").get("seed", 0),
-        cases=synthetic_options("prostate").get("cases_per_site", 3),
-        depth=synthetic_options("prostate").get("depth", 10),
-        size=synthetic_options("prostate").get("size", 64),
+        options=synthetic_options,
+        seed=synthetic_seed,
     shell:
-        "python -m fedmedbench synthesize prostate --out {output} --seed {params.seed} "
-        "--cases-per-site {params.cases} --depth {params.depth} --size {params.size} &> {log}"
+        "python -m fedmedbench synthesize {wildcards.dataset} --out {output} --seed {params.seed} "
+        "--options {params.options:q} &> {log}"
 
 
 rule download:
     input:
         unpack(download_inputs),
     output:
-        archive=f"{ROOT}/data/{{dataset}}/raw/{{archive}}",
-        checksum=f"{ROOT}/data/{{dataset}}/raw/{{archive}}.sha256",
+        file=f"{ROOT}/data/{{dataset}}/raw/{{file}}",
+        checksum=f"{ROOT}/data/{{dataset}}/raw/{{file}}.sha256",
     log:
-        f"{ROOT}/logs/data/download_{{dataset}}_{{archive}}.log",
+        f"{ROOT}/logs/data/download_{{dataset}}_{{file}}.log",
     conda:
         "../../envs/data.yaml"
     params:
@@ -33,7 +32,7 @@ rule download:
         sha256=sha256_option,
     shell:
         "python -m fedmedbench fetch --dataset {wildcards.dataset} --source {params.source:q} "
-        "--dest {output.archive} {params.sha256} &> {log}"
+        "--dest {output.file} {params.sha256} &> {log}"
 
 
 rule extract:
@@ -49,39 +48,35 @@ rule extract:
         "python -m fedmedbench extract --archive {input} --out {output} &> {log}"
 
 
-rule preprocess_prostate:
+rule preprocess:
     input:
-        f"{ROOT}/data/prostate/extracted/Processed_data_nii.zip",
+        unpack(preprocess_inputs),
     output:
         store=directory(f"{ROOT}/data/{{dataset}}/{{protocol}}/store"),
         counts=f"{ROOT}/data/{{dataset}}/{{protocol}}/counts.json",
     log:
         f"{ROOT}/logs/data/preprocess_{{dataset}}_{{protocol}}.log",
-    wildcard_constraints:
-        dataset="prostate",
-        protocol="harmofl",
     conda:
         "../../envs/data.yaml"
     params:
+        raw=raw_arguments,
         options=preprocess_options,
     shell:
-        "python -m fedmedbench preprocess prostate --raw {input} --out {output.store} "
-        "--counts {output.counts} {params.options} &> {log}"
+        "python -m fedmedbench preprocess {wildcards.dataset} --protocol {wildcards.protocol} "
+        "--raw {params.raw} --out {output.store} --counts {output.counts} {params.options} &> {log}"
 
 
-rule split_prostate:
+rule split:
     input:
         f"{ROOT}/data/{{dataset}}/{{protocol}}/store",
     output:
         f"{ROOT}/data/{{dataset}}/{{protocol}}/split.csv",
     log:
         f"{ROOT}/logs/data/split_{{dataset}}_{{protocol}}.log",
-    wildcard_constraints:
-        dataset="prostate",
-        protocol="harmofl",
     conda:
         "../../envs/data.yaml"
     params:
         options=split_options,
     shell:
-        "python -m fedmedbench split prostate --store {input} --out {output} {params.options} &> {log}"
+        "python -m fedmedbench split {wildcards.dataset} --protocol {wildcards.protocol} "
+        "--store {input} --out {output} {params.options} &> {log}"

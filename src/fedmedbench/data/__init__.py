@@ -1,0 +1,35 @@
+"""Dataset families: one module per family, all with the same interface, so the pipeline handles
+every family with the same rules and commands.
+
+A family module ``fedmedbench.data.<family>`` provides:
+
+- ``DOWNLOADS: list[DownloadSpec]``: the raw files (archives or single files such as a metadata CSV);
+  ``spec.filename`` is the name under ``raw/``; ``spec.url == "manual"`` stops with ``spec.manual_step``.
+- ``PROTOCOLS: dict[str, list[str]]``: the client names of each paper protocol.
+- ``write_synthetic(out_dir, seed=0, **options) -> dict``: the synthetic twin, every file of DOWNLOADS
+  under its real name and layout.
+- ``preprocess(raw, store_dir, protocol, *, expect_real_counts=False, size=None, log=print) -> dict``:
+  ``raw`` maps each DOWNLOADS filename to its extracted folder (archives) or to the file itself; writes
+  the canonical store and returns the per-client sample counts.
+- ``split(store_dir, out_csv, protocol, *, permutation="default", seed=0) -> DataFrame``: the split of record.
+
+Family modules must not import torch (data jobs start fast).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+FAMILIES = ("prostate",)
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+
+
+def load_family(name: str) -> ModuleType:
+    if name not in FAMILIES:
+        raise ValueError(f"unknown dataset family {name!r}; known: {', '.join(FAMILIES)}")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def is_archive(filename: str) -> bool:
+    return filename.lower().endswith(ARCHIVE_SUFFIXES)

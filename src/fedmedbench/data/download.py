@@ -43,6 +43,10 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _GDRIVE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+# A source that needs a person (terms to accept, registration): fetch stops with the spec's advice.
+MANUAL = "manual"
+
+
 class DownloadError(RuntimeError):
     """A download failed or produced content that cannot be the expected file."""
 
@@ -201,6 +205,8 @@ def fetch(
     """
     source = str(source)
     dest = Path(dest)
+    if source == MANUAL:
+        raise DownloadError(f"{dest.name} cannot be downloaded automatically. {manual_step or ''}".strip())
     expected = _normalise_sha256(sha256, source)
     kind, location = _classify(source)
     dest.parent.mkdir(parents=True, exist_ok=True)

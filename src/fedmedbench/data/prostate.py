@@ -38,30 +38,6 @@ import pandas as pd
 from .download import DownloadSpec
 from .store import list_clients, open_client, staged_dir, write_client, write_split_csv
 
-__all__ = [
-    "DOWNLOAD",
-    "RELEASE_SITES",
-    "RELEASE_TO_CLIENT",
-    "CLIENT_TO_RELEASE",
-    "HARMOFL_CLIENTS",
-    "HARMOFL_SLICE_COUNTS",
-    "HARMOFL_SPLIT_COUNTS",
-    "HARMOFL_FRACTIONS",
-    "RELEASE_CASES",
-    "DEFAULT_INDEX_DIR",
-    "ProstateDataError",
-    "find_release_root",
-    "client_site_dirs",
-    "list_cases",
-    "read_volume",
-    "harmofl_normalize",
-    "harmofl_slices",
-    "preprocess_harmofl",
-    "cut_points",
-    "split_harmofl",
-    "write_synthetic_release",
-]
-
 DOWNLOAD = DownloadSpec(
     name="prostate",
     url="gdrive:1TtrjnlnJ1yqr5m4LUGMelKTQXtvZaru-",
@@ -602,3 +578,26 @@ def write_synthetic_release(
         Path(tmp_zip).unlink(missing_ok=True)
         raise
     return info
+
+
+# --- the family interface (fedmedbench.data) --------------------------------------------------
+DOWNLOADS = [DOWNLOAD]
+PROTOCOLS = {"harmofl": HARMOFL_CLIENTS}
+
+
+def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dict:
+    return write_synthetic_release(Path(out_dir) / DOWNLOAD.filename, seed=seed, **options)
+
+
+def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print) -> dict:
+    if protocol != "harmofl":
+        raise ValueError(f"prostate: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
+    return preprocess_harmofl(Path(raw[DOWNLOAD.filename]), Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
+
+
+def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
+    """``permutation``: ``harmofl`` (= ``default``, HarmoFL's index files) or ``seeded``."""
+    if protocol != "harmofl":
+        raise ValueError(f"prostate: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
+    permutation = "harmofl" if permutation == "default" else permutation
+    return split_harmofl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)

@@ -1,7 +1,7 @@
 """Base client: local training with hooks. Methods subclass it and override a few hooks.
 
-Hooks: ``receive(package)``, ``loss(x, y)``, ``after_backward()``, ``reply()``, ``eval_model()``,
-``state_dict()/load_state_dict()``. The base behaviour is FedAvg's client.
+Hooks: ``receive(package)``, ``loss(x, y)``, ``after_backward()``, ``train_step(x, y)``, ``reply()``,
+``eval_model()``, ``state_dict()/load_state_dict()``. The base behaviour is FedAvg's client.
 """
 
 from __future__ import annotations
@@ -59,19 +59,22 @@ class Client:
     def after_backward(self) -> None:
         """Called between ``backward()`` and ``optimizer.step()`` (gradient corrections go here)."""
 
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step. Methods with a different step (e.g. weight perturbation) override it."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(x, y)
+        loss.backward()
+        self.after_backward()
+        self.optimizer.step()
+        return loss.detach()
+
     def train(self, epochs: int) -> float:
         self.model.train()
         self.steps, loss_sum = 0, 0.0
         for _ in range(epochs):
             for x, y in train_batches(self.data.train, self.cfg["batch_size"], self.generator, self.cfg.get("augment", "none"), self.cfg.get("intensity_scale", 1.0)):
-                x, y = x.to(self.device), y.to(self.device)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss = self.loss(x, y)
-                loss.backward()
-                self.after_backward()
-                self.optimizer.step()
+                loss_sum += self.train_step(x.to(self.device), y.to(self.device)).item()
                 self.steps += 1
-                loss_sum += loss.item()
         return loss_sum / max(self.steps, 1)
 
     def reply(self) -> dict:
