@@ -53,3 +53,7 @@ class UNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bottleneck, skips = self.encode(x)
         return self.decode(bottleneck, skips)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Global-average-pooled bottleneck features (B x feature_dim), e.g. for MOON's projection head."""
+        return self.encode(x)[0].mean(dim=(2, 3))
