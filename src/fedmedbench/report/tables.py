@@ -16,13 +16,13 @@ This module must stay light (no torch): report jobs import it.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from fedmedbench.data.store import atomic_write_text
 
 AVG = "Avg"
 STD = "Std"
@@ -35,28 +35,6 @@ SUMMARY_COLUMNS = ["run", "method", "client", "client_label", "mean", "std", "n_
 
 class ReportInputError(ValueError):
     """The final.json files cannot be summarised (inconsistent clients, missing metric, ...)."""
-
-
-# --------------------------------------------------------------------------------------------
-# atomic writes (shared with figures.py and compare.py)
-# --------------------------------------------------------------------------------------------
-
-
-def atomic_write_text(path: Path | str, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``,
-    so that a crashed or killed job never leaves a half-written output behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 # --------------------------------------------------------------------------------------------
