@@ -93,3 +93,14 @@ def test_unknown_method_is_a_clear_error(tmp_path, tiny_task):
     store, split = tiny_task
     with pytest.raises(ValueError, match="unknown method 'fedfoo'"):
         run_training(tiny_run_config(store, split, "fedfoo"), tmp_path / "x", progress=False)
+
+
+def test_predictions_of_the_selected_round_are_saved(tmp_path, tiny_task):
+    import numpy as np
+
+    store, split = tiny_task
+    run_training(tiny_run_config(store, split, "fedavg", rounds=2, qualitative_samples=2), tmp_path / "p", progress=False)
+    with np.load(tmp_path / "p" / "predictions.npz") as saved:
+        assert saved["A|image"].shape == (2, 16, 16, 3) and saved["A|image"].dtype == np.uint8
+        assert saved["B|label"].shape == saved["B|pred"].shape == (2, 16, 16)
+        assert set(np.unique(saved["C|pred"])) <= {0, 1}

@@ -11,6 +11,7 @@ rule train:
         final=f"{ROOT}/train/{{task}}/{{run}}/seed{{seed}}/final.json",
         history=f"{ROOT}/train/{{task}}/{{run}}/seed{{seed}}/history.csv",
         model=f"{ROOT}/train/{{task}}/{{run}}/seed{{seed}}/model_best.pt",
+        predictions=f"{ROOT}/train/{{task}}/{{run}}/seed{{seed}}/predictions.npz",
     log:
         f"{ROOT}/logs/train/{{task}}/{{run}}/seed{{seed}}.log",
     benchmark:

@@ -15,9 +15,11 @@ import logging
 import math
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -59,6 +61,19 @@ def evaluate(model: torch.nn.Module, split, cfg: dict, device: torch.device) -> 
     return meter.compute()
 
 
+@torch.no_grad()
+def predict_samples(model: torch.nn.Module, split, cfg: dict, device: torch.device) -> dict[str, torch.Tensor]:
+    """Predictions on the first ``qualitative_samples`` test items, kept for the qualitative figures."""
+    count = min(cfg.get("qualitative_samples", 4), len(split))
+    if count == 0:
+        return {}
+    model.eval()
+    x, y, _ = next(eval_batches(split, count, cfg.get("intensity_scale", 1.0)))
+    pred = model(x.to(device)).argmax(1).cpu()
+    image = torch.from_numpy(np.asarray(split.images[split.rows[:count]]))
+    return {"image": image, "label": y.to(torch.uint8), "pred": pred.to(torch.uint8)}
+
+
 class Selection:
     """Tracks the best round on validation: one global choice, or one per client (personalized)."""
 
@@ -66,7 +81,7 @@ class Selection:
         self.clients, self.metric, self.per_client = clients, metric, per_client
         self.best: dict[str, dict] = {}  # key: client name or "all" -> {"round", "score", "val", "test", "model"}
 
-    def update(self, round_index: int, val: dict, test: dict, models: dict[str, dict]) -> None:
+    def update(self, round_index: int, val: dict, test: dict, models: dict[str, dict], predictions: dict[str, dict]) -> None:
         keys = self.clients if self.per_client else ["all"]
         for key in keys:
             names = [key] if self.per_client else self.clients
@@ -78,6 +93,7 @@ class Selection:
                     "val": {n: val[n] for n in names},
                     "test": {n: test[n] for n in names},
                     "models": {n: copy.deepcopy(models[n]) for n in names},
+                    "predictions": {n: predictions[n] for n in names},
                 }
 
     def merged(self, part: str) -> dict:
@@ -156,17 +172,18 @@ def run_training(cfg: dict, out_dir: Path, device: str = "auto", threads: int | 
         for client in clients:
             client.receive(server.package(client.index, round_index))
 
-        val, test, models = {}, {}, {}
+        val, test, models, predictions = {}, {}, {}, {}
         for client in clients:
             eval_model = client.eval_model()
             val[client.name] = evaluate(eval_model, client.data.val, cfg, device)
             test[client.name] = evaluate(eval_model, client.data.test, cfg, device)
             models[client.name] = {k: v.detach().cpu().clone() for k, v in eval_model.state_dict().items()}
+            predictions[client.name] = predict_samples(eval_model, client.data.test, cfg, device)
             history.append({"round": round_index, "client": client.name, "split": "train", "metric": "loss", "value": train_losses[client.index]})
             for split_name, scores in (("val", val), ("test", test)):
                 for metric_name, value in scores[client.name].items():
                     history.append({"round": round_index, "client": client.name, "split": split_name, "metric": metric_name, "value": value})
-        selection.update(round_index, val, test, models)
+        selection.update(round_index, val, test, models, predictions)
         mean_val = sum(v[metric] for v in val.values()) / len(val)
         mean_test = sum(t[metric] for t in test.values()) / len(test)
         bar.set_postfix({f"val_{metric}": f"{mean_val:.4f}", f"test_{metric}": f"{mean_test:.4f}"})
@@ -193,11 +210,25 @@ def run_training(cfg: dict, out_dir: Path, device: str = "auto", threads: int | 
     return write_outputs(cfg, out_dir, names, selection, history, checkpoint_path)
 
 
+def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
+    """``client|image``, ``client|label``, ``client|pred`` arrays, readable without torch."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_outputs(cfg: dict, out_dir: Path, names: list[str], selection: Selection, history: list[dict], checkpoint_path: Path) -> dict:
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
     ckpt_io.save_atomic({"clients": names, "models": compact_models({n: best_models[n] for n in names})}, out_dir / "model_best.pt")
+    predictions = {f"{n}|{k}": v.numpy() for entry in selection.best.values() for n, preds in entry["predictions"].items() for k, v in preds.items()}
+    save_npz_atomic(predictions, out_dir / "predictions.npz")
     atomic_write_text(out_dir / "history.csv", pd.DataFrame(history).to_csv(index=False))
     rounds_selected = {key: entry["round"] for key, entry in selection.best.items()}
     final = {
