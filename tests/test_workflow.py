@@ -70,7 +70,7 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     (tmp_path / "mu.yaml").write_text(yaml.safe_dump({"methods": {"fedprox": {"mu": 0.1}}}))
     changed = planned_jobs(snakemake(tmp_path, "mu.yaml", "-n"))
     assert changed.pop("train") == 2  # the two FedProx seeds, nothing else
-    assert set(changed) <= {"collect_metrics", "table", "convergence_figure", "reproduction_report", "all"}
+    assert set(changed) <= {"collect_metrics", "table", "convergence_figure", "qualitative_figure", "reproduction_report", "all"}
 
 
 def test_lint_and_format_are_clean():

@@ -121,6 +121,32 @@ def cmd_figure(args) -> None:
     convergence(histories, exp["metric"], Path(args.out_prefix), title=exp["title"].split(":")[0] + ": convergence", labels=exp.get("labels"))
 
 
+def cmd_sweep_figure(args) -> None:
+    from fedmedbench.report.sweeps import sweep_figure, sweep_points
+
+    exp = json.loads(args.experiment)
+    points = sweep_points(_load_finals(args.finals), exp["series"], exp["metric"], exp.get("error", "seeds"))
+    sweep_figure(points, Path(args.out_prefix), exp["title"], exp.get("x_label", "value"), f"{exp['metric']} (%)", log_x=exp.get("log_x", False))
+
+
+def cmd_qualitative_figure(args) -> None:
+    from fedmedbench.report.qualitative import load_rows, qualitative_figure
+
+    exp = json.loads(args.experiment)
+    by_task: dict[str, dict[str, Path]] = {}
+    for path in map(Path, args.predictions):  # .../train/<task>/<run>/seed<k>/predictions.npz
+        task, run = path.parts[-4], path.parts[-3]
+        by_task.setdefault(task, {}).setdefault(run, path)  # first seed listed
+    rows = []
+    for task in exp["tasks"]:
+        spec = exp["task_specs"][task]
+        clients = exp.get("clients", {}).get(task, spec["clients"])
+        files = {run: by_task[task][run] for run in exp["runs"]}
+        rows += load_rows(files, task, clients, per_client=exp.get("per_client", 1), centre_slice=spec.get("channels") == "slices")
+    columns = [(run, exp.get("labels", {}).get(run, run)) for run in exp["runs"]]
+    qualitative_figure(rows, columns, Path(args.out_prefix), exp["title"])
+
+
 def cmd_report(args) -> None:
     from fedmedbench.report.compare import compare, load_paper_table, write_report
     from fedmedbench.report.tables import seed_summary
@@ -129,17 +155,19 @@ def cmd_report(args) -> None:
     finals = _load_finals(args.finals)
     sections, seeds, rounds = [], set(), set()
     for name, exp in experiments.items():
-        runs = set(exp["runs"])
-        picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp["task"] and f["run"] in runs and f["seed"] in exp["seeds"]]
-        summary = seed_summary([f for f, _ in picked], exp["metric"], sources=[p for _, p in picked])
-        seeds.update(f["seed"] for f, _ in picked)
-        rounds.update(f["selection"]["rounds"] for f, _ in picked)
-        description = picked[0][0]["metric_descriptions"].get(exp["metric"], exp["metric"])
-        section = {"title": exp["title"], "metric_note": f"`{exp['metric']}`: {description}", "labels": exp.get("labels", {}), "figure": exp.get("figure")}
-        if exp.get("paper_table"):
-            paper = load_paper_table(Path(args.paper_tables) / exp["paper_table"])
-            ids = {run: exp.get("paper_ids", {}).get(run, run.split("-")[0]) for run in exp["runs"]}
-            section["comparison"] = compare(summary, paper, ids)
+        section = {"title": exp["title"], "labels": exp.get("labels", {}), "figure": exp.get("figure")}
+        if exp["kind"] == "table":
+            runs = set(exp["runs"])
+            picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp["task"] and f["run"] in runs and f["seed"] in exp["seeds"]]
+            summary = seed_summary([f for f, _ in picked], exp["metric"], sources=[p for _, p in picked])
+            seeds.update(f["seed"] for f, _ in picked)
+            rounds.update(f["selection"]["rounds"] for f, _ in picked)
+            description = picked[0][0]["metric_descriptions"].get(exp["metric"], exp["metric"])
+            section["metric_note"] = f"`{exp['metric']}`: {description}"
+            if exp.get("paper_table"):
+                paper = load_paper_table(Path(args.paper_tables) / exp["paper_table"])
+                ids = {run: exp.get("paper_ids", {}).get(run, run.split("-")[0]) for run in exp["runs"]}
+                section["comparison"] = compare(summary, paper, ids)
         sections.append(section)
     synthetic = any(f.get("synthetic", False) for f in finals)
     write_report(sections, Path(args.out), synthetic=synthetic, run_info={"seeds": sorted(seeds), "rounds": sorted(rounds)})
@@ -216,6 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-prefix", required=True)
     p.add_argument("histories", nargs="+")
     p.set_defaults(func=cmd_figure)
+
+    p = sub.add_parser("sweep-figure", help="a hyperparameter sweep figure (png, pdf) from runs' final.json")
+    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
+    p.add_argument("--out-prefix", required=True)
+    p.add_argument("finals", nargs="+")
+    p.set_defaults(func=cmd_sweep_figure)
+
+    p = sub.add_parser("qualitative-figure", help="segmentations of every method (png, pdf) from runs' predictions.npz")
+    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
+    p.add_argument("--out-prefix", required=True)
+    p.add_argument("predictions", nargs="+")
+    p.set_defaults(func=cmd_qualitative_figure)
 
     p = sub.add_parser("report", help="our numbers next to the published ones (Markdown)")
     p.add_argument("--experiments", required=True, help="the experiments config section as JSON")

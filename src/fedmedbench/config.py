@@ -18,7 +18,7 @@ SCHEMA = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 TRAINING_KEYS = (
     "kind", "clients", "client_labels", "model", "loss", "optimizer", "rounds", "local_epochs", "batch_size",
     "eval_batch_size", "augment", "intensity_scale", "truncate_to_smallest", "aggregation", "selection_metric",
-    "reset_optimizer_each_round", "checkpoint_every",
+    "reset_optimizer_each_round", "checkpoint_every", "qualitative_samples",
 )  # fmt: skip
 
 
@@ -111,9 +111,27 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
     return deep_merge(cfg, overrides)
 
 
+EXPERIMENT_KINDS = ("table", "sweep", "qualitative", "ampnorm")
+
+
+def experiment_kind(config: dict, experiment: str) -> str:
+    return config["experiments"][experiment].get("kind", "table")
+
+
+def experiment_run_names(spec: dict) -> list[str]:
+    """Runs of an experiment in display order (a sweep's runs come from its series)."""
+    if "series" in spec:
+        names = [run for runs in spec["series"].values() for run in runs.values()]
+    else:
+        names = spec.get("runs", [])
+    return list(dict.fromkeys(names))
+
+
 def experiment_runs(config: dict, experiment: str) -> list[tuple[str, str, int]]:
+    """(task, run, seed) of every training job an experiment needs."""
     spec = config["experiments"][experiment]
-    return [(spec["task"], run, seed) for run in spec["runs"] for seed in spec["seeds"]]
+    tasks = spec.get("tasks") or [spec["task"]]
+    return [(task, run, seed) for task in tasks for run in experiment_run_names(spec) for seed in spec.get("seeds", [])]
 
 
 def train_dir(config: dict, task: str, run: str, seed: int) -> Path:

@@ -1,5 +1,6 @@
 # All Python helpers of the workflow: config validation, paths, target lists, params.
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -132,7 +133,16 @@ def run_config_json(wildcards):
     return json.dumps(cfg, sort_keys=True)
 
 
-# --- experiments, tables, report ----------------------------------------------------------------
+# --- experiments, tables, figures, report -------------------------------------------------------
+def experiments_of(kind):
+    return [e for e in config["experiments"] if fmb.experiment_kind(config, e) == kind]
+
+
+def name_pattern(names):
+    """A wildcard constraint matching exactly these names (never matching when there are none)."""
+    return "|".join(re.escape(n) for n in names) or "(?!x)x"
+
+
 def run_files(experiment, name):
     return [
         f"{ROOT}/train/{task}/{run}/seed{seed}/{name}"
@@ -148,8 +158,25 @@ def experiment_histories(wildcards):
     return run_files(wildcards.experiment, "history.csv")
 
 
+def experiment_predictions(wildcards):
+    return run_files(wildcards.experiment, "predictions.npz")
+
+
+def experiment_stores(wildcards):
+    spec = config["experiments"][wildcards.experiment]
+    return [str(fmb.task_data_dir(config, task) / "store") for task in spec["tasks"]]
+
+
 def experiment_json(wildcards):
-    return json.dumps(config["experiments"][wildcards.experiment], sort_keys=True)
+    spec = config["experiments"][wildcards.experiment]
+    tasks = {t: config["tasks"][t] for t in spec.get("tasks") or [spec["task"]]}
+    return json.dumps({**spec, "task_specs": tasks}, sort_keys=True)
+
+
+def experiment_figure(experiment):
+    kind = fmb.experiment_kind(config, experiment)
+    suffix = "_convergence" if kind == "table" else ""
+    return f"{ROOT}/figures/{experiment}{suffix}.png"
 
 
 def all_finals(wildcards=None):
@@ -158,18 +185,28 @@ def all_finals(wildcards=None):
     )
 
 
+def all_figures(wildcards=None):
+    return [experiment_figure(exp) for exp in config["experiments"]]
+
+
 def experiments_json(wildcards=None):
     experiments = {
-        name: {**spec, "figure": f"{ROOT}/figures/{name}_convergence.png"}
+        name: {
+            **spec,
+            "kind": fmb.experiment_kind(config, name),
+            "figure": experiment_figure(name),
+        }
         for name, spec in config["experiments"].items()
     }
-    return json.dumps(experiments, sort_keys=True)
+    return json.dumps(experiments)  # config order = report order
 
 
 def all_targets():
     targets = [f"{ROOT}/report.md"]
     for exp in config["experiments"]:
-        targets += [f"{ROOT}/tables/{exp}.{ext}" for ext in ("csv", "md", "tex")]
-        targets += [f"{ROOT}/figures/{exp}_convergence.{ext}" for ext in ("png", "pdf")]
-        targets.append(f"{ROOT}/eval/{exp}/metrics.csv")
+        png = experiment_figure(exp)
+        targets += [png, png.replace(".png", ".pdf")]
+        if fmb.experiment_kind(config, exp) == "table":
+            targets += [f"{ROOT}/tables/{exp}.{ext}" for ext in ("csv", "md", "tex")]
+            targets.append(f"{ROOT}/eval/{exp}/metrics.csv")
     return targets

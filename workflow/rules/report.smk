@@ -14,6 +14,8 @@ rule table:
         tex=f"{ROOT}/tables/{{experiment}}.tex",
     log:
         f"{ROOT}/logs/report/table_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("table")),
     conda:
         "../../envs/report.yaml"
     params:
@@ -37,6 +39,8 @@ rule convergence_figure:
         pdf=f"{ROOT}/figures/{{experiment}}_convergence.pdf",
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("table")),
     conda:
         "../../envs/report.yaml"
     params:
@@ -50,10 +54,7 @@ rule convergence_figure:
 rule reproduction_report:
     input:
         finals=all_finals,
-        figures=expand(
-            f"{ROOT}/figures/{{experiment}}_convergence.png",
-            experiment=config["experiments"],
-        ),
+        figures=all_figures,
         paper_tables=f"{RESOURCES}/paper_tables",
     output:
         report(f"{ROOT}/report.md", caption="../report/report.rst", category="Report"),
@@ -66,3 +67,51 @@ rule reproduction_report:
     shell:
         "python -m fedmedbench report --experiments {params.experiments:q} --paper-tables {input.paper_tables} "
         "--out {output} {input.finals} &> {log}"
+
+
+rule sweep_figure:
+    input:
+        experiment_finals,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/sweep.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("sweep")),
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench sweep-figure --experiment {params.experiment:q} "
+        "--out-prefix {params.prefix} {input} &> {log}"
+
+
+rule qualitative_figure:
+    input:
+        experiment_predictions,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/qualitative.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("qualitative")),
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench qualitative-figure --experiment {params.experiment:q} "
+        "--out-prefix {params.prefix} {input} &> {log}"

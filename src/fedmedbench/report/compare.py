@@ -182,17 +182,22 @@ def _diff_cell(diff: float, decimals: int) -> str:
 
 
 def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
-    for key in ("title", "comparison", "metric_note"):
-        if key not in section:
-            raise ValueError(f"report section lacks {key!r}: {sorted(section)}")
-    comp: pd.DataFrame = section["comparison"]
+    """A section is a comparison table (needs ``comparison`` and ``metric_note``) and/or a figure."""
+    if "title" not in section or not ("comparison" in section or section.get("figure")):
+        raise ValueError(f"report section needs a title and a comparison or a figure: {sorted(section)}")
+    if "comparison" in section and "metric_note" not in section:
+        raise ValueError(f"report section {section['title']!r} has a comparison but no metric_note")
+    comp: pd.DataFrame | None = section.get("comparison")
     labels: Mapping[str, str] = section.get("labels") or {}
     lines = [f"## {section['title']}", ""]
     if section.get("paper_source"):
         lines += [f"Published numbers: {section['paper_source']}.", ""]
-    lines += [f"Metric: {section['metric_note']}", ""]
+    if section.get("metric_note"):
+        lines += [f"Metric: {section['metric_note']}", ""]
 
-    if comp.empty:
+    if comp is None:
+        pass
+    elif comp.empty:
         lines += ["No results in this section.", ""]
     else:
         lines += ["| method | client | ours | paper | Δ |", "|---|---|---:|---:|---:|"]

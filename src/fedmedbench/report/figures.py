@@ -123,13 +123,17 @@ def convergence(
     else:
         ax.legend(loc="best", fontsize="small")
 
+    return save_figure(fig, out_prefix)
+
+
+def save_figure(fig, out_prefix: Path | str) -> list[Path]:
+    """``<out_prefix>.png`` (dpi 150) and ``.pdf``, atomically; closes the figure."""
+    out_prefix = Path(out_prefix)
     try:
-        written = [
+        return [
             _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".png"), dpi=150),
             # no CreationDate: re-running the rule gives an identical PDF
-            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".pdf"),
-                            metadata={"CreationDate": None}),
+            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".pdf"), metadata={"CreationDate": None}),
         ]
     finally:
         plt.close(fig)
-    return written
