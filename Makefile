@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint clean-demo
+.PHONY: demo test lint test-slurm clean-demo
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	snakemake --lint
 	snakefmt --check .
+
+# The tiny pipeline through workflow/profiles/slurm on a real single-node SLURM (root, Debian; ~5 min).
+test-slurm: $(STAMP)
+	tests/slurm/run_tiny.sh
 
 clean-demo:
 	rm -rf results/demo
