@@ -54,6 +54,11 @@ class UNet(nn.Module):
         bottleneck, skips = self.encode(x)
         return self.decode(bottleneck, skips)
 
+    def forward_with_embedding(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and pooled bottleneck features from one pass (MOON needs both)."""
+        bottleneck, skips = self.encode(x)
+        return self.decode(bottleneck, skips), bottleneck.mean(dim=(2, 3))
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Global-average-pooled bottleneck features (B x feature_dim), e.g. for MOON's projection head."""
         return self.encode(x)[0].mean(dim=(2, 3))
