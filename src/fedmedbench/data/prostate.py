@@ -17,6 +17,17 @@ split CSV makes that leakage visible). The permutations only fit the real
 release, whose per-site slice counts (``HARMOFL_SLICE_COUNTS``) double as the
 post-download check.
 
+Protocol ``fedlwr`` (Fed-LWR, "PMR"): the same release, clients ``Site1..Site6`` = the
+release folders sorted alphabetically (BIDMC, BMC, HK, I2CVB, RUNMC, UCL). Every slice whose
+mask is not empty is kept (first and last slices included, as Fed-LWR's ``prepare_pmr``); each
+slice is normalised on its own (clip to [min, 99th percentile], min-max to 0..255, rounded: Fed-LWR's
+``mr_norm`` divides by the percentile instead of the range, which is the same map when the slice
+minimum is 0); mask = label > 0; 384 x 384. Fed-LWR stores single-channel slices but its UNet takes
+3 channels: ``fedlwr`` replicates the slice into 3 identical channels, ``fedlwr_stack`` stacks the
+normalised neighbours [i-1, i, i+1] (HarmoFL's 2.5D input; the edge slices repeat themselves). The
+split is by case, 6:2:2 (val and test get max(1, round(0.2 n)) cases each, train the rest) from a
+seeded permutation of the sorted case ids, so no case is in two splits.
+
 ``write_synthetic_release`` writes a small archive in the same layout with six
 visibly different intensity profiles, for tests and for running the pipeline
 without the real data.
@@ -580,24 +591,218 @@ def write_synthetic_release(
     return info
 
 
+# ---------------------------------------------------------------------------
+# Fed-LWR protocol
+# ---------------------------------------------------------------------------
+
+FEDLWR_CLIENTS = [f"Site{i}" for i in range(1, len(RELEASE_SITES) + 1)]
+FEDLWR_CLIENT_TO_RELEASE = dict(zip(FEDLWR_CLIENTS, RELEASE_SITES))  # Site1 = BIDMC ... Site6 = UCL
+FEDLWR_FRACTIONS = (0.6, 0.2, 0.2)
+FEDLWR_SIZE = 384
+FEDLWR_CHANNELS = {"fedlwr": "replicate", "fedlwr_stack": "stack"}
+
+
+def fedlwr_normalize_slice(image: np.ndarray) -> np.ndarray:
+    """One 2-D slice to uint8: clip to [min, p99], min-max to [0, 1], times 255, rounded.
+
+    Fed-LWR's ``mr_norm`` clips the same way and then computes ``(x - min) / p99``; for a slice
+    whose minimum is 0 (MR magnitude background) the two agree up to the factor 255. A slice whose
+    p99 equals its minimum maps to zeros.
+    """
+    x = np.asarray(image, dtype=np.float64)
+    if x.ndim != 2:
+        raise ProstateDataError(f"expected a 2-D slice, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ProstateDataError("image slice contains NaN or infinite values")
+    low, high = x.min(), np.percentile(x, 99)
+    if high <= low:
+        return np.zeros(x.shape, np.uint8)
+    return np.round((np.clip(x, low, high) - low) / (high - low) * 255).astype(np.uint8)
+
+
+def fedlwr_slices(image: np.ndarray, label: np.ndarray, channels: str = "replicate") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fed-LWR samples of one case: (images n x H x W x 3, binary labels n x H x W, slice indices).
+
+    Every slice with a non-empty mask is kept, edges included. ``channels="replicate"``: the
+    normalised slice three times; ``"stack"``: normalised slices [i-1, i, i+1], clamped at the
+    volume's ends.
+    """
+    if channels not in ("replicate", "stack"):
+        raise ValueError(f"channels must be 'replicate' or 'stack', got {channels!r}")
+    image, label = np.asarray(image), np.asarray(label)
+    if image.ndim != 3 or image.shape != label.shape:
+        raise ProstateDataError(f"image {image.shape} and label {label.shape} must be 3-D with the same shape")
+    binary = (label > 0).astype(np.uint8)
+    keep = [i for i in range(image.shape[0]) if binary[i].any()]
+    h, w = image.shape[1:]
+    if not keep:
+        return np.zeros((0, h, w, 3), np.uint8), np.zeros((0, h, w), np.uint8), np.zeros(0, np.int64)
+    depth = image.shape[0]
+    needed = sorted({j for i in keep for j in ((i,) if channels == "replicate" else (max(i - 1, 0), i, min(i + 1, depth - 1)))})
+    norm = {j: fedlwr_normalize_slice(image[j]) for j in needed}
+    if channels == "replicate":
+        stacks = [np.stack([norm[i]] * 3, axis=-1) for i in keep]
+    else:
+        stacks = [np.stack([norm[max(i - 1, 0)], norm[i], norm[min(i + 1, depth - 1)]], axis=-1) for i in keep]
+    return np.stack(stacks), binary[keep], np.asarray(keep, dtype=np.int64)
+
+
+def fedlwr_site_dirs(release_root: str | os.PathLike) -> dict[str, Path]:
+    """``Site1..Site6`` -> site folder (release or HarmoFL naming), Site k = k-th release name in sorted order."""
+    harmofl = client_site_dirs(release_root)
+    return {site: harmofl[RELEASE_TO_CLIENT[release]] for site, release in FEDLWR_CLIENT_TO_RELEASE.items()}
+
+
+def preprocess_fedlwr(
+    raw_root: str | os.PathLike,
+    store_dir: str | os.PathLike,
+    *,
+    channels: str = "replicate",
+    expect_real_counts: bool = False,
+    size: int | None = None,
+    log: Callable[[str], object] = print,
+    index_dir: str | os.PathLike = DEFAULT_INDEX_DIR,
+) -> dict[str, int]:
+    """Build the Fed-LWR store (clients Site1..Site6); returns the slices per client.
+
+    ``size`` defaults to 384 (volumes of another in-plane size are resized: bilinear images,
+    nearest masks). With ``expect_real_counts`` the file names must match HarmoFL's
+    ``<site>-dir.npy`` and the kept slices inside 1..D-2 must number HarmoFL's per-site counts
+    (the same volumes and masks, so the same foreground slices); mismatches stop with one error
+    and nothing written.
+    """
+    size = FEDLWR_SIZE if size is None else size
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"size must be a positive integer or None, got {size!r}")
+    raw_root = Path(raw_root)
+    site_dirs = fedlwr_site_dirs(find_release_root(raw_root))
+    counts: dict[str, int] = {}
+    problems: list[str] = []
+    with staged_dir(store_dir) as tmp_store:
+        for client in FEDLWR_CLIENTS:
+            release = FEDLWR_CLIENT_TO_RELEASE[client]
+            harmofl_name = RELEASE_TO_CLIENT[release]
+            site_dir = site_dirs[client]
+            cases = sorted(list_cases(site_dir), key=lambda c: c[0])
+            if expect_real_counts:
+                problems += _check_against_dir_list(harmofl_name, site_dir, cases, Path(index_dir))
+            images, labels, rows, inner = [], [], [], 0
+            for case, img_path, lab_path in cases:
+                image, label = read_volume(img_path), read_volume(lab_path)
+                if image.shape != label.shape:
+                    raise ProstateDataError(f"{img_path} has shape {image.shape} but its mask {lab_path.name} has {label.shape}")
+                x, y, idx = fedlwr_slices(image, label, channels)
+                inner += int(((idx >= 1) & (idx <= image.shape[0] - 2)).sum())
+                if x.shape[1:3] != (size, size):
+                    x, y = _resize(x, y, size)
+                images.append(x)
+                labels.append(y)
+                for s in idx:
+                    rows.append({
+                        "id": f"{client}/{case}/s{s:03d}",
+                        "group": f"{client}/{case}",
+                        "source": img_path.relative_to(raw_root).as_posix(),
+                        "case": case,
+                        "slice": int(s),
+                        "site": release,
+                        "label_source": lab_path.relative_to(raw_root).as_posix(),
+                    })
+            if not rows:
+                raise ProstateDataError(f"{site_dir}: no case has a non-empty mask")
+            if expect_real_counts and inner != HARMOFL_SLICE_COUNTS[harmofl_name]:
+                problems.append(f"{client} ({release}): {inner} foreground slices inside 1..D-2, HarmoFL has "
+                                f"{HARMOFL_SLICE_COUNTS[harmofl_name]}")
+            counts[client] = len(rows)
+            write_client(tmp_store, client, np.concatenate(images), np.concatenate(labels), pd.DataFrame(rows))
+            log(f"prostate {client} = {release} (folder {site_dir.name}): {len(cases)} cases, {len(rows)} slices, "
+                f"channels {channels}")
+        if problems:
+            raise ProstateDataError(
+                "the prostate data do not match the real SAML release:\n  " + "\n  ".join(problems)
+                + "\n(for other or synthetic data set expect_real_counts to false)"
+            )
+    return counts
+
+
+def case_cut_points(n_cases: int, fractions: Sequence[float] = FEDLWR_FRACTIONS) -> tuple[int, int]:
+    """(end of train, end of val) in cases: val and test get max(1, round(f * n)) cases, train the rest."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
+        raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {tuple(fractions)}")
+    n_val = max(1, int(np.floor(fractions[1] * n_cases + 0.5)))
+    n_test = max(1, int(np.floor(fractions[2] * n_cases + 0.5)))
+    n_train = n_cases - n_val - n_test
+    if n_train < 1:
+        raise ProstateDataError(f"{n_cases} case(s) are too few for a case-level train/val/test split (need 3)")
+    return n_train, n_train + n_val
+
+
+def split_fedlwr(
+    store_dir: str | os.PathLike,
+    out_csv: str | os.PathLike,
+    permutation: str = "seeded",
+    seed: int = 0,
+    fractions: Sequence[float] = FEDLWR_FRACTIONS,
+) -> pd.DataFrame:
+    """Case-level train/val/test split of Site1..Site6, written to ``out_csv``.
+
+    Cases are sorted by id, then permuted (``"seeded"``: generator seeded with (seed,
+    crc32(client)); ``"sorted"``: no shuffle, Fed-LWR's "first cases = train") and cut with
+    ``case_cut_points``. Inside a split, rows follow the store order (case, slice).
+    """
+    if permutation not in ("seeded", "sorted"):
+        raise ValueError(f"permutation must be 'seeded' or 'sorted', got {permutation!r}")
+    present = list_clients(store_dir)
+    missing = [c for c in FEDLWR_CLIENTS if c not in present]
+    if missing:
+        raise ProstateDataError(f"store {store_dir} lacks client(s) {missing} (found {present})")
+    tables = []
+    for client in FEDLWR_CLIENTS:
+        meta = open_client(store_dir, client).meta
+        cases = np.asarray(sorted(set(meta["group"])))
+        if permutation == "seeded":
+            cases = cases[_seeded_permutation(seed, client, len(cases))]
+        train_end, val_end = case_cut_points(len(cases), fractions)
+        split_of = {c: ("train" if k < train_end else "val" if k < val_end else "test") for k, c in enumerate(cases)}
+        names = meta["group"].map(split_of).to_numpy()
+        rank = {"train": 0, "val": 1, "test": 2}
+        rows = np.asarray(sorted(range(len(meta)), key=lambda r: rank[names[r]]), dtype=np.int64)
+        tables.append(pd.DataFrame({"client": client, "split": names[rows], "row": rows,
+                                    "id": meta["id"].to_numpy()[rows], "group": meta["group"].to_numpy()[rows]}))
+    table = pd.concat(tables, ignore_index=True)
+    write_split_csv(table, out_csv)
+    return table
+
+
 # --- the family interface (fedmedbench.data) --------------------------------------------------
 DOWNLOADS = [DOWNLOAD]
-PROTOCOLS = {"harmofl": HARMOFL_CLIENTS}
+PROTOCOLS = {"harmofl": HARMOFL_CLIENTS, "fedlwr": FEDLWR_CLIENTS, "fedlwr_stack": FEDLWR_CLIENTS}
 
 
 def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dict:
     return write_synthetic_release(Path(out_dir) / DOWNLOAD.filename, seed=seed, **options)
 
 
-def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print) -> dict:
-    if protocol != "harmofl":
+def _check_protocol(protocol: str) -> None:
+    if protocol not in PROTOCOLS:
         raise ValueError(f"prostate: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-    return preprocess_harmofl(Path(raw[DOWNLOAD.filename]), Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
+
+
+def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print) -> dict:
+    """``harmofl``: HarmoFL's 2.5D slices; ``fedlwr`` / ``fedlwr_stack``: Fed-LWR's slices, replicated / stacked."""
+    _check_protocol(protocol)
+    raw_root = Path(raw[DOWNLOAD.filename])
+    if protocol == "harmofl":
+        return preprocess_harmofl(raw_root, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
+    return preprocess_fedlwr(raw_root, Path(store_dir), channels=FEDLWR_CHANNELS[protocol],
+                             expect_real_counts=expect_real_counts, size=size, log=log)
 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
-    """``permutation``: ``harmofl`` (= ``default``, HarmoFL's index files) or ``seeded``."""
-    if protocol != "harmofl":
-        raise ValueError(f"prostate: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-    permutation = "harmofl" if permutation == "default" else permutation
-    return split_harmofl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
+    """``harmofl``: ``harmofl`` (= ``default``, HarmoFL's index files) or ``seeded``.
+    ``fedlwr*``: ``seeded`` (= ``default``, case-level 6:2:2) or ``sorted``."""
+    _check_protocol(protocol)
+    if protocol == "harmofl":
+        permutation = "harmofl" if permutation == "default" else permutation
+        return split_harmofl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
+    permutation = "seeded" if permutation == "default" else permutation
+    return split_fedlwr(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
