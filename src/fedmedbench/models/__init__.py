@@ -16,4 +16,12 @@ def build_model(model_cfg: dict) -> nn.Module:
             init_features=model_cfg.get("init_features", 32),
             bn=model_cfg.get("bn", "standard"),
         )
-    raise ValueError(f"unknown model {name!r} (known: unet)")
+    if name == "densenet121":
+        from fedmedbench.models.densenet import DenseNet121
+
+        return DenseNet121(
+            num_classes=model_cfg.get("num_classes", 2),
+            in_channels=model_cfg.get("in_channels", 3),
+            bn=model_cfg.get("bn", "standard"),
+        )
+    raise ValueError(f"unknown model {name!r} (known: unet, densenet121)")

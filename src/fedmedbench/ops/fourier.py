@@ -1,0 +1,128 @@
+"""Amplitude normalization in the Fourier domain (HarmoFL, Jiang et al. AAAI 2022, Eqs. 2-4).
+
+Every function works on a whole batch ``(B, C, H, W)`` on the batch's own device with ``torch.fft``:
+no per-image loop and no round trip through numpy.
+
+- ``amplitude_spectrum(images)``: per image and channel ``|FFT2(x)|`` over (H, W), no fftshift
+  (the DC bin is ``[..., 0, 0]``), shape ``(B, C, H, W)``.
+- ``batch_mean_amplitude(images, mode)``: the in-batch average amplitude ``1/M sum_m A_{x_m}`` of Eq. 3,
+  ``(C, H, W)``; with ``mode="dc"`` only the zero-frequency bin, ``(C, 1, 1)``.
+- ``update_running_amplitude(running, batch_amplitude, decay, init)``: Eq. 3,
+  ``A_k = (1 - v) A_{k-1} + v * batch_amplitude``, ``A_0 = 0`` (``running=None``: no batch seen yet).
+- ``amplitude_normalize(images, target_amplitude, mode)``: Eq. 4, ``Re F^-1(target * exp(j * phase(x)))``.
+
+``mode="full"`` is the paper (the whole amplitude spectrum is replaced). ``mode="dc"`` is the official
+code (``normalize(..., L=0)`` swaps only the centre bin of the fftshifted spectrum, i.e. the DC
+amplitude), which for every image and channel is the mean shift
+``y = x - mean_HW(x) + sign(sum_HW x) * A_dc / (H W)``; it is computed in that closed form, without an FFT.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MODES = ("full", "dc")
+INITS = ("zero", "first_batch")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown amplitude mode {mode!r}; expected one of {MODES}")
+
+
+def _work_dtype(images: torch.Tensor) -> torch.dtype:
+    # torch.fft has no half/bfloat16 kernels for arbitrary sizes: compute those in float32.
+    return images.dtype if images.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _full_from_half(half: torch.Tensor, width: int) -> torch.Tensor:
+    """Complete an ``rfft2``-layout amplitude ``(..., H, W//2+1)`` to ``(..., H, W)`` with
+    ``A(u, v) = A(-u, -v)`` (the amplitude of a real image is Hermitian-symmetric)."""
+    kept = width // 2 + 1
+    mirrored = torch.roll(torch.flip(half, dims=(-2,)), shifts=1, dims=-2)  # row u -> row -u
+    return torch.cat([half, mirrored[..., 1 : width - kept + 1].flip(-1)], dim=-1)
+
+
+def amplitude_spectrum(images: torch.Tensor) -> torch.Tensor:
+    """``|FFT2(x)|`` per image and channel over the last two axes (no fftshift), same shape as ``images``."""
+    x = images.to(_work_dtype(images))
+    return _full_from_half(torch.fft.rfft2(x).abs(), x.shape[-1])
+
+
+def batch_mean_amplitude(images: torch.Tensor, mode: str = "full") -> torch.Tensor:
+    """The in-batch average amplitude of Eq. 3: mean over the batch of ``|FFT2(x_m)|``.
+
+    ``full``: ``(C, H, W)``. ``dc``: only the zero-frequency bin ``|sum_HW x_m|``, shape ``(C, 1, 1)``
+    (all that ``amplitude_normalize(..., mode="dc")`` reads).
+    """
+    _check_mode(mode)
+    x = images.to(_work_dtype(images))
+    if mode == "dc":
+        return x.sum(dim=(-2, -1), keepdim=True).abs().mean(dim=0)
+    return _full_from_half(torch.fft.rfft2(x).abs().mean(dim=0), x.shape[-1])
+
+
+def update_running_amplitude(running: torch.Tensor | None, batch_amplitude: torch.Tensor, decay: float = 0.1, init: str = "zero") -> torch.Tensor:
+    """Eq. 3: ``A_k = (1 - v) A_{k-1} + v * batch_amplitude`` with decay ``v``; returns a new tensor.
+
+    ``running=None`` means no batch has been seen yet. ``init="zero"`` is the paper's wording
+    (``A_0 = 0``, so ``A_1 = v * batch_amplitude``); ``init="first_batch"`` is the official code
+    (``if sum(running_amp) == 0: running_amp = amp_avg``, so ``A_1 = batch_amplitude``). With
+    ``decay=0`` (the official code's momentum 0.1 truncated to the int 0) the amplitude then stays
+    the first batch's forever.
+    """
+    if init not in INITS:
+        raise ValueError(f"unknown running-amplitude init {init!r}; expected one of {INITS}")
+    if running is None:
+        if init == "first_batch":
+            return batch_amplitude.clone()
+        running = torch.zeros_like(batch_amplitude)
+    return running * (1.0 - decay) + batch_amplitude * decay
+
+
+def _hermitian_symmetrize(amplitude: torch.Tensor) -> torch.Tensor:
+    """``(A(u, v) + A(-u, -v)) / 2``: the part of a target amplitude a real output can carry. The
+    average amplitude of real images is already symmetric (up to rounding)."""
+    mirrored = torch.roll(torch.flip(amplitude, dims=(-2, -1)), shifts=(1, 1), dims=(-2, -1))
+    return 0.5 * (amplitude + mirrored)
+
+
+def amplitude_normalize(images: torch.Tensor, target_amplitude: torch.Tensor, mode: str = "full") -> torch.Tensor:
+    """Replace each image's amplitude spectrum by ``target_amplitude``, keep its phase, return the real part.
+
+    ``images``: ``(B, C, H, W)`` (any leading shape works). ``target_amplitude``: broadcastable to
+    ``(C, H, W)`` in the unshifted FFT layout (DC at ``[..., 0, 0]``), e.g. from ``batch_mean_amplitude``.
+    Where an image's Fourier coefficient is exactly 0 its phase is taken as 0 (``numpy.angle(0)``).
+
+    ``full``: ``Re F^-1(target * exp(j P_x))``, computed with ``rfft2``/``irfft2`` on the Hermitian-
+    symmetric part of the target, which is exactly that real part. ``dc``: only the zero-frequency
+    amplitude is replaced, ``y = x - mean_HW(x) + sign(sum_HW x) * target[..., 0, 0] / (H W)``; the
+    target may then be ``(C, 1, 1)``.
+    The result has the dtype of ``images`` (half precision is computed in float32).
+    """
+    _check_mode(mode)
+    dtype = _work_dtype(images)
+    x = images.to(dtype)
+    target = target_amplitude.to(device=x.device, dtype=dtype)
+    height, width = x.shape[-2:]
+    if target.dim() < 2:
+        raise ValueError(f"target amplitude needs (..., H, W) axes, got shape {tuple(target_amplitude.shape)}")
+    if mode == "dc":
+        total = x.sum(dim=(-2, -1), keepdim=True)
+        dc = target[..., :1, :1]
+        new_dc = torch.where(total < 0, -dc, dc)  # the DC coefficient is real: phase 0 or pi
+        out = x - total / (height * width) + new_dc / (height * width)
+        return out.to(images.dtype)
+    if tuple(target.shape[-2:]) not in ((height, width), (height, 1), (1, width), (1, 1)):
+        raise ValueError(f"target amplitude {tuple(target.shape)} does not broadcast to images {tuple(x.shape)}")
+    target = _hermitian_symmetrize(target.expand(*target.shape[:-2], height, width))[..., : width // 2 + 1]
+    # Y = X * target / |X| on the (re, im) pairs (faster than complex arithmetic); Y = target where X = 0.
+    parts = torch.view_as_real(torch.fft.rfft2(x))
+    magnitude = torch.hypot(parts[..., 0], parts[..., 1])
+    zero = magnitude == 0
+    swapped = parts * (target / magnitude.masked_fill_(zero, 1.0)).unsqueeze(-1)
+    swapped[..., 0].add_(target * zero)
+    return torch.fft.irfft2(torch.view_as_complex(swapped), s=(height, width)).to(images.dtype)
+
+
+__all__ = ["MODES", "INITS", "amplitude_spectrum", "batch_mean_amplitude", "update_running_amplitude", "amplitude_normalize"]
