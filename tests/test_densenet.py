@@ -13,7 +13,7 @@ from fedmedbench.models.densenet import DenseNet121
 @pytest.fixture(scope="module")
 def standard():
     torch.manual_seed(0)
-    return build_model({"name": "densenet121", "num_classes": 2, "bn": "standard"})
+    return build_model({"name": "densenet", "num_classes": 2, "bn": "standard"})
 
 
 def test_shapes_on_96px_input(standard):

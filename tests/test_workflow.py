@@ -15,12 +15,20 @@ BIN = Path(sys.executable).parent
 
 TINY = {
     "run_name": "e2e",
-    "data": {"prostate": {"synthetic": True, "synthetic_options": {"cases_per_site": 2, "depth": 8, "size": 32}}},
+    "data": {
+        "prostate": {
+            "synthetic": True,
+            "synthetic_options": {"cases_per_site": 3, "depth": 8, "size": 32},
+            "protocols": {
+                "harmofl": {"image_size": 32, "expect_real_counts": False, "split": {"permutation": "seeded"}},
+                "fedlwr": {"image_size": 32, "expect_real_counts": False},
+            },
+        },
+        "skin": {"synthetic": True, "protocols": {"prrfl": {"image_size": 16, "expect_real_counts": False, "split": {"permutation": "seeded"}}}},
+        "fundus": {"synthetic": True, "protocols": {"fedlwr": {"image_size": 32, "expect_real_counts": False}}},
+    },
     "tasks": {
         "prostate": {
-            "split": {"permutation": "seeded", "seed": 0},
-            "expect_real_counts": False,
-            "image_size": 32,
             "model": {"init_features": 2},
             "rounds": 2,
             "batch_size": 4,

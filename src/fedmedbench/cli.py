@@ -147,6 +147,17 @@ def cmd_qualitative_figure(args) -> None:
     qualitative_figure(rows, columns, Path(args.out_prefix), exp["title"])
 
 
+def cmd_ampnorm_figure(args) -> None:
+    from fedmedbench.report.ampnorm import ampnorm_figure, normalized_examples
+
+    exp = json.loads(args.experiment)
+    panels = {}
+    for task, store in zip(exp["tasks"], args.stores):
+        clients = exp["task_specs"][task]["clients"]
+        panels[task] = normalized_examples(Path(store), Path(store).with_name("split.csv"), clients)
+    ampnorm_figure(panels, Path(args.out_prefix), exp["title"])
+
+
 def cmd_report(args) -> None:
     from fedmedbench.report.compare import compare, load_paper_table, write_report
     from fedmedbench.report.tables import seed_summary
@@ -256,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-prefix", required=True)
     p.add_argument("predictions", nargs="+")
     p.set_defaults(func=cmd_qualitative_figure)
+
+    p = sub.add_parser("ampnorm-figure", help="images before/after amplitude normalization (png, pdf)")
+    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
+    p.add_argument("--out-prefix", required=True)
+    p.add_argument("stores", nargs="+", help="one store per task of the experiment, in its order")
+    p.set_defaults(func=cmd_ampnorm_figure)
 
     p = sub.add_parser("report", help="our numbers next to the published ones (Markdown)")
     p.add_argument("--experiments", required=True, help="the experiments config section as JSON")

@@ -97,15 +97,17 @@ def raw_arguments(wildcards, input):
     return " ".join(f"{name}={input[name]}" for name in raw_files(wildcards.dataset))
 
 
-def task_of_protocol(dataset, protocol):
-    for name, spec in config["tasks"].items():
-        if spec["dataset"] == dataset and spec["protocol"] == protocol:
-            return spec
-    raise ValueError(f"no task uses dataset {dataset!r} with protocol {protocol!r}")
+def protocol_spec(wildcards):
+    protocols = config["data"][wildcards.dataset].get("protocols", {})
+    if wildcards.protocol not in protocols:
+        raise ValueError(
+            f"data.{wildcards.dataset}.protocols has no {wildcards.protocol!r} (have: {sorted(protocols)})"
+        )
+    return protocols[wildcards.protocol] or {}
 
 
 def preprocess_options(wildcards):
-    spec = task_of_protocol(wildcards.dataset, wildcards.protocol)
+    spec = protocol_spec(wildcards)
     options = f"--size {spec['image_size']}" if spec.get("image_size") else ""
     if spec.get("expect_real_counts"):
         options += " --expect-real-counts"
@@ -113,8 +115,17 @@ def preprocess_options(wildcards):
 
 
 def split_options(wildcards):
-    split = task_of_protocol(wildcards.dataset, wildcards.protocol).get("split", {})
+    split = protocol_spec(wildcards).get("split", {})
     return f"--permutation {split.get('permutation', 'default')} --seed {split.get('seed', 0)}"
+
+
+def prepared_datasets():
+    """The split file of every configured (dataset, protocol): all data the config asks for."""
+    return [
+        f"{ROOT}/data/{dataset}/{protocol}/split.csv"
+        for dataset, spec in config["data"].items()
+        for protocol in spec.get("protocols", {})
+    ]
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -167,6 +178,13 @@ def experiment_stores(wildcards):
     return [str(fmb.task_data_dir(config, task) / "store") for task in spec["tasks"]]
 
 
+def experiment_splits(wildcards):
+    spec = config["experiments"][wildcards.experiment]
+    return [
+        str(fmb.task_data_dir(config, task) / "split.csv") for task in spec["tasks"]
+    ]
+
+
 def experiment_json(wildcards):
     spec = config["experiments"][wildcards.experiment]
     tasks = {t: config["tasks"][t] for t in spec.get("tasks") or [spec["task"]]}
@@ -202,7 +220,7 @@ def experiments_json(wildcards=None):
 
 
 def all_targets():
-    targets = [f"{ROOT}/report.md"]
+    targets = [f"{ROOT}/report.md"] + prepared_datasets()
     for exp in config["experiments"]:
         png = experiment_figure(exp)
         targets += [png, png.replace(".png", ".pdf")]

@@ -115,3 +115,28 @@ rule qualitative_figure:
     shell:
         "python -m fedmedbench qualitative-figure --experiment {params.experiment:q} "
         "--out-prefix {params.prefix} {input} &> {log}"
+
+
+rule ampnorm_figure:
+    input:
+        stores=experiment_stores,
+        splits=experiment_splits,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/ampnorm.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("ampnorm")),
+    conda:
+        "../../envs/torch.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench ampnorm-figure --experiment {params.experiment:q} "
+        "--out-prefix {params.prefix} {input.stores} &> {log}"

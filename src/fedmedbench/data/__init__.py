@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-FAMILIES = ("prostate",)
+FAMILIES = ("prostate", "camelyon17", "nuclei", "skin", "fundus")
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 
 

@@ -31,11 +31,21 @@ def _replace_batchnorm(module: nn.Module, kind: str) -> None:
 
 
 class DenseNet121(nn.Module):
-    def __init__(self, num_classes: int = 2, in_channels: int = 3, bn: str = "standard", pad_after_block1: int = 2):
+    def __init__(
+        self,
+        num_classes: int = 2,
+        in_channels: int = 3,
+        bn: str = "standard",
+        pad_after_block1: int = 2,
+        growth_rate: int = 32,
+        block_config: tuple[int, ...] = (6, 12, 24, 16),
+        num_init_features: int = 64,
+    ):
+        """The defaults are DenseNet-121; smaller ``growth_rate``/``block_config`` give the demo's slim net."""
         super().__init__()
         if bn not in BN_KINDS:
             raise ValueError(f"unknown batch-norm kind {bn!r}; expected one of {BN_KINDS}")
-        base = torchvision.models.densenet121(weights=None, num_classes=num_classes)
+        base = torchvision.models.DenseNet(growth_rate=growth_rate, block_config=tuple(block_config), num_init_features=num_init_features, num_classes=num_classes)
         layers = OrderedDict()
         for name, layer in base.features.named_children():
             if name == "conv0" and in_channels != 3:
