@@ -12,34 +12,20 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+DEMO = ROOT / "workflow" / "profiles" / "demo" / "demo.yaml"
 
+# On top of the demo overlay (every family synthetic): the prostate table only, tiny and short.
 TINY = {
     "run_name": "e2e",
-    "data": {
-        "prostate": {
-            "synthetic": True,
-            "synthetic_options": {"cases_per_site": 3, "depth": 8, "size": 32},
-            "protocols": {
-                "harmofl": {"image_size": 32, "expect_real_counts": False, "split": {"permutation": "seeded"}},
-                "fedlwr": {"image_size": 32, "expect_real_counts": False},
-            },
-        },
-        "skin": {"synthetic": True, "protocols": {"prrfl": {"image_size": 16, "expect_real_counts": False, "split": {"permutation": "seeded"}}}},
-        "fundus": {"synthetic": True, "protocols": {"fedlwr": {"image_size": 32, "expect_real_counts": False}}},
-    },
-    "tasks": {
-        "prostate": {
-            "model": {"init_features": 2},
-            "rounds": 2,
-            "batch_size": 4,
-        }
-    },
-    "experiments": {"harmofl_table1_prostate": {"seeds": [0, 1]}},
+    "selected_experiments": ["harmofl_table1_prostate"],
+    "data": {"prostate": {"synthetic_options": {"cases_per_site": 3, "depth": 8, "size": 32}, "protocols": {"harmofl": {"image_size": 32}, "fedlwr": {"image_size": 32}}}},
+    "tasks": {"prostate": {"model": {"init_features": 2}, "rounds": 2, "batch_size": 4}},
+    "experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedprox", "solo"], "seeds": [0, 1]}},
 }
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    configs = [str(ROOT / "config.yaml"), str(workdir / "tiny.yaml"), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
+    configs = [str(ROOT / "config.yaml"), str(DEMO), str(workdir / "tiny.yaml"), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
     flags = [a for a in args if not a.endswith(".yaml")]
     cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2", "--configfile", *configs, *flags]
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}
@@ -71,6 +57,9 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     assert final["config"]["method_params"] == {"mu": 0.01} and final["synthetic"] is True
     assert (out / "logs" / "train" / "prostate" / "fedavg" / "seed0.log").stat().st_size > 0
     assert (out / "benchmarks" / "train" / "prostate" / "fedavg" / "seed0.tsv").exists()
+    # Every family's synthetic twin went through download, extraction, parsing and splitting.
+    for dataset, protocol in (("prostate", "harmofl"), ("prostate", "fedlwr"), ("camelyon17", "harmofl"), ("nuclei", "harmofl"), ("skin", "prrfl"), ("fundus", "fedlwr")):
+        assert (out / "data" / dataset / protocol / "split.csv").stat().st_size > 0, (dataset, protocol)
 
     again = snakemake(tmp_path, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -78,7 +67,19 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     (tmp_path / "mu.yaml").write_text(yaml.safe_dump({"methods": {"fedprox": {"mu": 0.1}}}))
     changed = planned_jobs(snakemake(tmp_path, "mu.yaml", "-n"))
     assert changed.pop("train") == 2  # the two FedProx seeds, nothing else
-    assert set(changed) <= {"collect_metrics", "table", "convergence_figure", "qualitative_figure", "reproduction_report", "all"}
+    assert set(changed) <= {"collect_metrics", "table", "convergence_figure", "reproduction_report", "all"}
+
+
+def test_real_config_plans_every_download_and_preprocessing(tmp_path):
+    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")
+    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "--cores", "1"]
+    dry = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    jobs = planned_jobs(dry)
+    # prostate 1 + camelyon17 1 + nuclei 5 + skin 5 + fundus 1 raw files; 6 (dataset, protocol) pairs.
+    assert jobs["download"] == 13 and jobs["preprocess"] == 6 and jobs["split"] == 6
+    assert "gdrive:1TtrjnlnJ1yqr5m4LUGMelKTQXtvZaru-" in dry.stdout  # the real sources, not synthetic twins
+    assert "synthesize" not in jobs
 
 
 def test_lint_and_format_are_clean():

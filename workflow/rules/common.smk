@@ -145,8 +145,12 @@ def run_config_json(wildcards):
 
 
 # --- experiments, tables, figures, report -------------------------------------------------------
+# `selected_experiments` (default: all) limits what `rule all` and the report make.
+SELECTED = config.get("selected_experiments") or list(config["experiments"])
+
+
 def experiments_of(kind):
-    return [e for e in config["experiments"] if fmb.experiment_kind(config, e) == kind]
+    return [e for e in SELECTED if fmb.experiment_kind(config, e) == kind]
 
 
 def name_pattern(names):
@@ -198,13 +202,11 @@ def experiment_figure(experiment):
 
 
 def all_finals(wildcards=None):
-    return sorted(
-        {f for exp in config["experiments"] for f in run_files(exp, "final.json")}
-    )
+    return sorted({f for exp in SELECTED for f in run_files(exp, "final.json")})
 
 
 def all_figures(wildcards=None):
-    return [experiment_figure(exp) for exp in config["experiments"]]
+    return [experiment_figure(exp) for exp in SELECTED]
 
 
 def experiments_json(wildcards=None):
@@ -215,13 +217,14 @@ def experiments_json(wildcards=None):
             "figure": experiment_figure(name),
         }
         for name, spec in config["experiments"].items()
+        if name in SELECTED
     }
     return json.dumps(experiments)  # config order = report order
 
 
 def all_targets():
     targets = [f"{ROOT}/report.md"] + prepared_datasets()
-    for exp in config["experiments"]:
+    for exp in SELECTED:
         png = experiment_figure(exp)
         targets += [png, png.replace(".png", ".pdf")]
         if fmb.experiment_kind(config, exp) == "table":
