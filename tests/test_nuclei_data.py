@@ -322,3 +322,19 @@ def test_split_refuses_empty_splits(raw, tmp_path):
     with pytest.raises(N.NucleiDataError, match=r"client MoNuSAC_breast .* 1 image group\(s\) leave the \['train', 'val'\]"):
         N.split(tmp_path / "store", tmp_path / "s.csv", "harmofl")
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_official_split_keeps_the_datasets_test_images(synthetic, tmp_path):
+    """HarmoFL's appendix: the official train/test split, 20 % of training images for validation."""
+    _, _, raw = synthetic
+    N.preprocess(raw, tmp_path / "store", "harmofl", size=24, log=quiet)
+    table = N.split(tmp_path / "store", tmp_path / "split.csv", "harmofl")  # default = official
+    for client in N.CLIENTS:
+        meta = open_client(tmp_path / "store", client).meta
+        rows = table[table["client"] == client]
+        subset = meta["subset"].astype(str).to_numpy()[rows["row"].to_numpy()]
+        if client == "TNBC":  # no official split: a seeded hold-out
+            assert set(subset) == {"all"} and (rows["split"] == "test").sum() >= 1
+        else:
+            assert ((subset == "test") == (rows["split"] == "test").to_numpy()).all(), client
+        assert (rows["split"] == "val").sum() >= 1

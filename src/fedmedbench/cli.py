@@ -244,35 +244,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("finals", nargs="+")
     p.set_defaults(func=cmd_collect)
 
-    p = sub.add_parser("table", help="a paper-layout table (csv, md, tex) from runs' final.json")
-    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
-    p.add_argument("--out-prefix", required=True)
-    p.add_argument("finals", nargs="+")
-    p.set_defaults(func=cmd_table)
-
-    p = sub.add_parser("figure", help="convergence figure (png, pdf) from runs' history.csv")
-    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
-    p.add_argument("--out-prefix", required=True)
-    p.add_argument("histories", nargs="+")
-    p.set_defaults(func=cmd_figure)
-
-    p = sub.add_parser("sweep-figure", help="a hyperparameter sweep figure (png, pdf) from runs' final.json")
-    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
-    p.add_argument("--out-prefix", required=True)
-    p.add_argument("finals", nargs="+")
-    p.set_defaults(func=cmd_sweep_figure)
-
-    p = sub.add_parser("qualitative-figure", help="segmentations of every method (png, pdf) from runs' predictions.npz")
-    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
-    p.add_argument("--out-prefix", required=True)
-    p.add_argument("predictions", nargs="+")
-    p.set_defaults(func=cmd_qualitative_figure)
-
-    p = sub.add_parser("ampnorm-figure", help="images before/after amplitude normalization (png, pdf)")
-    p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
-    p.add_argument("--out-prefix", required=True)
-    p.add_argument("stores", nargs="+", help="one store per task of the experiment, in its order")
-    p.set_defaults(func=cmd_ampnorm_figure)
+    # Tables and figures of one experiment: its config section as JSON, an output prefix, its inputs.
+    for name, help_text, func, inputs in (
+        ("table", "a paper-layout table (csv, md, tex) from runs' final.json", cmd_table, "finals"),
+        ("figure", "convergence figure (png, pdf) from runs' history.csv", cmd_figure, "histories"),
+        ("sweep-figure", "a hyperparameter sweep figure (png, pdf) from runs' final.json", cmd_sweep_figure, "finals"),
+        ("qualitative-figure", "segmentations of every method (png, pdf) from runs' predictions.npz", cmd_qualitative_figure, "predictions"),
+        ("ampnorm-figure", "images before/after amplitude normalization (png, pdf); one store per task", cmd_ampnorm_figure, "stores"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
+        p.add_argument("--out-prefix", required=True)
+        p.add_argument(inputs, nargs="+")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("report", help="our numbers next to the published ones (Markdown)")
     p.add_argument("--experiments", required=True, help="the experiments config section as JSON")

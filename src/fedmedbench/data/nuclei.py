@@ -746,7 +746,21 @@ def preprocess(
 # Split
 # ---------------------------------------------------------------------------
 
-PERMUTATIONS = ("default", "image", "patient")
+PERMUTATIONS = ("default", "official", "image", "patient")
+
+
+def _official_parts(groups: np.ndarray, meta: pd.DataFrame, key: np.ndarray) -> dict[str, np.ndarray]:
+    """Official test images stay test; 20 % of the (permuted) rest becomes validation."""
+    official_test = set(key[meta["subset"].astype(str).to_numpy() == "test"])
+    if official_test:
+        test = np.array([g for g in groups if g in official_test])
+        rest = np.array([g for g in groups if g not in official_test])
+    else:  # TNBC: no official split
+        cut = int(len(groups) * 0.8)
+        rest, test = groups[:cut], groups[cut:]
+    n_val = max(1, int(len(rest) * 0.2)) if len(rest) >= 2 else 0  # small (synthetic) sites keep a val image
+    train_end = len(rest) - n_val
+    return {"train": rest[:train_end], "val": rest[train_end:], "test": test}
 
 
 def split(
@@ -757,9 +771,14 @@ def split(
     permutation: str = "default",
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Per-client seeded grouped split with HarmoFL's 64/16/20 fractions, written to ``out_csv``.
+    """Per-client seeded grouped split, written to ``out_csv``.
 
-    ``permutation``: ``default`` (= ``image``) groups the rows by source image
+    ``permutation``: ``default`` (= ``official``) is HarmoFL's appendix: the datasets' own train/test
+    split (MoNuSAC, MoNuSeg), 20 % of the training images for validation; TNBC has no official split,
+    so 20 % of its images are held out for test first. ``image`` pools everything and cuts HarmoFL's
+    64/16/20 by source image
+    (all tiles of an image in one split); ``patient`` the same by patient.
+    ``image`` groups the rows by source image
     (all tiles of an image in one split); ``patient`` by patient. Groups are
     sorted, permuted with a generator seeded by (seed, crc32(client)), then cut
     at int(0.64 n) and int(0.8 n) groups. Every split must be non-empty.
@@ -780,8 +799,11 @@ def split(
         groups = np.array(sorted(set(key)))
         rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
         groups = groups[rng.permutation(len(groups))]
-        train_end, val_end = cut_points(len(groups), HARMOFL_FRACTIONS)
-        parts = {"train": groups[:train_end], "val": groups[train_end:val_end], "test": groups[val_end:]}
+        if permutation in ("default", "official"):
+            parts = _official_parts(groups, meta, key)
+        else:
+            train_end, val_end = cut_points(len(groups), HARMOFL_FRACTIONS)
+            parts = {"train": groups[:train_end], "val": groups[train_end:val_end], "test": groups[val_end:]}
         empty = [name for name, g in parts.items() if len(g) == 0]
         if empty:
             raise NucleiDataError(

@@ -31,17 +31,16 @@ trained model per batch.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.batchnorm import _NormBase
 
 from fedmedbench.fl import client, server
 from fedmedbench.fl.client import build_optimizer
+from fedmedbench.ops.perturb import frozen_norm_statistics
 
 DEFAULTS = {"mu": 1.0, "temperature": 0.5, "projection_dim": 256}
 PERSONALIZED = False
@@ -76,22 +75,6 @@ def _frozen(module: nn.Module) -> nn.Module:
     return module
 
 
-@contextlib.contextmanager
-def _running_stats_untouched(model: nn.Module):
-    """A forward pass in train mode that normalizes with batch statistics (as the pass it repeats)
-    but leaves the running statistics and counters alone: ``track_running_stats`` is switched off for
-    its duration. (Restoring the buffers afterwards instead would bump their autograd version and
-    invalidate the saved tensors of the first pass.)"""
-    switched = [m for m in model.modules() if isinstance(m, _NormBase) and m.track_running_stats]
-    for module in switched:
-        module.track_running_stats = False
-    try:
-        yield
-    finally:
-        for module in switched:
-            module.track_running_stats = True
-
-
 class Client(client.Client):
     def __init__(self, cfg, index, data, model, generator, device):
         super().__init__(cfg, index, data, model, generator, device)
@@ -122,7 +105,8 @@ class Client(client.Client):
         if hasattr(self.model, "forward_with_embedding"):
             return self.model.forward_with_embedding(x)
         logits = self.model(x)
-        with _running_stats_untouched(self.model):
+        # Batch statistics as the pass it repeats, running statistics untouched (updated once per batch).
+        with frozen_norm_statistics(self.model):
             features = self.model.embed(x)
         return logits, features
 
