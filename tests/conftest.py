@@ -56,6 +56,28 @@ def tiny_run_config(store, split, method="fedavg", clients=("A", "B", "C"), **ov
     return cfg
 
 
+def train(tmp_path, name, cfg):
+    """Run a config; return (final.json, model_best.pt, history.csv text)."""
+    from fedmedbench.fl import state
+    from fedmedbench.fl.engine import run_training
+
+    final = run_training(cfg, tmp_path / name, progress=False)
+    return final, state.load(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
+
+
+def strip(final):
+    """final.json without the fields that name the method."""
+    return {k: v for k, v in final.items() if k not in ("config", "method", "run")}
+
+
+def assert_same_models(a, b):
+    import torch
+
+    assert a["models"]["base"].keys() == b["models"]["base"].keys()
+    for key in a["models"]["base"]:
+        assert torch.equal(a["models"]["base"][key], b["models"]["base"][key]), key
+
+
 @pytest.fixture()
 def tiny_task(tmp_path):
     return write_tiny_task(tmp_path / "data")

@@ -3,28 +3,9 @@
 import json
 
 import pytest
-import torch
 
-from fedmedbench.fl import state
 from fedmedbench.fl.engine import run_training
-from tests.conftest import tiny_run_config
-
-
-def train(tmp_path, name, cfg):
-    final = run_training(cfg, tmp_path / name, progress=False)
-    best = state.load(tmp_path / name / "model_best.pt")
-    history = (tmp_path / name / "history.csv").read_text()
-    return final, best, history
-
-
-def strip(final):
-    return {k: v for k, v in final.items() if k not in ("config", "method", "run")}
-
-
-def assert_same_models(a, b):
-    assert a["models"]["base"].keys() == b["models"]["base"].keys()
-    for key in a["models"]["base"]:
-        assert torch.equal(a["models"]["base"][key], b["models"]["base"][key]), key
+from tests.conftest import assert_same_models, strip, tiny_run_config, train
 
 
 def test_fedprox_with_mu_zero_is_bitwise_fedavg(tmp_path, tiny_task):

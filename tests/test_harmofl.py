@@ -8,30 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedmedbench.fl import engine, state
+from fedmedbench.fl import engine
 from fedmedbench.fl.data import load_clients, train_batches
 from fedmedbench.fl.seeding import client_generator
 from fedmedbench.methods import harmofl
 from fedmedbench.models import build_model
 from fedmedbench.ops.fourier import amplitude_normalize, batch_mean_amplitude, update_running_amplitude
-from tests.conftest import tiny_run_config
+from tests.conftest import assert_same_models, strip, tiny_run_config, train
 
 OFF = {"amp_norm": False, "weight_perturbation": False}
-
-
-def train(tmp_path, name, cfg):
-    final = engine.run_training(cfg, tmp_path / name, progress=False)
-    return final, state.load(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
-
-
-def strip(final):
-    return {k: v for k, v in final.items() if k not in ("config", "method", "run")}
-
-
-def assert_same_models(a, b):
-    assert a["models"]["base"].keys() == b["models"]["base"].keys()
-    for key in a["models"]["base"]:
-        assert torch.equal(a["models"]["base"][key], b["models"]["base"][key]), key
 
 
 def test_both_parts_off_is_fedavg_bit_for_bit(tmp_path, tiny_task):

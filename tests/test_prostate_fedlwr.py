@@ -6,7 +6,6 @@ and last slices (kept by Fed-LWR, unlike HarmoFL), an empty slice, {1, 2} masks 
 ``_Segmentation`` at BMC.
 """
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

@@ -236,3 +236,19 @@ def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return target
+
+
+def write_zip_atomic(path: Path, members: list[tuple[str, bytes]], date_time=(2020, 1, 1, 0, 0, 0)) -> None:
+    """A zip of (name, bytes) members with a fixed timestamp (byte-identical for the same members),
+    written to a temp file beside ``path`` and renamed into place (for the synthetic twins)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
+            for name, data in members:
+                zf.writestr(zipfile.ZipInfo(name, date_time=date_time), data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -40,7 +40,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import re
 import tarfile
 import tempfile
 import zlib

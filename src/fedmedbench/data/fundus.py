@@ -39,8 +39,6 @@ import io
 import json
 import os
 import re
-import tempfile
-import zipfile
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .archive import write_zip_atomic
 from .download import DownloadSpec
 from .store import atomic_write_text, list_clients, open_client, staged_dir, write_client, write_split_csv
 
@@ -509,16 +508,7 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, *, train_per_doma
                 base = f"Fundus/{domain}/{split}/ROIs"
                 members += [(f"{base}/image/{name}", _png(image)), (f"{base}/mask/{name}", _png(mask))]
     path = out_dir / ARCHIVE
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{ARCHIVE}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
-            for name, data in members:
-                zf.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_zip_atomic(path, members)
     return info
 
 

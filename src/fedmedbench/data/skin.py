@@ -37,8 +37,6 @@ import io
 import json
 import os
 import re
-import tempfile
-import zipfile
 import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .archive import write_zip_atomic
 from .download import MANUAL, DownloadSpec
 from .store import atomic_write_text, list_clients, open_client, staged_dir, write_client, write_split_csv
 
@@ -649,19 +648,6 @@ def _jpeg(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _write_zip_atomic(path: Path, members: list[tuple[str, bytes]]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
-            for name, data in members:
-                zf.writestr(zipfile.ZipInfo(name, date_time=(2018, 1, 1, 0, 0, 0)), data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_synthetic(
     out_dir: str | os.PathLike,
     seed: int = 0,
@@ -716,8 +702,8 @@ def write_synthetic(
     meta = pd.DataFrame([rows[i] for i in order], columns=list(HAM_COLUMNS))
     atomic_write_text(out_dir / HAM_METADATA, meta.to_csv(index=False, lineterminator="\n"))
     half = len(jpegs) // 2
-    _write_zip_atomic(out_dir / HAM_PART1, [(f"{i}.jpg", b) for i, b in jpegs[:half]])
-    _write_zip_atomic(out_dir / HAM_PART2, [(f"{i}.jpg", b) for i, b in jpegs[half:]])
+    write_zip_atomic(out_dir / HAM_PART1, [(f"{i}.jpg", b) for i, b in jpegs[:half]], date_time=(2018, 1, 1, 0, 0, 0))
+    write_zip_atomic(out_dir / HAM_PART2, [(f"{i}.jpg", b) for i, b in jpegs[half:]], date_time=(2018, 1, 1, 0, 0, 0))
 
     # ISIC 2017: ids ISIC_0000000.., varied sizes (portrait, landscape, larger), superpixels + metadata junk.
     sizes = _class_sizes(images_per_client, _REAL_FRACTIONS[ISIC_CLIENT])
@@ -739,7 +725,7 @@ def write_synthetic(
     Image.fromarray(np.zeros((height, width, 3), np.uint8)).save(buf, format="PNG")
     members.append((f"{prefix}ISIC_0000000_superpixels.png", buf.getvalue()))
     members.append((f"{prefix}ISIC-2017_Training_Data_metadata.csv", ("\n".join(meta_lines) + "\n").encode()))
-    _write_zip_atomic(out_dir / ISIC_IMAGES, members)
+    write_zip_atomic(out_dir / ISIC_IMAGES, members, date_time=(2018, 1, 1, 0, 0, 0))
     atomic_write_text(out_dir / ISIC_GT, "\n".join(gt_lines) + "\n")
     return {"clients": info, "files": [s.filename for s in DOWNLOADS]}
 
