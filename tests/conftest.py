@@ -78,6 +78,48 @@ def assert_same_models(a, b):
         assert torch.equal(a["models"]["base"][key], b["models"]["base"][key]), key
 
 
+def build_federation(method, cfg, model=None):
+    """A method's server and clients on the tiny task, as the engine builds them, after round 0's
+    package: (cfg with the method's defaults merged, model, server, clients)."""
+    import copy
+    from pathlib import Path
+
+    import torch
+
+    from fedmedbench.fl.data import load_clients
+    from fedmedbench.fl.seeding import client_generator
+    from fedmedbench.models import build_model
+
+    cfg = {**cfg, "method_params": {**method.DEFAULTS, **cfg["method_params"]}}
+    data = load_clients(Path(cfg["data"]["store"]), Path(cfg["data"]["split"]), cfg["clients"], False)
+    if model is None:
+        torch.manual_seed(0)
+        model = build_model(cfg["model"])
+    server = method.Server(cfg, model, len(data))
+    clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(0, i), torch.device("cpu")) for i, d in enumerate(data)]
+    for c in clients:
+        c.receive(server.package(c.index, 0))
+    return cfg, model, server, clients
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL in in-process resume tests."""
+
+
+def interrupt_after_round(cfg, out, monkeypatch, round_index=1):
+    """Train until the checkpoint of ``round_index`` is written, then stop as a killed job would."""
+    from fedmedbench.fl import engine
+
+    def fake_kill(pid, sig):
+        raise Killed
+
+    monkeypatch.setenv(engine.KILL_AFTER_ROUND_ENV, str(round_index))
+    monkeypatch.setattr(engine.os, "kill", fake_kill)
+    with pytest.raises(Killed):
+        engine.run_training(cfg, out, progress=False)
+    monkeypatch.delenv(engine.KILL_AFTER_ROUND_ENV)
+
+
 @pytest.fixture()
 def tiny_task(tmp_path):
     return write_tiny_task(tmp_path / "data")

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedmedbench.fl import engine, state
-from fedmedbench.fl.engine import KILL_AFTER_ROUND_ENV, run_training
+from fedmedbench.fl import state
+from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedadam, fedavg
-from tests.conftest import tiny_run_config
+from tests.conftest import interrupt_after_round, tiny_run_config
 
 W0 = [0.5, -1.0, 2.0]
 
@@ -115,19 +115,11 @@ def test_fedavg_limit_whole_run(tmp_path, tiny_task):
         assert adam["test"][client]["dice_paper"] == pytest.approx(avg["test"][client]["dice_paper"], abs=1e-3)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_resume_is_exact(tmp_path, tiny_task, monkeypatch):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedadam", rounds=2, method_params={"server_lr": 1e-2})
     straight = run_training(cfg, tmp_path / "straight", progress=False)
-    monkeypatch.setenv(KILL_AFTER_ROUND_ENV, "1")
-    monkeypatch.setattr(engine.os, "kill", lambda pid, sig: (_ for _ in ()).throw(Killed()))
-    with pytest.raises(Killed):
-        run_training(cfg, tmp_path / "resumed", progress=False)
-    monkeypatch.delenv(KILL_AFTER_ROUND_ENV)
+    interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
     saved = state.load(tmp_path / "resumed" / "checkpoint.pt")["server"]
     assert saved["m"] and any(v.abs().max() > 0 for v in saved["m"].values())
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)

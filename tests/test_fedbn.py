@@ -1,29 +1,19 @@
 """FedBN: BN tensors stay local (by module type), the rest is the weighted average; no BN = FedAvg."""
 
-import copy
-from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
 from fedmedbench.fl import engine, state
-from fedmedbench.fl.data import load_clients
-from fedmedbench.fl.engine import KILL_AFTER_ROUND_ENV, run_training
-from fedmedbench.fl.seeding import client_generator
+from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedbn
 from fedmedbench.models import build_model
 from fedmedbench.ops.aggregate import aggregation_weights, batchnorm_keys
-from tests.conftest import tiny_run_config
+from tests.conftest import build_federation, interrupt_after_round, tiny_run_config
 
 
 def federation(store, split, model, cfg):
-    cfg = {**cfg, "method_params": {**fedbn.DEFAULTS, **cfg["method_params"]}}
-    data = load_clients(Path(store), Path(split), cfg["clients"], False)
-    server = fedbn.Server(cfg, model, len(data))
-    clients = [fedbn.Client(cfg, i, d, copy.deepcopy(model), client_generator(0, i), torch.device("cpu")) for i, d in enumerate(data)]
-    for c in clients:
-        c.receive(server.package(c.index, 0))
+    _, _, server, clients = build_federation(fedbn, cfg, model)
     return server, clients
 
 
@@ -111,10 +101,6 @@ def test_model_without_bn_is_fedavg_bitwise(tmp_path, tiny_task, monkeypatch):
         assert torch.equal(bn_best["models"]["base"][key], value), key
 
 
-class Killed(Exception):
-    pass
-
-
 def test_whole_run_keeps_bn_per_client_and_resumes(tmp_path, tiny_task, monkeypatch):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedbn", rounds=2)
@@ -126,11 +112,7 @@ def test_whole_run_keeps_bn_per_client_and_resumes(tmp_path, tiny_task, monkeypa
         assert diffs and set(diffs) <= bn  # each client's model differs from client A's in BN tensors only
         assert any(k.endswith(".weight") for k in diffs) and any(k.endswith(".running_var") for k in diffs)
 
-    monkeypatch.setenv(KILL_AFTER_ROUND_ENV, "1")
-    monkeypatch.setattr(engine.os, "kill", lambda pid, sig: (_ for _ in ()).throw(Killed()))
-    with pytest.raises(Killed):
-        run_training(cfg, tmp_path / "resumed", progress=False)
-    monkeypatch.delenv(KILL_AFTER_ROUND_ENV)
+    interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert straight == resumed
     assert (tmp_path / "straight" / "history.csv").read_text() == (tmp_path / "resumed" / "history.csv").read_text()

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from fedmedbench.fl import engine, state
-from fedmedbench.fl.engine import KILL_AFTER_ROUND_ENV, run_training
+from fedmedbench.fl import state
+from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedavg, fednova
-from tests.conftest import tiny_run_config
+from tests.conftest import interrupt_after_round, tiny_run_config
 
 
 # --- normalizer ----------------------------------------------------------------------------------
@@ -142,19 +142,11 @@ def test_momentum_warning_when_optimizer_persists(tmp_path, caplog):
     assert any("carries over" in r.getMessage() for r in caplog.records)
 
 
-class Killed(Exception):
-    pass
-
-
 def test_resume_is_exact(tmp_path, tiny_task, monkeypatch):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fednova", rounds=2, optimizer=SGD_MOMENTUM, method_params={"server_momentum": 0.5, "proximal_mu": 0.1})
     straight = run_training(cfg, tmp_path / "straight", progress=False)
-    monkeypatch.setenv(KILL_AFTER_ROUND_ENV, "1")
-    monkeypatch.setattr(engine.os, "kill", lambda pid, sig: (_ for _ in ()).throw(Killed()))
-    with pytest.raises(Killed):
-        run_training(cfg, tmp_path / "resumed", progress=False)
-    monkeypatch.delenv(KILL_AFTER_ROUND_ENV)
+    interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
     assert state.load(tmp_path / "resumed" / "checkpoint.pt")["server"]["momentum_buffer"]
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert straight == resumed

@@ -1,20 +1,16 @@
 """HarmoFL: the ablation with both parts off is FedAvg bit for bit; the amplitude protocol (running
 average in round 1, server mean, fixed global amplitude for training and evaluation); resume."""
 
-import copy
 import io
-from pathlib import Path
 
 import pytest
 import torch
 
 from fedmedbench.fl import engine
-from fedmedbench.fl.data import load_clients, train_batches
-from fedmedbench.fl.seeding import client_generator
+from fedmedbench.fl.data import train_batches
 from fedmedbench.methods import harmofl
-from fedmedbench.models import build_model
 from fedmedbench.ops.fourier import amplitude_normalize, batch_mean_amplitude, update_running_amplitude
-from tests.conftest import assert_same_models, strip, tiny_run_config, train
+from tests.conftest import assert_same_models, build_federation, interrupt_after_round, strip, tiny_run_config, train
 
 OFF = {"amp_norm": False, "weight_perturbation": False}
 
@@ -44,14 +40,7 @@ def test_harmofl_learns_the_tiny_task(tmp_path, tiny_task):
 
 def make_federation(store, split, params):
     cfg = tiny_run_config(store, split, "harmofl", augment="none")
-    cfg = {**cfg, "method_params": {**harmofl.DEFAULTS, **params}}
-    data = load_clients(Path(store), Path(split), cfg["clients"], False)
-    torch.manual_seed(0)
-    model = build_model(cfg["model"])
-    server = harmofl.Server(cfg, model, len(data))
-    clients = [harmofl.Client(cfg, i, d, copy.deepcopy(model), client_generator(0, i), torch.device("cpu")) for i, d in enumerate(data)]
-    for c in clients:
-        c.receive(server.package(c.index, 0))
+    cfg, _, server, clients = build_federation(harmofl, {**cfg, "method_params": params})
     return cfg, server, clients
 
 
@@ -155,17 +144,7 @@ def test_killed_after_round_one_resumes_to_the_same_result(tmp_path, tiny_task, 
     cfg = tiny_run_config(store, split, "harmofl", rounds=3)
     straight = engine.run_training(cfg, tmp_path / "straight", progress=False)
 
-    class Killed(Exception):
-        pass
-
-    def fake_kill(pid, sig):
-        raise Killed
-
-    monkeypatch.setenv(engine.KILL_AFTER_ROUND_ENV, "1")
-    monkeypatch.setattr(engine.os, "kill", fake_kill)
-    with pytest.raises(Killed):
-        engine.run_training(cfg, tmp_path / "resumed", progress=False)
-    monkeypatch.delenv(engine.KILL_AFTER_ROUND_ENV)
+    interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
     resumed = engine.run_training(cfg, tmp_path / "resumed", progress=False)
     assert strip(straight) == strip(resumed)
     assert (tmp_path / "straight" / "history.csv").read_text() == (tmp_path / "resumed" / "history.csv").read_text()

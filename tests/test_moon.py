@@ -2,18 +2,17 @@
 
 import copy
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from fedmedbench.fl import engine, state
-from fedmedbench.fl.data import load_clients, train_batches
-from fedmedbench.fl.engine import KILL_AFTER_ROUND_ENV, run_training
+from fedmedbench.fl import state
+from fedmedbench.fl.data import train_batches
+from fedmedbench.fl.engine import run_training
 from fedmedbench.fl.seeding import client_generator
 from fedmedbench.methods import fedavg, moon
 from fedmedbench.models import build_model
-from tests.conftest import tiny_run_config
+from tests.conftest import build_federation, interrupt_after_round, tiny_run_config
 
 
 # --- the loss --------------------------------------------------------------------------------------
@@ -75,15 +74,7 @@ def test_mu_zero_is_fedavg_bitwise(tmp_path, tiny_task):
 
 
 def federation(store, split, cfg):
-    cfg = {**cfg, "method_params": {**moon.DEFAULTS, **cfg["method_params"]}}
-    data = load_clients(Path(store), Path(split), cfg["clients"], False)
-    torch.manual_seed(0)
-    model = build_model(cfg["model"])
-    server = moon.Server(cfg, model, len(data))
-    clients = [moon.Client(cfg, i, d, copy.deepcopy(model), client_generator(0, i), torch.device("cpu")) for i, d in enumerate(data)]
-    for c in clients:
-        c.receive(server.package(c.index, 0))
-    return cfg, model, server, clients
+    return build_federation(moon, cfg)
 
 
 def test_head_is_trained_and_averaged(tiny_task):
@@ -127,19 +118,11 @@ def test_embedding_pass_does_not_touch_bn_statistics(tiny_task):
     assert client.head[0].weight.grad is not None
 
 
-class Killed(Exception):
-    pass
-
-
 def test_resume_is_exact(tmp_path, tiny_task, monkeypatch):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "moon", rounds=2, method_params={"mu": 1.0})
     straight = run_training(cfg, tmp_path / "straight", progress=False)
-    monkeypatch.setenv(KILL_AFTER_ROUND_ENV, "1")
-    monkeypatch.setattr(engine.os, "kill", lambda pid, sig: (_ for _ in ()).throw(Killed()))
-    with pytest.raises(Killed):
-        run_training(cfg, tmp_path / "resumed", progress=False)
-    monkeypatch.delenv(KILL_AFTER_ROUND_ENV)
+    interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert straight == resumed
     assert (tmp_path / "straight" / "history.csv").read_text() == (tmp_path / "resumed" / "history.csv").read_text()
