@@ -1,6 +1,5 @@
 """FedBN: BN tensors stay local (by module type), the rest is the weighted average; no BN = FedAvg."""
 
-
 import torch
 from torch import nn
 
