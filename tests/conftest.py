@@ -56,6 +56,20 @@ def tiny_run_config(store, split, method="fedavg", clients=("A", "B", "C"), **ov
     return cfg
 
 
+def toy_run_config(**fields):
+    """A RunConfig with placeholder task fields, for unit tests of one server or client hook."""
+    from fedmedbench.config import deep_merge
+    from fedmedbench.runconfig import RunConfig
+
+    base = {
+        "task": "toy", "method": "toy", "run": "toy", "seed": 0, "data": {"store": "-", "split": "-"},
+        "kind": "classification", "clients": ["a"], "model": {"name": "unet"}, "loss": "ce",
+        "optimizer": {"name": "sgd", "lr": 0.1}, "rounds": 1, "local_epochs": 1, "batch_size": 1,
+        "selection_metric": "accuracy",
+    }  # fmt: skip
+    return RunConfig.from_dict(deep_merge(base, fields))
+
+
 def train(tmp_path, name, cfg):
     """Run a config; return (final.json, model_best.pt, history.csv text)."""
     from fedmedbench.fl import state
@@ -90,11 +104,13 @@ def build_federation(method, cfg, model=None):
     from fedmedbench.fl.seeding import client_generator
     from fedmedbench.models import build_model
 
-    cfg = {**cfg, "method_params": {**method.DEFAULTS, **cfg["method_params"]}}
-    data = load_clients(Path(cfg["data"]["store"]), Path(cfg["data"]["split"]), cfg["clients"], False)
+    from fedmedbench.runconfig import RunConfig
+
+    cfg = RunConfig.from_dict({**cfg, "method_params": {**method.DEFAULTS, **cfg["method_params"]}})
+    data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), False)
     if model is None:
         torch.manual_seed(0)
-        model = build_model(cfg["model"])
+        model = build_model(cfg.model)
     server = method.Server(cfg, model, len(data))
     clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(0, i), torch.device("cpu")) for i, d in enumerate(data)]
     for c in clients:
@@ -108,16 +124,16 @@ class Killed(Exception):
 
 def interrupt_after_round(cfg, out, monkeypatch, round_index=1):
     """Train until the checkpoint of ``round_index`` is written, then stop as a killed job would."""
-    from fedmedbench.fl import engine
+    from fedmedbench.fl import engine, faults
 
     def fake_kill(pid, sig):
         raise Killed
 
-    monkeypatch.setenv(engine.KILL_AFTER_ROUND_ENV, str(round_index))
-    monkeypatch.setattr(engine.os, "kill", fake_kill)
+    monkeypatch.setenv(faults.KILL_AT_ENV, f"round_end:{round_index}")
+    monkeypatch.setattr(faults.os, "kill", fake_kill)
     with pytest.raises(Killed):
         engine.run_training(cfg, out, progress=False)
-    monkeypatch.delenv(engine.KILL_AFTER_ROUND_ENV)
+    monkeypatch.delenv(faults.KILL_AT_ENV)
 
 
 @pytest.fixture()

@@ -43,5 +43,5 @@ def test_typo_in_config_fails_with_its_location(tmp_path):
     cfg["tasks"]["prostate"]["optimizer"]["name"] = "adamm"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
-    with pytest.raises(ValueError, match="tasks/prostate/optimizer/name"):
+    with pytest.raises(ValueError, match=r"tasks\.prostate\.optimizer\.name"):
         fmb.load_config(bad)

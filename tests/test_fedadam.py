@@ -9,7 +9,7 @@ from torch import nn
 from fedmedbench.fl import state
 from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedadam, fedavg
-from tests.conftest import interrupt_after_round, tiny_run_config
+from tests.conftest import interrupt_after_round, tiny_run_config, toy_run_config
 
 W0 = [0.5, -1.0, 2.0]
 
@@ -23,7 +23,7 @@ class Toy(nn.Module):
 
 
 def toy_server(weighting="uniform", **params):
-    cfg = {"optimizer": {"name": "sgd", "lr": 0.1}, "aggregation": {"weighting": weighting}, "method_params": {**fedadam.DEFAULTS, **params}}
+    cfg = toy_run_config(aggregation={"weighting": weighting}, method_params={**fedadam.DEFAULTS, **params})
     return fedadam.Server(cfg, Toy(), 2)
 
 
@@ -87,7 +87,7 @@ def test_fedavg_limit_on_replies():
     also beta2 = 0 (else sqrt(v) ~ sqrt(beta2) T and the step tends to Delta / (1 + sqrt(beta2)))."""
     T = 1e8
     replies = replies_around(W0, [[0.003, 0.2, 0.001], [0.001, -0.001, -0.05]], n=(1, 3))
-    avg = fedavg.Server({"aggregation": {"weighting": "samples"}, "method_params": {}}, Toy(), 2)
+    avg = fedavg.Server(toy_run_config(aggregation={"weighting": "samples"}), Toy(), 2)
     avg.aggregate(1, replies)
     adam = toy_server("samples", server_lr=T, tau=T, beta1=0.0, beta2=0.0)
     adam.aggregate(1, replies)

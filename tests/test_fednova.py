@@ -10,7 +10,7 @@ from torch import nn
 from fedmedbench.fl import state
 from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedavg, fednova
-from tests.conftest import interrupt_after_round, tiny_run_config
+from tests.conftest import interrupt_after_round, tiny_run_config, toy_run_config
 
 
 # --- normalizer ----------------------------------------------------------------------------------
@@ -56,12 +56,13 @@ class Toy(nn.Module):
         self.register_buffer("count", torch.tensor(0))
 
 
-def toy_cfg(weighting="uniform", optimizer=None, **params):
-    return {
-        "optimizer": optimizer or {"name": "sgd", "lr": 0.1},
-        "aggregation": {"weighting": weighting},
-        "method_params": {**fednova.DEFAULTS, **params},
-    }
+def toy_cfg(weighting="uniform", optimizer=None, reset_optimizer_each_round=False, **params):
+    return toy_run_config(
+        optimizer=optimizer or {"name": "sgd", "lr": 0.1},
+        aggregation={"weighting": weighting},
+        reset_optimizer_each_round=reset_optimizer_each_round,
+        method_params={**fednova.DEFAULTS, **params},
+    )
 
 
 def reply(w, stat, count, steps, n):
@@ -138,7 +139,7 @@ def test_equal_tau_is_fedavg_bitwise(tmp_path, tiny_task, caplog, optimizer):
 
 def test_momentum_warning_when_optimizer_persists(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="fedmedbench.methods.fednova"):
-        fednova.Server({**toy_cfg(optimizer=SGD_MOMENTUM), "reset_optimizer_each_round": False}, Toy(), 2)
+        fednova.Server(toy_cfg(optimizer=SGD_MOMENTUM, reset_optimizer_each_round=False), Toy(), 2)
     assert any("carries over" in r.getMessage() for r in caplog.records)
 
 

@@ -60,7 +60,7 @@ def expected_running_amplitude(client, cfg, mode, decay, init):
     generator = torch.Generator()
     generator.set_state(client.generator.get_state())
     running = None
-    for x, _ in train_batches(client.data.train, cfg["batch_size"], generator, cfg["augment"], cfg["intensity_scale"]):
+    for x, _ in train_batches(client.data.train, cfg.batch_size, generator, cfg.augment, cfg.intensity_scale):
         running = update_running_amplitude(running, batch_mean_amplitude(x, mode), decay, init)
     return running
 
@@ -87,7 +87,7 @@ def test_amplitude_protocol(tiny_task, params):
     clients[0].loss = lambda x, y, c=clients[0]: (seen.append(x.clone()), harmofl.Client.loss(c, x, y))[1]
     generator = torch.Generator()
     generator.set_state(clients[0].generator.get_state())
-    raw = [x for x, _ in train_batches(clients[0].data.train, cfg["batch_size"], generator, "none", cfg["intensity_scale"])]
+    raw = [x for x, _ in train_batches(clients[0].data.train, cfg.batch_size, generator, "none", cfg.intensity_scale)]
     replies = run_round(server, clients, 2)
     assert all("amplitude" not in r for r in replies)
     assert torch.equal(server.global_amplitude, fixed)
@@ -107,7 +107,7 @@ def test_official_code_switch_freezes_the_first_batch_dc_amplitude(tiny_task):
     cfg, server, clients = make_federation(store, split, {"official_code": True, "amplitude_mode": "full", "amplitude_decay": 0.1})
     generator = torch.Generator()
     generator.set_state(clients[0].generator.get_state())
-    first_batch = next(train_batches(clients[0].data.train, cfg["batch_size"], generator, "none", cfg["intensity_scale"]))[0]
+    first_batch = next(train_batches(clients[0].data.train, cfg.batch_size, generator, "none", cfg.intensity_scale))[0]
     replies = run_round(server, clients, 1)
     dc = first_batch.sum(dim=(-2, -1), keepdim=True).abs().mean(dim=0)
     assert replies[0]["amplitude"].shape == (3, 1, 1)

@@ -107,7 +107,7 @@ def test_embedding_pass_does_not_touch_bn_statistics(tiny_task):
     cfg, model, _, (client, *_) = federation(store, split, tiny_run_config(store, split, "moon", augment="none", method_params={"mu": 1.0}))
     client.has_prev = True  # pretend a previous round, so the contrastive term is on
     plain = fedavg.Client(cfg, 0, client.data, copy.deepcopy(model), client_generator(0, 0), torch.device("cpu"))
-    x, y = next(train_batches(client.data.train, 4, torch.Generator().manual_seed(0), "none", cfg["intensity_scale"]))
+    x, y = next(train_batches(client.data.train, 4, torch.Generator().manual_seed(0), "none", cfg.intensity_scale))
     for c in (client, plain):
         c.model.train()
         c.train_step(x, y)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedmedbench.fl.engine import KILL_AFTER_ROUND_ENV
+from fedmedbench.fl.faults import KILL_AT_ENV
 from tests.conftest import tiny_run_config
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 def train_cli(cfg, out, kill_after=None):
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     if kill_after:
-        env[KILL_AFTER_ROUND_ENV] = str(kill_after)
+        env[KILL_AT_ENV] = f"round_end:{kill_after}"
     cmd = [sys.executable, "-m", "fedmedbench", "train", "--run-config", json.dumps(cfg), "--out", str(out), "--threads", "1", "--no-progress"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 

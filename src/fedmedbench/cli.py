@@ -10,6 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
+from fedmedbench.errors import ConfigError, FedmedbenchError
+
 
 def _setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -20,15 +22,16 @@ def cmd_train(args) -> None:
     from fedmedbench.fl.engine import run_training
 
     if args.run_config:
-        run_cfg = json.loads(args.run_config)
+        try:
+            run_cfg = json.loads(args.run_config)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"--run-config is not valid JSON: {err}") from None
     else:
         if not (args.config and args.task and args.run and args.seed is not None):
             raise SystemExit("train: give --run-config JSON, or --config FILE... --task --run --seed")
         config = cfgmod.load_config(*args.config)
         run_cfg = cfgmod.resolve_run(config, args.task, args.run, args.seed)
-    out = Path(args.out) if args.out else None
-    if out is None:
-        raise SystemExit("train: --out is required")
+    out = Path(args.out)
     logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
     final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress)
     metric = final["primary_metric"]
@@ -272,10 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        # Expected failures (bad input, checksum, counts) as one clear line, not a traceback.
-        logging.getLogger("fedmedbench").error("%s", err)
+    except (FedmedbenchError, ValueError, OSError) as err:
+        # Bad input (config, data, archive, checkpoint) or a diverged run: one line naming the file,
+        # key or round, and a non-zero exit. -v shows the traceback too.
         if args.verbose:
             raise
+        logging.getLogger("fedmedbench").error("%s: %s", type(err).__name__, str(err).replace("\n", " "))
         return 1
     return 0

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import yaml
 
+from fedmedbench.errors import ConfigError, unknown_key
+from fedmedbench.runconfig import RunConfig, field_names
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
-# Run-config keys a task section may set (everything else in a task section is data preparation).
-TRAINING_KEYS = (
-    "kind", "clients", "client_labels", "model", "loss", "optimizer", "rounds", "local_epochs", "batch_size",
-    "eval_batch_size", "augment", "intensity_scale", "truncate_to_smallest", "aggregation", "selection_metric",
-    "reset_optimizer_each_round", "checkpoint_every", "qualitative_samples",
-)  # fmt: skip
+# Run-config keys a task section may set; its other keys (dataset, protocol) say which data to use.
+RUN_IDENTITY_KEYS = ("task", "method", "variant", "run", "seed", "data", "method_params")
+TRAINING_KEYS = tuple(k for k in field_names(RunConfig) if k not in RUN_IDENTITY_KEYS)
 
 
 def deep_merge(base: dict, overlay: dict) -> dict:
@@ -33,14 +33,33 @@ def deep_merge(base: dict, overlay: dict) -> dict:
 
 
 def validate(config: dict, source: str = "config") -> None:
+    """The schema (types, ranges, no unknown keys at any level), then every method's parameters and
+    variants against the method's DEFAULTS. Errors name the key and suggest the closest spelling."""
     import jsonschema
 
     schema = yaml.safe_load(SCHEMA.read_text())
-    try:
-        jsonschema.validate(config, schema)
-    except jsonschema.ValidationError as err:
-        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
-        raise ValueError(f"{source}: invalid config at {where}: {err.message}") from None
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = error.schema.get("properties", {})
+            extra = [k for k in error.instance if k not in allowed]
+            raise unknown_key(f"{source}: {where}", extra[0], allowed)
+        raise ConfigError(f"{source}: invalid config at {where}: {error.message}")
+    for method, section in config.get("methods", {}).items():
+        check_method_section(method, section or {}, f"{source}: methods.{method}")
+
+
+def check_method_section(method: str, section: dict, where: str) -> None:
+    from fedmedbench.methods import merge_params
+
+    params = {k: v for k, v in section.items() if k != "variants"}
+    merge_params(method, params, where)
+    known = set(params) | set(merge_params(method, {}, where)) | set(TRAINING_KEYS)
+    for variant, changes in (section.get("variants") or {}).items():
+        for key in changes:
+            if key not in known:
+                raise unknown_key(f"{where}.variants.{variant}", key, known)
 
 
 def load_config(*paths: Path) -> dict:
@@ -74,12 +93,14 @@ def method_params(config: dict, run: str) -> tuple[dict, dict]:
     section = config.get("methods", {}).get(method)
     if section is None:
         raise ValueError(f"run {run!r}: method {method!r} has no section under 'methods' in the config")
-    params = {k: v for k, v in section.items() if k != "variants"}
+    from fedmedbench.methods import merge_params
+
+    params = merge_params(method, {k: v for k, v in section.items() if k != "variants"}, f"methods.{method}")
     overrides: dict = {}
     if variant is not None:
         variants = section.get("variants", {})
         if variant not in variants:
-            raise ValueError(f"run {run!r}: no variant {variant!r} under methods.{method}.variants (have: {sorted(variants)})")
+            raise ConfigError(f"run {run!r}: no variant {variant!r} under methods.{method}.variants (have: {sorted(variants)})")
         for key, value in variants[variant].items():
             if key in params:
                 params[key] = value
@@ -89,7 +110,10 @@ def method_params(config: dict, run: str) -> tuple[dict, dict]:
 
 
 def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
-    """The fully resolved configuration of one training run: everything that can change its numbers."""
+    """The fully resolved configuration of one training run: everything that can change its numbers,
+    defaults included (read strictly through RunConfig, so a wrong key fails here, at DAG time)."""
+    if task not in config["tasks"]:
+        raise ConfigError(f"unknown task {task!r}; tasks in the config: {', '.join(config['tasks'])}")
     spec = config["tasks"][task]
     method, variant = split_run(run)
     params, overrides = method_params(config, run)
@@ -108,7 +132,8 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
             "synthetic": bool(config["data"][spec["dataset"]].get("synthetic", False)),
         },
     )
-    return deep_merge(cfg, overrides)
+    resolved = deep_merge(cfg, overrides)
+    return RunConfig.from_dict(resolved, where=f"tasks.{task} (run {run})").to_dict()
 
 
 EXPERIMENT_KINDS = ("table", "sweep", "qualitative", "ampnorm")

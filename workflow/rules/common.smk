@@ -4,15 +4,14 @@ import re
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
 SRC = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SRC))
 
 from fedmedbench import config as fmb  # noqa: E402  (light: no torch)
 from fedmedbench.data import is_archive, load_family  # noqa: E402
 
-validate(config, schema="../schemas/config.schema.yaml")
+# A typo names the key and its closest valid spelling.
+fmb.validate(config, "config")
 
 ROOT = str(fmb.results_root(config))
 RESOURCES = str(Path(workflow.basedir) / "resources")

@@ -9,29 +9,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedmedbench.errors import ConfigError
+from fedmedbench.fl import faults
 from fedmedbench.fl.data import ClientSplits, train_batches
+from fedmedbench.fl.state import to_device
 from fedmedbench.losses import build_loss
 from fedmedbench.ops.aggregate import batchnorm_keys, buffer_keys
+from fedmedbench.runconfig import OptimizerConfig, RunConfig
 
 
-def build_optimizer(params, cfg: dict) -> torch.optim.Optimizer:
-    name = cfg["name"]
-    if name == "adam":
-        return torch.optim.Adam(params, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), weight_decay=cfg.get("weight_decay", 0.0))
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg.get("momentum", 0.0), weight_decay=cfg.get("weight_decay", 0.0))
-    raise ValueError(f"unknown optimizer {name!r} (known: adam, sgd)")
+def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    if cfg.name == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    raise ConfigError(f"optimizer.name: unknown optimizer {cfg.name!r} (known: adam, sgd)")
 
 
 class Client:
-    def __init__(self, cfg: dict, index: int, data: ClientSplits, model: nn.Module, generator: torch.Generator, device: torch.device):
+    def __init__(self, cfg: RunConfig, index: int, data: ClientSplits, model: nn.Module, generator: torch.Generator, device: torch.device):
         self.cfg, self.index, self.data, self.name = cfg, index, data, data.name
-        self.params = cfg.get("method_params", {})
+        self.params = cfg.method_params
         self.model = model.to(device)
         self.device = device
         self.generator = generator
-        self.task_loss = build_loss(cfg["loss"])
-        self.optimizer = build_optimizer(self.model.parameters(), cfg["optimizer"])
+        self.task_loss = build_loss(cfg.loss)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
         self.local_keys = self.declare_local_keys()
         self.steps = 0  # optimizer steps in the current round (FedNova's tau)
 
@@ -39,7 +42,7 @@ class Client:
     def declare_local_keys(self) -> set[str]:
         """State-dict keys that never leave the client. FedAvg: none, or the BN running statistics
         when ``aggregation.bn_buffers = local``."""
-        if self.cfg["aggregation"].get("bn_buffers", "average") == "local":
+        if self.cfg.aggregation.bn_buffers == "local":
             return buffer_keys(self.model) & batchnorm_keys(self.model)
         return set()
 
@@ -50,8 +53,8 @@ class Client:
             return
         shared = {k: v for k, v in package["state"].items() if k not in self.local_keys}
         self.model.load_state_dict(shared, strict=False)
-        if self.cfg.get("reset_optimizer_each_round", False):
-            self.optimizer = build_optimizer(self.model.parameters(), self.cfg["optimizer"])
+        if self.cfg.reset_optimizer_each_round:
+            self.optimizer = build_optimizer(self.model.parameters(), self.cfg.optimizer)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.task_loss(self.model(x), y)
@@ -69,13 +72,17 @@ class Client:
         return loss.detach()
 
     def train(self, epochs: int) -> float:
+        """Local training; returns the mean training loss. The loss is summed on the device in float64
+        (the same sum as Python floats, in the same order) and read once, not once per step."""
         self.model.train()
-        self.steps, loss_sum = 0, 0.0
+        self.steps = 0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(epochs):
-            for x, y in train_batches(self.data.train, self.cfg["batch_size"], self.generator, self.cfg.get("augment", "none"), self.cfg.get("intensity_scale", 1.0)):
-                loss_sum += self.train_step(x.to(self.device), y.to(self.device)).item()
+            for x, y in train_batches(self.data.train, self.cfg.batch_size, self.generator, self.cfg.augment, self.cfg.intensity_scale):
+                faults.reached("train_step")
+                loss_sum += self.train_step(x.to(self.device), y.to(self.device)).double()
                 self.steps += 1
-        return loss_sum / max(self.steps, 1)
+        return float(loss_sum) / max(self.steps, 1)
 
     def reply(self) -> dict:
         """What goes up to the server: the model, the sample count and the number of local steps."""
@@ -90,6 +97,13 @@ class Client:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore from a checkpoint loaded on the CPU, whatever device this client trains on.
+        Model and optimizer state are copied/cast to the parameters' device by torch; the data
+        generator is a CPU generator and keeps its CPU state; every other entry (a method's own
+        tensors: FedProx's anchor, HarmoFL's amplitudes, ...) is moved to this client's device here,
+        in place, before the subclass reads it, so no method has to remember to."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+        for key in set(state) - {"model", "optimizer", "generator"}:
+            state[key] = to_device(state[key], self.device)

@@ -9,38 +9,29 @@ and reported at the selected round.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import math
-import os
-import signal
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
-from fedmedbench.data.store import atomic_write_text
+from fedmedbench.errors import DivergenceError
+from fedmedbench.files import atomic_file, atomic_write_text
+from fedmedbench.fl import faults
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.data import eval_batches, load_clients
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
 from fedmedbench.losses import build_loss
-from fedmedbench.methods import load_method
+from fedmedbench.methods import load_method, merge_params
 from fedmedbench.metrics import METERS, METRIC_DESCRIPTIONS
 from fedmedbench.models import build_model
+from fedmedbench.progress import Progress
+from fedmedbench.runconfig import RunConfig
 
 log = logging.getLogger("fedmedbench.engine")
-
-# Test hook: SIGKILL ourselves right after the checkpoint of this round, to test resume for real.
-KILL_AFTER_ROUND_ENV = "FEDMEDBENCH_KILL_AFTER_ROUND"
-
-
-def config_hash(cfg: dict) -> str:
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -50,11 +41,12 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, split, cfg: dict, device: torch.device) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, split, cfg: RunConfig, device: torch.device) -> dict[str, float]:
     model.eval()
-    meter = METERS[cfg["kind"]](cfg["model"].get("num_classes", 2))
-    loss_fn = build_loss(cfg["loss"])
-    for x, y, groups in eval_batches(split, cfg.get("eval_batch_size", cfg["batch_size"]), cfg.get("intensity_scale", 1.0)):
+    meter = METERS[cfg.kind](cfg.model.num_classes)
+    loss_fn = build_loss(cfg.loss)
+    for x, y, groups in eval_batches(split, cfg.eval_batch, cfg.intensity_scale):
+        faults.reached("eval_batch")
         x, y = x.to(device), y.to(device)
         logits = model(x)
         meter.update(logits, y, groups, float(loss_fn(logits, y)))
@@ -62,13 +54,13 @@ def evaluate(model: torch.nn.Module, split, cfg: dict, device: torch.device) -> 
 
 
 @torch.no_grad()
-def predict_samples(model: torch.nn.Module, split, cfg: dict, device: torch.device) -> dict[str, torch.Tensor]:
+def predict_samples(model: torch.nn.Module, split, cfg: RunConfig, device: torch.device) -> dict[str, torch.Tensor]:
     """Predictions on the first ``qualitative_samples`` test items, kept for the qualitative figures."""
-    count = min(cfg.get("qualitative_samples", 4), len(split))
+    count = min(cfg.qualitative_samples, len(split))
     if count == 0:
         return {}
     model.eval()
-    x, y, _ = next(eval_batches(split, count, cfg.get("intensity_scale", 1.0)))
+    x, y, _ = next(eval_batches(split, count, cfg.intensity_scale))
     pred = model(x.to(device)).argmax(1).cpu()
     image = torch.from_numpy(np.asarray(split.images[split.rows[:count]]))
     return {"image": image, "label": y.to(torch.uint8), "pred": pred.to(torch.uint8)}
@@ -118,55 +110,88 @@ def compact_models(models: dict[str, dict]) -> dict:
     return {"base_client": names[0], "base": base, "diffs": diffs}
 
 
-def run_training(cfg: dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True) -> dict:
+def check_finite(round_index: int, client: str, what: str, loss: float | None, state: dict[str, torch.Tensor]) -> None:
+    """The divergence policy: a non-finite loss or tensor (weights, BN statistics, optimizer-free
+    state) ends the run with an error naming the round, client and quantity. One host sync per call."""
+    if loss is not None and not math.isfinite(loss):
+        raise DivergenceError(f"round {round_index}, client {client}: mean training loss is {loss}; the run diverged (try a lower learning rate)")
+    floats = [v for v in state.values() if v.is_floating_point()]
+    if floats and not bool(torch.stack([torch.isfinite(v).all() for v in floats]).all()):
+        bad = next(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+        raise DivergenceError(f"round {round_index}, client {client}: {what} tensor {bad!r} is not finite; the run diverged (try a lower learning rate)")
+
+
+def restore(checkpoint_path: Path, fingerprint: str, server, clients, selection: Selection) -> tuple[int, list[dict]]:
+    """Resume state from the checkpoint (or, if it is damaged, the previous one): (last round, history).
+    (0, []) when there is nothing usable, and training starts from scratch."""
+    for candidate in (checkpoint_path, ckpt_io.previous(checkpoint_path)):
+        if not candidate.exists():
+            continue
+        try:
+            saved = ckpt_io.load_checkpoint(candidate)
+        except ckpt_io.CorruptCheckpoint as err:
+            log.warning("%s; falling back to the previous checkpoint or a fresh start", err)
+            continue
+        if saved["config_hash"] != fingerprint:
+            log.warning("ignoring %s: it was written for a different configuration", candidate)
+            return 0, []
+        server.load_state_dict(saved["server"])
+        for client, state in zip(clients, saved["clients"]):
+            client.load_state_dict(state)
+        selection.load_state_dict(saved["selection"])
+        set_global_rng_state(saved["rng"])
+        log.info("resumed from %s after round %d", candidate, saved["round"])
+        return saved["round"], saved["history"]
+    return 0, []
+
+
+def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True) -> dict:
+    """Train one run into ``out_dir``. A folder this call created is removed again if it fails
+    before writing anything (no empty output folders)."""
     out_dir = Path(out_dir)
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run_training(cfg, out_dir, device, threads, progress)
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+
+
+def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool) -> dict:
+    cfg = RunConfig.from_dict(cfg)
+    method = load_method(cfg.method)
+    # The method's declared defaults fill any hyperparameter the config leaves out; unknown ones fail.
+    cfg = cfg.replace(method_params=merge_params(cfg.method, cfg.method_params, f"run config of {cfg.run}: method_params"))
     checkpoint_path = out_dir / "checkpoint.pt"
     if threads:
         torch.set_num_threads(threads)
     device = pick_device(device)
-    seed = cfg["seed"]
-    seed_everything(seed)
+    seed_everything(cfg.seed)
+    faults.arm()
 
-    method = load_method(cfg["method"])
-    # The method's declared defaults fill any hyperparameter the config leaves out.
-    cfg = {**cfg, "method_params": {**method.DEFAULTS, **cfg.get("method_params", {})}}
-    data = load_clients(Path(cfg["data"]["store"]), Path(cfg["data"]["split"]), cfg["clients"], cfg.get("truncate_to_smallest", False))
+    data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)
     names = [c.name for c in data]
-    model = build_model(cfg["model"])  # one initialisation, shared by every client
+    model = build_model(cfg.model)  # one initialisation, shared by every client
     server = method.Server(cfg, model, len(data))
-    clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(seed, i), device) for i, d in enumerate(data)]
-    metric = cfg["selection_metric"]
+    clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device) for i, d in enumerate(data)]
+    metric = cfg.selection_metric
     selection = Selection(names, metric, per_client=method.PERSONALIZED)
-    history: list[dict] = []
-    start_round = 1
-    fingerprint = config_hash(cfg)
+    fingerprint = cfg.fingerprint()
 
-    if checkpoint_path.exists():
-        saved = ckpt_io.load(checkpoint_path, device)
-        if saved["config_hash"] == fingerprint:
-            server.load_state_dict(saved["server"])
-            for client, state in zip(clients, saved["clients"]):
-                client.load_state_dict(state)
-            selection.load_state_dict(saved["selection"])
-            history = saved["history"]
-            set_global_rng_state(saved["rng"])
-            start_round = saved["round"] + 1
-            log.info("resumed from %s after round %d", checkpoint_path, saved["round"])
-        else:
-            log.warning("ignoring %s: it was written for a different configuration", checkpoint_path)
-    if start_round == 1:
+    last_round, history = restore(checkpoint_path, fingerprint, server, clients, selection)
+    if last_round == 0:
         for client in clients:
             client.receive(server.package(client.index, 0))
 
-    rounds = cfg["rounds"]
-    kill_after = int(os.environ.get(KILL_AFTER_ROUND_ENV, "0"))
-    bar = tqdm(range(start_round, rounds + 1), initial=start_round - 1, total=rounds, desc=f"{cfg['task']}/{cfg['run']}/seed{seed}", disable=not progress, mininterval=5)
-    for round_index in bar:
-        started = time.time()
+    rounds = cfg.rounds
+    bar = Progress(rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", initial=last_round, interval=0.0, enabled=progress)
+    for round_index in range(last_round + 1, rounds + 1):
         replies, train_losses = [], []
         for client in clients:
-            train_losses.append(client.train(cfg["local_epochs"]))
+            train_losses.append(client.train(cfg.local_epochs))
+            check_finite(round_index, client.name, "local model", train_losses[-1], client.model.state_dict())
             replies.append(client.reply())
         server.aggregate(round_index, replies)
         for client in clients:
@@ -175,9 +200,10 @@ def run_training(cfg: dict, out_dir: Path, device: str = "auto", threads: int | 
         val, test, models, predictions = {}, {}, {}, {}
         for client in clients:
             eval_model = client.eval_model()
+            models[client.name] = {k: v.detach().cpu().clone() for k, v in eval_model.state_dict().items()}
+            check_finite(round_index, client.name, "evaluated model", None, models[client.name])
             val[client.name] = evaluate(eval_model, client.data.val, cfg, device)
             test[client.name] = evaluate(eval_model, client.data.test, cfg, device)
-            models[client.name] = {k: v.detach().cpu().clone() for k, v in eval_model.state_dict().items()}
             predictions[client.name] = predict_samples(eval_model, client.data.test, cfg, device)
             history.append({"round": round_index, "client": client.name, "split": "train", "metric": "loss", "value": train_losses[client.index]})
             for split_name, scores in (("val", val), ("test", test)):
@@ -186,13 +212,10 @@ def run_training(cfg: dict, out_dir: Path, device: str = "auto", threads: int | 
         selection.update(round_index, val, test, models, predictions)
         mean_val = sum(v[metric] for v in val.values()) / len(val)
         mean_test = sum(t[metric] for t in test.values()) / len(test)
-        bar.set_postfix({f"val_{metric}": f"{mean_val:.4f}", f"test_{metric}": f"{mean_test:.4f}"})
-        if not math.isfinite(mean_val):
-            raise FloatingPointError(f"round {round_index}: validation {metric} is {mean_val}; training diverged")
-        log.info("round %d/%d  mean val %s %.4f  mean test %.4f  (%.1fs)", round_index, rounds, metric, mean_val, mean_test, time.time() - started)
+        bar.update(1, f"mean val {metric} {mean_val:.4f}, mean test {mean_test:.4f}")
 
-        if round_index % cfg.get("checkpoint_every", 1) == 0 or round_index == rounds:
-            ckpt_io.save_atomic(
+        if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
+            ckpt_io.save_checkpoint(
                 {
                     "config_hash": fingerprint,
                     "round": round_index,
@@ -204,25 +227,18 @@ def run_training(cfg: dict, out_dir: Path, device: str = "auto", threads: int | 
                 },
                 checkpoint_path,
             )
-            if kill_after and round_index == kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)
+            faults.reached("round_end")
     bar.close()
     return write_outputs(cfg, out_dir, names, selection, history, checkpoint_path)
 
 
 def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
     """``client|image``, ``client|label``, ``client|pred`` arrays, readable without torch."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as handle:
+        np.savez_compressed(handle, **arrays)
 
 
-def write_outputs(cfg: dict, out_dir: Path, names: list[str], selection: Selection, history: list[dict], checkpoint_path: Path) -> dict:
+def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, history: list[dict], checkpoint_path: Path) -> dict:
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
@@ -232,26 +248,28 @@ def write_outputs(cfg: dict, out_dir: Path, names: list[str], selection: Selecti
     atomic_write_text(out_dir / "history.csv", pd.DataFrame(history).to_csv(index=False))
     rounds_selected = {key: entry["round"] for key, entry in selection.best.items()}
     final = {
-        "task": cfg["task"],
-        "method": cfg["method"],
-        "run": cfg["run"],
-        "seed": cfg["seed"],
+        "task": cfg.task,
+        "method": cfg.method,
+        "run": cfg.run,
+        "seed": cfg.seed,
         "clients": names,
-        "client_labels": cfg.get("client_labels", names),
-        "synthetic": cfg["data"].get("synthetic", False),
-        "primary_metric": cfg["selection_metric"],
+        "client_labels": list(cfg.labels),
+        "synthetic": cfg.data.synthetic,
+        "primary_metric": cfg.selection_metric,
         "selection": {
             "split": "val",
-            "metric": cfg["selection_metric"],
+            "metric": cfg.selection_metric,
             "per_client": selection.per_client,
             "best_round": rounds_selected.get("all", rounds_selected),
-            "rounds": cfg["rounds"],
+            "rounds": cfg.rounds,
         },
         "test": selection.merged("test"),
         "val": selection.merged("val"),
         "metric_descriptions": {m: METRIC_DESCRIPTIONS[m] for m in next(iter(selection.merged("test").values()))},
-        "config": cfg,
+        "config": cfg.to_dict(),
     }
     atomic_write_text(out_dir / "final.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
-    checkpoint_path.unlink(missing_ok=True)  # finished: the outputs above replace it
+    # Finished: the outputs above replace the checkpoints.
+    checkpoint_path.unlink(missing_ok=True)
+    ckpt_io.previous(checkpoint_path).unlink(missing_ok=True)
     return final

@@ -5,12 +5,13 @@ from __future__ import annotations
 from torch import nn
 
 from fedmedbench.ops.aggregate import aggregation_weights, clone_state, weighted_average
+from fedmedbench.runconfig import RunConfig
 
 
 class Server:
-    def __init__(self, cfg: dict, model: nn.Module, num_clients: int):
+    def __init__(self, cfg: RunConfig, model: nn.Module, num_clients: int):
         self.cfg = cfg
-        self.params = cfg.get("method_params", {})
+        self.params = cfg.method_params
         self.num_clients = num_clients
         self.global_state = clone_state(model.state_dict())
 
@@ -19,7 +20,7 @@ class Server:
         return {"state": self.global_state}
 
     def aggregate(self, round_index: int, replies: list[dict]) -> None:
-        weights = aggregation_weights([r["num_samples"] for r in replies], self.cfg["aggregation"]["weighting"])
+        weights = aggregation_weights([r["num_samples"] for r in replies], self.cfg.aggregation.weighting)
         # Keys every client sent; a key kept local by any client is not averaged.
         keys = set.intersection(*(set(r["state"]) for r in replies))
         self.global_state.update(weighted_average([r["state"] for r in replies], weights, sorted(keys)))

@@ -42,7 +42,7 @@ class Server(server.Server):
         self.v = {k: torch.full_like(self.global_state[k], tau * tau) for k in keys}
 
     def aggregate(self, round_index, replies):
-        p = aggregation_weights([r["num_samples"] for r in replies], self.cfg["aggregation"]["weighting"])
+        p = aggregation_weights([r["num_samples"] for r in replies], self.cfg.aggregation.weighting)
         keys = set.intersection(*(set(r["state"]) for r in replies))
         params = sorted(keys & self.param_keys)
         states = [r["state"] for r in replies]

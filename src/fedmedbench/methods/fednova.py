@@ -83,10 +83,10 @@ class Client(client.Client):
                     param.grad.add_(param - anchor, alpha=mu)
 
     def normalizer(self) -> float:
-        opt = self.cfg["optimizer"]
-        if opt["name"] != "sgd":
+        opt = self.cfg.optimizer
+        if opt.name != "sgd":
             return float(self.steps)  # fallback a_i = tau_i (warned once by the server)
-        return normalizer(self.steps, opt["lr"], opt.get("momentum", 0.0), self.params["proximal_mu"])
+        return normalizer(self.steps, opt.lr, opt.momentum, self.params["proximal_mu"])
 
     def reply(self):
         return {**super().reply(), "normalizer": self.normalizer()}
@@ -108,23 +108,23 @@ class Server(server.Server):
         super().__init__(cfg, model, num_clients)
         self.param_keys = parameter_keys(model)
         self.momentum_buffer: dict[str, torch.Tensor] = {}
-        opt = cfg["optimizer"]
-        if opt["name"] != "sgd":
+        opt = cfg.optimizer
+        if opt.name != "sgd":
             log.warning(
                 "FedNova with a %r local optimizer: its normalizer has no closed form, falling back to "
                 "a_i = tau_i (local steps); with equal tau_i this is exactly FedAvg",
-                opt["name"],
+                opt.name,
             )
-        elif opt.get("momentum", 0.0) and not cfg.get("reset_optimizer_each_round", False):
+        elif opt.momentum and not cfg.reset_optimizer_each_round:
             log.warning(
                 "FedNova with SGD momentum %g and reset_optimizer_each_round: false: the momentum buffer "
                 "carries over between rounds while the normalizer assumes it starts at zero (as FedNova's "
                 "code resets it); set reset_optimizer_each_round: true for the exact rule",
-                opt["momentum"],
+                opt.momentum,
             )
 
     def aggregate(self, round_index, replies):
-        p = aggregation_weights([r["num_samples"] for r in replies], self.cfg["aggregation"]["weighting"])
+        p = aggregation_weights([r["num_samples"] for r in replies], self.cfg.aggregation.weighting)
         keys = set.intersection(*(set(r["state"]) for r in replies))
         params = sorted(keys & self.param_keys)
         others = sorted(keys - self.param_keys)
@@ -151,7 +151,7 @@ class Server(server.Server):
 
         gmf = self.params["server_momentum"]
         if gmf:
-            lr = self.cfg["optimizer"]["lr"]
+            lr = self.cfg.optimizer.lr
             for key in params:
                 w = self.global_state[key].to(new[key].device)
                 direction = (w - new[key]) / lr

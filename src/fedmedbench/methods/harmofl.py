@@ -62,7 +62,7 @@ PERSONALIZED = False
 
 def amplitude_settings(params: dict) -> dict:
     """The AmpNorm settings in effect: ``official_code`` overrides mode, decay and init."""
-    if params.get("official_code", False):
+    if params["official_code"]:
         settings = {"mode": "dc", "decay": 0.0, "init": "first_batch"}
     else:
         settings = {"mode": params["amplitude_mode"], "decay": float(params["amplitude_decay"]), "init": params["amplitude_init"]}

@@ -78,8 +78,8 @@ def _frozen(module: nn.Module) -> nn.Module:
 class Client(client.Client):
     def __init__(self, cfg, index, data, model, generator, device):
         super().__init__(cfg, index, data, model, generator, device)
-        self.head = build_head(self.model, self.params, cfg["seed"]).to(device)
-        self.optimizer = build_optimizer(self._trainable(), cfg["optimizer"])
+        self.head = build_head(self.model, self.params, cfg.seed).to(device)
+        self.optimizer = build_optimizer(self._trainable(), cfg.optimizer)
         self.contrastive = bool(self.params["mu"])
         if self.contrastive:
             self.global_net, self.global_head = _frozen(self.model), _frozen(self.head)
@@ -95,8 +95,8 @@ class Client(client.Client):
             return
         n = len(HEAD_PREFIX)
         self.head.load_state_dict({k[n:]: v for k, v in package["state"].items() if k.startswith(HEAD_PREFIX)})
-        if self.cfg.get("reset_optimizer_each_round", False):
-            self.optimizer = build_optimizer(self._trainable(), self.cfg["optimizer"])
+        if self.cfg.reset_optimizer_each_round:
+            self.optimizer = build_optimizer(self._trainable(), self.cfg.optimizer)
         if self.contrastive:
             self.global_net.load_state_dict(self.model.state_dict())
             self.global_head.load_state_dict(self.head.state_dict())
@@ -151,7 +151,7 @@ class Client(client.Client):
 class Server(server.Server):
     def __init__(self, cfg, model, num_clients):
         super().__init__(cfg, model, num_clients)
-        head = build_head(model, self.params, cfg["seed"])
+        head = build_head(model, self.params, cfg.seed)
         self.global_state.update({HEAD_PREFIX + k: v.detach().clone() for k, v in head.state_dict().items()})
 
 

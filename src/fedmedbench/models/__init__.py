@@ -1,30 +1,28 @@
-"""Model factory: ``build_model(cfg["model"])`` from a run config's model section."""
+"""Model factory: ``build_model(cfg.model)`` from a run config's model section."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from fedmedbench.errors import ConfigError
+from fedmedbench.runconfig import ModelConfig
 
-def build_model(model_cfg: dict) -> nn.Module:
-    name = model_cfg["name"]
-    if name == "unet":
+
+def build_model(cfg: ModelConfig | dict) -> nn.Module:
+    cfg = ModelConfig.from_dict(cfg, "model")
+    if cfg.name == "unet":
         from fedmedbench.models.unet import UNet
 
-        return UNet(
-            in_channels=model_cfg.get("in_channels", 3),
-            num_classes=model_cfg.get("num_classes", 2),
-            init_features=model_cfg.get("init_features", 32),
-            bn=model_cfg.get("bn", "standard"),
-        )
-    if name == "densenet":
+        return UNet(in_channels=cfg.in_channels, num_classes=cfg.num_classes, init_features=cfg.init_features, bn=cfg.bn)
+    if cfg.name == "densenet":
         from fedmedbench.models.densenet import DenseNet121
 
         return DenseNet121(
-            num_classes=model_cfg.get("num_classes", 2),
-            in_channels=model_cfg.get("in_channels", 3),
-            bn=model_cfg.get("bn", "standard"),
-            growth_rate=model_cfg.get("growth_rate", 32),
-            block_config=tuple(model_cfg.get("block_config", (6, 12, 24, 16))),
-            num_init_features=model_cfg.get("num_init_features", 64),
+            num_classes=cfg.num_classes,
+            in_channels=cfg.in_channels,
+            bn=cfg.bn,
+            growth_rate=cfg.growth_rate,
+            block_config=tuple(cfg.block_config),
+            num_init_features=cfg.num_init_features,
         )
-    raise ValueError(f"unknown model {name!r} (known: unet, densenet)")
+    raise ConfigError(f"model.name: unknown model {cfg.name!r} (known: unet, densenet)")

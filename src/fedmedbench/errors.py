@@ -1,0 +1,38 @@
+"""The errors a user can cause, and that the CLI reports as one line (no traceback without ``-v``).
+
+Everything the pipeline raises because of its *input* (a config key, a raw file, an archive, a
+checkpoint, a run that diverged) derives from :class:`FedmedbenchError`, and its message names the
+file, key or round at fault. Anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class FedmedbenchError(Exception):
+    """Base class: a problem with what the user gave us, told in one line."""
+
+
+class ConfigError(FedmedbenchError, ValueError):
+    """A configuration key or value is wrong (names the key, suggests the closest valid one)."""
+
+
+class DataError(FedmedbenchError, ValueError):
+    """A raw file, archive, store or split is missing, malformed or inconsistent (names the file)."""
+
+
+class DivergenceError(FedmedbenchError, FloatingPointError):
+    """Training produced a non-finite loss or parameter (names the round, client and quantity)."""
+
+
+def closest(name: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest valid spelling, or an empty string."""
+    match = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def unknown_key(where: str, key: str, valid: Iterable[str]) -> ConfigError:
+    valid = sorted(valid)
+    return ConfigError(f"{where}: unknown key {key!r}{closest(key, valid)}; valid keys: {', '.join(valid)}")

@@ -1,0 +1,70 @@
+"""Atomic file and folder writes with ordinary permissions.
+
+Every output is written to a temporary name beside its destination and renamed into place, so a
+killed job never leaves half a file. ``tempfile`` creates those temporaries with mode 0600 (0700 for
+folders); outputs get the mode a plain ``open()`` would give (0666 / 0777 minus the process umask),
+so group members on a shared cluster can read results and logs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it
+    os.umask(mask)
+    return mask
+
+
+def public_mode(path: str | os.PathLike) -> None:
+    """Give a file or folder made by ``tempfile`` the permissions ``open()``/``mkdir()`` would."""
+    base = 0o777 if Path(path).is_dir() else 0o666
+    os.chmod(path, base & ~_umask())
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> Iterator:
+    """``with atomic_file(p) as handle:`` write to ``handle``; on success it is fsynced and renamed
+    to ``p``; on any exception the temporary file is removed and ``p`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **open_kwargs) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        public_mode(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+    """For writers that want a file name rather than a handle (zipfile, savefig): yields a temporary
+    path beside ``path`` (ending in ``suffix``, so format detection still works), renamed on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        public_mode(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    # newline="" keeps "\n" as written: outputs are byte-identical across platforms.
+    with atomic_file(path, "w", encoding=encoding, newline="") as handle:
+        handle.write(text)
+    return Path(path)

@@ -1,0 +1,34 @@
+"""A test hook that kills the process (SIGKILL, like the OOM killer or ``scancel``) at a chosen moment,
+to prove that a job resumes from anywhere with the same numbers.
+
+``FEDMEDBENCH_KILL_AT=<point>:<n>`` kills at the n-th time ``point`` is reached. Points:
+``round_end`` (after round n's checkpoint), ``train_step``, ``eval_batch`` and ``checkpoint_write``
+(half of the checkpoint written, before the rename). Unset: every call is one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+KILL_AT_ENV = "FEDMEDBENCH_KILL_AT"
+POINTS = ("round_end", "train_step", "eval_batch", "checkpoint_write")
+_armed: dict = {}
+
+
+def arm() -> None:
+    """Read the environment (once per training run)."""
+    _armed.clear()
+    spec = os.environ.get(KILL_AT_ENV)
+    if spec:
+        point, _, count = spec.partition(":")
+        if point not in POINTS or not count.isdigit():
+            raise ValueError(f"{KILL_AT_ENV}={spec!r}: expected <point>:<n> with point in {POINTS}")
+        _armed.update(point=point, at=int(count), seen=0)
+
+
+def reached(point: str) -> None:
+    if _armed and _armed["point"] == point:
+        _armed["seen"] += 1
+        if _armed["seen"] == _armed["at"]:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,151 @@
+"""The typed configuration of one training run, with every default in one place.
+
+``config.resolve_run`` turns config.yaml (task section + method + variant) into a plain dict; that
+dict is what Snakemake passes to a job (``--run-config``) and what ``final.json`` records.
+:meth:`RunConfig.from_dict` reads it strictly: an unknown key at any level is a
+:class:`~fedmedbench.errors.ConfigError` that names the key and its closest valid spelling, so a typo
+can never be silently dropped. No torch import here (the Snakefile loads this module).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+
+from fedmedbench.errors import ConfigError, unknown_key
+
+
+class Strict:
+    """``from_dict``: build from a mapping; an unknown key is an error naming it and its closest spelling."""
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str | None = None):
+        return _build(cls, values, where or cls.__name__)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig(Strict):
+    name: str  # adam | sgd
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.999)  # adam
+    momentum: float = 0.0  # sgd
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelConfig(Strict):
+    name: str  # unet | densenet
+    in_channels: int = 3
+    num_classes: int = 2
+    bn: str = "standard"  # standard | stateless (no running statistics)
+    init_features: int = 32  # unet: widths init_features .. 16 x init_features
+    growth_rate: int = 32  # densenet (defaults: DenseNet-121)
+    block_config: tuple[int, ...] = (6, 12, 24, 16)
+    num_init_features: int = 64
+
+
+@dataclass(frozen=True)
+class AggregationConfig(Strict):
+    weighting: str = "uniform"  # uniform | samples
+    bn_buffers: str = "average"  # average | local (BN running statistics never leave the client)
+
+
+@dataclass(frozen=True)
+class DataRef(Strict):
+    store: str
+    split: str
+    synthetic: bool = False
+
+
+@dataclass(frozen=True)
+class RunConfig(Strict):
+    # identity of the run
+    task: str
+    method: str
+    run: str
+    seed: int
+    data: DataRef
+    # the task
+    kind: str  # segmentation | classification
+    clients: tuple[str, ...]
+    model: ModelConfig
+    loss: str
+    optimizer: OptimizerConfig
+    rounds: int
+    local_epochs: int
+    batch_size: int
+    selection_metric: str
+    variant: str | None = None
+    client_labels: tuple[str, ...] = ()  # default: the client names
+    channels: str = "rgb"  # rgb | slices (figures show the centre slice of `slices`)
+    eval_batch_size: int | None = None  # default: batch_size
+    augment: str = "none"
+    intensity_scale: float = 1.0
+    truncate_to_smallest: bool = False
+    aggregation: AggregationConfig = AggregationConfig()
+    reset_optimizer_each_round: bool = False
+    checkpoint_every: int = 1
+    qualitative_samples: int = 4
+    # the method's hyperparameters (checked against its DEFAULTS when the run starts)
+    method_params: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str = "run config") -> RunConfig:
+        return super().from_dict(values, where)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (tuples as lists): the form stored in ``final.json`` and hashed for resume."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.client_labels or self.clients
+
+    @property
+    def eval_batch(self) -> int:
+        return self.eval_batch_size or self.batch_size
+
+    def fingerprint(self) -> str:
+        """Everything that can change the run's numbers, hashed (a checkpoint of another config is ignored)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _build(cls, values: dict, where: str):
+    if isinstance(values, cls):
+        return values
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise unknown_key(where, key, fields)
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in values:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{where}: missing required key {name!r}")
+            continue
+        kwargs[name] = _convert(hints[name], values[name], f"{where}.{name}")
+    return cls(**kwargs)
+
+
+def _convert(hint, value, where: str):
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(value)
+    return value
