@@ -33,6 +33,8 @@ class OptimizerConfig(Strict):
     betas: tuple[float, float] = (0.9, 0.999)  # adam
     momentum: float = 0.0  # sgd
     weight_decay: float = 0.0
+    lr_decay_every_rounds: int = 0  # > 0: lr x lr_decay_factor every this many rounds (step decay)
+    lr_decay_factor: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class RunConfig(Strict):
     reset_optimizer_each_round: bool = False
     checkpoint_every: int = 1
     qualitative_samples: int = 4
+    local_epoch_curve: bool = False  # also evaluate test after receiving and after every local epoch
     # the method's hyperparameters (checked against its DEFAULTS when the run starts)
     method_params: dict = field(default_factory=dict)
 

@@ -1,7 +1,12 @@
 """Base client: local training with hooks. Methods subclass it and override a few hooks.
 
-Hooks: ``receive(package)``, ``loss(x, y)``, ``after_backward()``, ``train_step(x, y)``, ``reply()``,
-``eval_model()``, ``state_dict()/load_state_dict()``. The base behaviour is FedAvg's client.
+Hooks: ``receive(package)``, ``before_epoch(epoch)``, ``loss(x, y)``, ``after_backward()``,
+``train_step(x, y)``, ``reply()``, ``answer(query)`` (a server's second question in a round, e.g.
+"evaluate this model on your validation data"), ``eval_model()``, ``state_dict()/load_state_dict()``.
+A method may hold more models than ``self.model`` (a deputy, a personal model, a meme model): it
+creates them in ``__init__``, trains them in ``train_step``, checkpoints them in ``state_dict``.
+``self.model`` is the one whose weights go up in ``reply`` by default and are checked for divergence.
+The base behaviour is FedAvg's client.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class Client:
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer)
         self.local_keys = self.declare_local_keys()
         self.steps = 0  # optimizer steps in the current round (FedNova's tau)
+        self.round_index = 0  # set by the engine before each round's training
+        self.epoch_probe = None  # engine callback after each local epoch (local-epoch curves)
 
     # --- key policy -------------------------------------------------------------------------
     def declare_local_keys(self) -> set[str]:
@@ -55,6 +62,9 @@ class Client:
         self.model.load_state_dict(shared, strict=False)
         if self.cfg.reset_optimizer_each_round:
             self.optimizer = build_optimizer(self.model.parameters(), self.cfg.optimizer)
+
+    def before_epoch(self, epoch: int) -> None:
+        """Called before each local epoch (0-based within the round), e.g. to pick a training stage."""
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.task_loss(self.model(x), y)
@@ -75,19 +85,40 @@ class Client:
         """Local training; returns the mean training loss. The loss is summed on the device in float64
         (the same sum as Python floats, in the same order) and read once, not once per step."""
         self.model.train()
+        self.set_learning_rate()
         self.steps = 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _ in range(epochs):
+        for epoch in range(epochs):
+            self.before_epoch(epoch)
             for x, y in train_batches(self.data.train, self.cfg.batch_size, self.generator, self.cfg.augment, self.cfg.intensity_scale):
                 faults.reached("train_step")
                 loss_sum += self.train_step(x.to(self.device), y.to(self.device)).double()
                 self.steps += 1
+            if self.epoch_probe is not None:
+                self.epoch_probe(self, epoch + 1)
         return float(loss_sum) / max(self.steps, 1)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer this client steps (a method with two models has two)."""
+        return [self.optimizer]
+
+    def set_learning_rate(self) -> None:
+        """Step decay by round: lr x factor^floor((round - 1) / every), when ``optimizer.lr_decay_every_rounds`` > 0."""
+        opt = self.cfg.optimizer
+        if opt.lr_decay_every_rounds and self.round_index >= 1:
+            lr = opt.lr * opt.lr_decay_factor ** ((self.round_index - 1) // opt.lr_decay_every_rounds)
+            for optimizer in self.optimizers():
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
 
     def reply(self) -> dict:
         """What goes up to the server: the model, the sample count and the number of local steps."""
         state = {k: v for k, v in self.model.state_dict().items() if k not in self.local_keys}
         return {"state": state, "num_samples": len(self.data.train), "steps": self.steps}
+
+    def answer(self, query):
+        """Reply to the server's ``query`` (see ``Server.query``); the base client is never asked."""
+        raise NotImplementedError(f"{type(self).__module__}: the server sent a query but the client has no answer()")
 
     def eval_model(self) -> nn.Module:
         return self.model

@@ -110,6 +110,20 @@ def compact_models(models: dict[str, dict]) -> dict:
     return {"base_client": names[0], "base": base, "diffs": diffs}
 
 
+def local_epoch_probe(cfg: RunConfig, device: torch.device, history: list[dict]):
+    """A callback for ``Client.epoch_probe``: the evaluated model's test scores after local epoch
+    ``epoch`` of the current round (0: as received), as history rows of split ``test_local``."""
+
+    def probe(client, epoch: int) -> None:
+        model = client.eval_model()
+        was_training = model.training
+        scores = evaluate(model, client.data.test, cfg, device)
+        model.train(was_training)
+        history.extend({"round": client.round_index, "client": client.name, "split": "test_local", "metric": k, "value": v, "epoch": epoch} for k, v in scores.items())
+
+    return probe
+
+
 def check_finite(round_index: int, client: str, what: str, loss: float | None, state: dict[str, torch.Tensor]) -> None:
     """The divergence policy: a non-finite loss or tensor (weights, BN statistics, optimizer-free
     state) ends the run with an error naming the round, client and quantity. One host sync per call."""
@@ -190,10 +204,20 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     for round_index in range(last_round + 1, rounds + 1):
         replies, train_losses = [], []
         for client in clients:
+            client.round_index = round_index
+            if cfg.local_epoch_curve:
+                client.epoch_probe = local_epoch_probe(cfg, device, history)
+                client.epoch_probe(client, 0)  # right after receiving the server's model
             train_losses.append(client.train(cfg.local_epochs))
             check_finite(round_index, client.name, "local model", train_losses[-1], client.model.state_dict())
             replies.append(client.reply())
+        queries = server.query(round_index, replies)
+        if queries is not None:
+            for client, query, reply in zip(clients, queries, replies):
+                reply["answer"] = client.answer(query)
         server.aggregate(round_index, replies)
+        for index, values in server.round_log(round_index).items():
+            history += [{"round": round_index, "client": names[index], "split": "server", "metric": k, "value": float(v)} for k, v in values.items()]
         for client in clients:
             client.receive(server.package(client.index, round_index))
 

@@ -19,6 +19,17 @@ class Server:
         """What client ``client_index`` receives after round ``round_index`` (0: before training)."""
         return {"state": self.global_state}
 
+    def query(self, round_index: int, replies: list[dict]) -> list | None:
+        """An optional second exchange in a round, after the replies and before aggregation: one
+        query per client (e.g. a model to evaluate on its validation data); each client's
+        ``answer(query)`` lands in its reply as ``reply["answer"]``. ``None``: no second exchange."""
+        return None
+
+    def round_log(self, round_index: int) -> dict[int, dict[str, float]]:
+        """Per-client scalars worth a line in history.csv (split ``server``), e.g. contribution
+        scores or aggregation weights: {client index: {name: value}}."""
+        return {}
+
     def aggregate(self, round_index: int, replies: list[dict]) -> None:
         weights = aggregation_weights([r["num_samples"] for r in replies], self.cfg.aggregation.weighting)
         # Keys every client sent; a key kept local by any client is not averaged.
