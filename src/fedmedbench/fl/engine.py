@@ -20,7 +20,7 @@ import torch
 
 from fedmedbench.errors import DivergenceError
 from fedmedbench.files import atomic_file, atomic_write_text
-from fedmedbench.fl import faults
+from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.data import eval_batches, load_clients
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
@@ -34,10 +34,14 @@ from fedmedbench.runconfig import RunConfig
 log = logging.getLogger("fedmedbench.engine")
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def pick_device(name: str = "auto") -> tuple[torch.device, placement.Claim | None]:
+    """``auto``: a GPU slot claimed for the life of the job (see fl/placement.py), else the CPU.
+    An explicit device (``cuda:1``, ``cpu``) is used as given, without a claim."""
+    if name == "auto" and torch.cuda.is_available():
+        claim = placement.claim(placement.visible_gpu_ids(), placement.jobs_per_gpu(), placement.lock_dir())
+        log.info("placed on cuda:%d (%s, slot %d)", claim.device_index, claim.device_id, claim.slot)
+        return torch.device(f"cuda:{claim.device_index}"), claim
+    return torch.device("cpu" if name == "auto" else name), None
 
 
 @torch.no_grad()
@@ -181,7 +185,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     checkpoint_path = out_dir / "checkpoint.pt"
     if threads:
         torch.set_num_threads(threads)
-    device = pick_device(device)
+    device, _claim = pick_device(device)  # the claim holds the GPU slot until this process ends
     seed_everything(cfg.seed)
     faults.arm()
 
