@@ -39,6 +39,33 @@ def cmd_train(args) -> None:
     print(f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})")
 
 
+def cmd_estimate(args) -> None:
+    from fedmedbench import config as cfgmod
+    from fedmedbench import estimate
+    from fedmedbench.fl.engine import pick_device
+
+    if args.rounds_to_time < 2:
+        raise ConfigError(f"--rounds-to-time must be at least 2 (got {args.rounds_to_time})")
+    config = cfgmod.load_config(*args.config)
+    experiments = args.experiments or config.get("selected_experiments") or list(config["experiments"])
+    for name in experiments:
+        if name not in config["experiments"]:
+            raise ConfigError(f"--experiments: unknown experiment {name!r}")
+    jobs = estimate.jobs_of(config, experiments)
+    device, claim = pick_device(args.device)
+    if claim is not None:
+        claim.release()
+    timings = estimate.measure(config, jobs, args.rounds_to_time, str(device), args.threads)
+    rows = estimate.project(jobs, timings, args.gpus, args.jobs_per_gpu, args.sharing_gain)
+    print(estimate.format_table(rows, str(device) if device.type == "cpu" else torch_device_name(device), args.gpus, args.jobs_per_gpu, args.sharing_gain))
+
+
+def torch_device_name(device) -> str:
+    import torch
+
+    return f"{device} ({torch.cuda.get_device_name(device)})"
+
+
 def cmd_fetch(args) -> None:
     from fedmedbench.data import load_family
     from fedmedbench.data.download import fetch
@@ -203,6 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("estimate", help="time a few rounds per kind of job and project the cost of the experiments")
+    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...]")
+    p.add_argument("--experiments", nargs="+", help="default: selected_experiments, else all")
+    p.add_argument("--rounds-to-time", type=int, default=2, help="k: each kind of job is timed for 1 and k rounds")
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--jobs-per-gpu", type=int, default=1)
+    p.add_argument("--sharing-gain", type=float, default=1.0, help="throughput of jobs-per-gpu concurrent jobs / one job")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("fetch", help="download (or copy) a raw file, verify it, move it into place")
     p.add_argument("--dataset", required=True, help="the family whose file this is (for its manual-download advice)")
