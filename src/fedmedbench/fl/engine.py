@@ -186,7 +186,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     if threads:
         torch.set_num_threads(threads)
     device, _claim = pick_device(device)  # the claim holds the GPU slot until this process ends
-    seed_everything(cfg.seed)
+    seed_everything(cfg.seed, device)
     faults.arm()
 
     data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)

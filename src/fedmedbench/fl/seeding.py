@@ -9,15 +9,18 @@ import numpy as np
 import torch
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, device: torch.device | None = None) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    # Deterministic kernels where they exist; warn (not fail) where a GPU op has none.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device is not None and device.type == "cuda":
+        # Deterministic kernels where they exist; warn (not fail) where a GPU op has none. Only on
+        # CUDA: the CPU kernels we use are deterministic for a fixed thread count, and the switch
+        # imports torch._dynamo/_inductor, which costs ~3 s per job on a CPU.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def client_generator(seed: int, client_index: int) -> torch.Generator:
