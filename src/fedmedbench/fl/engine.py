@@ -71,26 +71,34 @@ def predict_samples(model: torch.nn.Module, split, cfg: RunConfig, device: torch
 
 
 class Selection:
-    """Tracks the best round on validation: one global choice, or one per client (personalized)."""
+    """Tracks the best round on validation: one global choice, or one per client (personalized).
+
+    Per choice it keeps the round, the validation scores, the evaluated models and the qualitative
+    predictions at that round. Test scores are not tracked here: the selected models are evaluated on
+    test once, at the end (``final_test``). ``version`` changes whenever a choice changes, so the
+    models are written to disk only then.
+    """
 
     def __init__(self, clients: list[str], metric: str, per_client: bool):
         self.clients, self.metric, self.per_client = clients, metric, per_client
-        self.best: dict[str, dict] = {}  # key: client name or "all" -> {"round", "score", "val", "test", "model"}
+        self.best: dict[str, dict] = {}  # client name or "all" -> {"round", "score", "val", "models", "predictions"}
+        self.version = 0
 
-    def update(self, round_index: int, val: dict, test: dict, models: dict[str, dict], predictions: dict[str, dict]) -> None:
-        keys = self.clients if self.per_client else ["all"]
-        for key in keys:
-            names = [key] if self.per_client else self.clients
+    def improved(self, val: dict[str, dict]) -> dict[str, list[str]]:
+        """The choices this round's validation scores improve: {key: the clients it covers}."""
+        keys = {name: [name] for name in self.clients} if self.per_client else {"all": self.clients}
+        better = {}
+        for key, names in keys.items():
             score = sum(val[n][self.metric] for n in names) / len(names)
             if key not in self.best or score > self.best[key]["score"]:
-                self.best[key] = {
-                    "round": round_index,
-                    "score": score,
-                    "val": {n: val[n] for n in names},
-                    "test": {n: test[n] for n in names},
-                    "models": {n: copy.deepcopy(models[n]) for n in names},
-                    "predictions": {n: predictions[n] for n in names},
-                }
+                better[key] = names
+        return better
+
+    def record(self, key: str, round_index: int, val: dict, models: dict[str, dict], predictions: dict[str, dict]) -> None:
+        names = list(models)
+        score = sum(val[n][self.metric] for n in names) / len(names)
+        self.best[key] = {"round": round_index, "score": score, "val": {n: val[n] for n in names}, "models": models, "predictions": predictions}
+        self.version += 1
 
     def merged(self, part: str) -> dict:
         out = {}
@@ -99,10 +107,17 @@ class Selection:
         return out
 
     def state_dict(self) -> dict:
-        return {"best": self.best}
+        """The light part (rounds, scores), stored in every checkpoint."""
+        light = {key: {k: v for k, v in entry.items() if k not in ("models", "predictions")} for key, entry in self.best.items()}
+        return {"best": light, "version": self.version}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.best = state["best"]
+    def heavy_state(self) -> dict:
+        """Models and predictions, written only when ``version`` changes."""
+        return {key: {"models": e["models"], "predictions": e["predictions"]} for key, e in self.best.items()}
+
+    def load_state_dict(self, state: dict, heavy: dict) -> None:
+        self.best = {key: {**entry, **heavy[key]} for key, entry in state["best"].items()}
+        self.version = state["version"]
 
 
 def compact_models(models: dict[str, dict]) -> dict:
@@ -139,6 +154,10 @@ def check_finite(round_index: int, client: str, what: str, loss: float | None, s
         raise DivergenceError(f"round {round_index}, client {client}: {what} tensor {bad!r} is not finite; the run diverged (try a lower learning rate)")
 
 
+def selection_file(out_dir: Path, version: int) -> Path:
+    return out_dir / f"selection-v{version}.pt"
+
+
 def restore(checkpoint_path: Path, fingerprint: str, server, clients, selection: Selection) -> tuple[int, list[dict]]:
     """Resume state from the checkpoint (or, if it is damaged, the previous one): (last round, history).
     (0, []) when there is nothing usable, and training starts from scratch."""
@@ -147,20 +166,69 @@ def restore(checkpoint_path: Path, fingerprint: str, server, clients, selection:
             continue
         try:
             saved = ckpt_io.load_checkpoint(candidate)
-        except ckpt_io.CorruptCheckpoint as err:
+            if saved["config_hash"] != fingerprint:
+                log.warning("ignoring %s: it was written for a different configuration", candidate)
+                return 0, []
+            version = saved["selection"]["version"]
+            heavy = ckpt_io.load_checkpoint(selection_file(candidate.parent, version)) if version else {}
+        except (ckpt_io.CorruptCheckpoint, FileNotFoundError) as err:
             log.warning("%s; falling back to the previous checkpoint or a fresh start", err)
             continue
-        if saved["config_hash"] != fingerprint:
-            log.warning("ignoring %s: it was written for a different configuration", candidate)
-            return 0, []
         server.load_state_dict(saved["server"])
         for client, state in zip(clients, saved["clients"]):
             client.load_state_dict(state)
-        selection.load_state_dict(saved["selection"])
+        selection.load_state_dict(saved["selection"], heavy)
         set_global_rng_state(saved["rng"])
         log.info("resumed from %s after round %d", candidate, saved["round"])
         return saved["round"], saved["history"]
     return 0, []
+
+
+def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprint: str, server, clients, selection: Selection, history: list[dict]) -> None:
+    """The checkpoint of this round. The selected models live in ``selection-v<version>.pt``, written
+    only when the selection changed; the files the last two checkpoints refer to are kept."""
+    current = selection_file(out_dir, selection.version)
+    if selection.version and not current.exists():
+        ckpt_io.save_checkpoint(selection.heavy_state(), current)
+    previous = ckpt_io.previous(checkpoint_path)
+    state = {
+        "config_hash": fingerprint,
+        "round": round_index,
+        "server": server.state_dict(),
+        "clients": [c.state_dict() for c in clients],
+        "selection": selection.state_dict(),
+        "history": history,
+        "rng": global_rng_state(),
+    }
+    ckpt_io.save_checkpoint(state, checkpoint_path)
+    keep = {current}
+    if previous.exists():
+        try:
+            keep.add(selection_file(out_dir, ckpt_io.load_checkpoint(previous)["selection"]["version"]))
+        except ckpt_io.CorruptCheckpoint:
+            pass
+    for path in out_dir.glob("selection-v*.pt"):
+        if path not in keep:
+            path.unlink(missing_ok=True)
+
+
+@torch.no_grad()
+def final_test(selection: Selection, clients, cfg: RunConfig, device: torch.device) -> dict[str, dict]:
+    """Test scores of the selected models, computed once: every client's selected evaluated model on
+    its own test split (the same numbers as evaluating test at the selected round)."""
+    by_name = {c.name: c for c in clients}
+    test = {}
+    for entry in selection.best.values():
+        for name, state in entry["models"].items():
+            model = by_name[name].eval_model()
+            model.load_state_dict(state)
+            test[name] = evaluate(model, by_name[name].data.test, cfg, device)
+    return test
+
+
+def curve_every(cfg: RunConfig) -> int:
+    """Test curves every this many rounds: the configured value, else ~50 points per run."""
+    return cfg.curve_every or max(1, cfg.rounds // 50)
 
 
 def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True) -> dict:
@@ -225,39 +293,31 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
         for client in clients:
             client.receive(server.package(client.index, round_index))
 
-        val, test, models, predictions = {}, {}, {}, {}
+        val, test = {}, {}
+        with_test = round_index % curve_every(cfg) == 0 or round_index == rounds
         for client in clients:
             eval_model = client.eval_model()
-            models[client.name] = {k: v.detach().cpu().clone() for k, v in eval_model.state_dict().items()}
-            check_finite(round_index, client.name, "evaluated model", None, models[client.name])
+            check_finite(round_index, client.name, "evaluated model", None, eval_model.state_dict())
             val[client.name] = evaluate(eval_model, client.data.val, cfg, device)
-            test[client.name] = evaluate(eval_model, client.data.test, cfg, device)
-            predictions[client.name] = predict_samples(eval_model, client.data.test, cfg, device)
+            if with_test:
+                test[client.name] = evaluate(eval_model, client.data.test, cfg, device)
             history.append({"round": round_index, "client": client.name, "split": "train", "metric": "loss", "value": train_losses[client.index]})
             for split_name, scores in (("val", val), ("test", test)):
-                for metric_name, value in scores[client.name].items():
+                for metric_name, value in scores.get(client.name, {}).items():
                     history.append({"round": round_index, "client": client.name, "split": split_name, "metric": metric_name, "value": value})
-        selection.update(round_index, val, test, models, predictions)
+        for key, covered in selection.improved(val).items():
+            models = {n: {k: v.detach().cpu().clone() for k, v in clients[names.index(n)].eval_model().state_dict().items()} for n in covered}
+            predictions = {n: predict_samples(clients[names.index(n)].eval_model(), clients[names.index(n)].data.test, cfg, device) for n in covered}
+            selection.record(key, round_index, val, models, predictions)
         mean_val = sum(v[metric] for v in val.values()) / len(val)
-        mean_test = sum(t[metric] for t in test.values()) / len(test)
-        bar.update(1, f"mean val {metric} {mean_val:.4f}, mean test {mean_test:.4f}")
+        mean_test = f", mean test {sum(t[metric] for t in test.values()) / len(test):.4f}" if test else ""
+        bar.update(1, f"mean val {metric} {mean_val:.4f}{mean_test}")
 
         if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
-            ckpt_io.save_checkpoint(
-                {
-                    "config_hash": fingerprint,
-                    "round": round_index,
-                    "server": server.state_dict(),
-                    "clients": [c.state_dict() for c in clients],
-                    "selection": selection.state_dict(),
-                    "history": history,
-                    "rng": global_rng_state(),
-                },
-                checkpoint_path,
-            )
+            save_state(out_dir, checkpoint_path, round_index, fingerprint, server, clients, selection, history)
             faults.reached("round_end")
     bar.close()
-    return write_outputs(cfg, out_dir, names, selection, history, checkpoint_path)
+    return write_outputs(cfg, out_dir, names, selection, final_test(selection, clients, cfg, device), history, checkpoint_path)
 
 
 def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
@@ -266,7 +326,7 @@ def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
         np.savez_compressed(handle, **arrays)
 
 
-def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, history: list[dict], checkpoint_path: Path) -> dict:
+def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, test: dict[str, dict], history: list[dict], checkpoint_path: Path) -> dict:
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
@@ -291,13 +351,13 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
             "best_round": rounds_selected.get("all", rounds_selected),
             "rounds": cfg.rounds,
         },
-        "test": selection.merged("test"),
+        "test": test,
         "val": selection.merged("val"),
-        "metric_descriptions": {m: METRIC_DESCRIPTIONS[m] for m in next(iter(selection.merged("test").values()))},
+        "metric_descriptions": {m: METRIC_DESCRIPTIONS[m] for m in next(iter(test.values()))},
         "config": cfg.to_dict(),
     }
     atomic_write_text(out_dir / "final.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
     # Finished: the outputs above replace the checkpoints.
-    checkpoint_path.unlink(missing_ok=True)
-    ckpt_io.previous(checkpoint_path).unlink(missing_ok=True)
+    for path in (checkpoint_path, ckpt_io.previous(checkpoint_path), *out_dir.glob("selection-v*.pt")):
+        path.unlink(missing_ok=True)
     return final
