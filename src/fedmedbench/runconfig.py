@@ -92,6 +92,7 @@ class RunConfig(Strict):
     checkpoint_every: int = 1
     qualitative_samples: int = 4
     local_epoch_curve: bool = False  # also evaluate test after receiving and after every local epoch
+    precision: str = "fp32"  # fp32 (the papers) | bf16 (autocast + channels_last; faster on GPUs)
     curve_every: int = 0  # test curves every this many rounds (0: ~50 points per run); reported test scores are always the selected models'
     # the method's hyperparameters (checked against its DEFAULTS when the run starts)
     method_params: dict = field(default_factory=dict)

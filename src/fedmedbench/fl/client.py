@@ -16,8 +16,8 @@ from torch import nn
 
 from fedmedbench.errors import ConfigError
 from fedmedbench.fl import faults
+from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.data import ClientSplits, train_batches
-from fedmedbench.fl.state import to_device
 from fedmedbench.losses import build_loss
 from fedmedbench.ops.aggregate import batchnorm_keys, buffer_keys
 from fedmedbench.runconfig import OptimizerConfig, RunConfig
@@ -31,11 +31,24 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     raise ConfigError(f"optimizer.name: unknown optimizer {cfg.name!r} (known: adam, sgd)")
 
 
+def autocast(device: torch.device, precision: str):
+    """``precision: bf16``: autocast to bfloat16 (no loss scaling needed); ``fp32``: a no-op context."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def batch_to_device(batch: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
+    """bf16 runs use channels_last, where cuDNN's fast bf16 convolution kernels live; fp32 batches
+    keep their layout (results stay bit-identical to earlier releases)."""
+    if precision == "bf16" and batch.dim() == 4:
+        return batch.to(device, memory_format=torch.channels_last)
+    return batch.to(device)
+
+
 class Client:
     def __init__(self, cfg: RunConfig, index: int, data: ClientSplits, model: nn.Module, generator: torch.Generator, device: torch.device):
         self.cfg, self.index, self.data, self.name = cfg, index, data, data.name
         self.params = cfg.method_params
-        self.model = model.to(device)
+        self.model = model.to(device, memory_format=torch.channels_last) if cfg.precision == "bf16" else model.to(device)
         self.device = device
         self.generator = generator
         self.task_loss = build_loss(cfg.loss)
@@ -92,7 +105,11 @@ class Client:
             self.before_epoch(epoch)
             for x, y in train_batches(self.data.train, self.cfg.batch_size, self.generator, self.cfg.augment, self.cfg.intensity_scale):
                 faults.reached("train_step")
-                loss_sum += self.train_step(x.to(self.device), y.to(self.device)).double()
+                # Every method's step (HarmoFL's perturbed step, MOON's extra forwards, two-model
+                # steps) runs under the run's precision.
+                with autocast(self.device, self.cfg.precision):
+                    loss = self.train_step(batch_to_device(x, self.device, self.cfg.precision), y.to(self.device))
+                loss_sum += loss.double()
                 self.steps += 1
             if self.epoch_probe is not None:
                 self.epoch_probe(self, epoch + 1)
@@ -137,4 +154,4 @@ class Client:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         for key in set(state) - {"model", "optimizer", "generator"}:
-            state[key] = to_device(state[key], self.device)
+            state[key] = ckpt_io.to_device(state[key], self.device)

@@ -22,6 +22,7 @@ from fedmedbench.errors import DivergenceError
 from fedmedbench.files import atomic_file, atomic_write_text
 from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl.client import autocast, batch_to_device
 from fedmedbench.fl.data import eval_batches, load_clients
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
 from fedmedbench.losses import build_loss
@@ -51,8 +52,10 @@ def evaluate(model: torch.nn.Module, split, cfg: RunConfig, device: torch.device
     loss_fn = build_loss(cfg.loss)
     for x, y, groups in eval_batches(split, cfg.eval_batch, cfg.intensity_scale):
         faults.reached("eval_batch")
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
+        x, y = batch_to_device(x, device, cfg.precision), y.to(device)
+        with autocast(device, cfg.precision):
+            logits = model(x)
+        logits = logits.float()
         meter.update(logits, y, groups, float(loss_fn(logits, y)))
     return meter.compute()
 
