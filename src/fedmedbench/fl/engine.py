@@ -50,7 +50,7 @@ def evaluate(model: torch.nn.Module, split, cfg: RunConfig, device: torch.device
     model.eval()
     meter = METERS[cfg.kind](cfg.model.num_classes)
     loss_fn = build_loss(cfg.loss)
-    for x, y, groups in eval_batches(split, cfg.eval_batch, cfg.intensity_scale):
+    for x, y, groups in eval_batches(split, cfg.eval_batch, cfg.intensity_scale, device):
         faults.reached("eval_batch")
         x, y = batch_to_device(x, device, cfg.precision), y.to(device)
         with autocast(device, cfg.precision):
