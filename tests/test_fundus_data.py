@@ -70,14 +70,16 @@ def fixture(tmp_path_factory):
 
 
 def test_thresholds_map_anti_aliased_values():
-    grey = np.array([0, 40, 60, 63, 64, 100, 128, 150, 191, 192, 200, 230, 255], np.uint8)
-    expected = [2, 2, 2, 2, 1, 1, 1, 1, 1, 0, 0, 0, 0]  # 2 cup, 1 rim, 0 background
+    grey = np.array([0, 40, 50, 51, 60, 100, 128, 150, 192, 200, 201, 230, 255], np.uint8)
+    expected = [2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]  # DoFE: <= 50 cup, <= 200 rim, > 200 background
     assert F.mask_to_classes(grey).tolist() == expected
+    # interpolated values (bilinear resampling) follow the same inequalities
+    assert F.mask_to_classes(np.array([50.0, 50.5, 127.3, 200.0, 200.5])).tolist() == [2, 1, 1, 1, 0]
     # Fed-LWR's own formula 2 - uint8(grey / 127), used with the official bilinear masks
     code = F.fedlwr_code_mask_to_classes(np.array([0, 60, 126, 127, 200, 253, 254, 255], np.uint8))
     assert code.tolist() == [2, 2, 2, 1, 1, 1, 0, 0]
     with pytest.raises(ValueError):
-        F.mask_to_classes(grey, cup_below=200, background_from=100)
+        F.mask_to_classes(grey, cup_max=200, background_above=100)
 
 
 def test_disc_cup_convention():

@@ -61,3 +61,24 @@ def test_soft_dice_loss_near_zero_for_confident_correct_prediction():
     wrong = logits_for(1 - truth.numpy()) * 10
     assert soft_dice_loss(wrong, truth).item() == pytest.approx(1.0, abs=1e-4)
     assert dice_ce_loss(logits, truth).item() < dice_ce_loss(wrong, truth).item()
+
+
+def test_nested_region_dice_for_three_classes_only():
+    import torch
+
+    from fedmedbench.metrics import SegmentationMeter
+
+    target = torch.tensor([[[0, 1, 1, 2]], [[0, 0, 1, 1]]])  # 2 samples, 1 x 4 pixels
+    pred = torch.tensor([[[0, 1, 2, 2]], [[0, 1, 1, 0]]])
+    logits = torch.nn.functional.one_hot(pred, 3).permute(0, 3, 1, 2).float()
+    meter = SegmentationMeter(3)
+    meter.update(logits, target, ["a", "b"], 0.0)
+    scores = meter.compute()
+    # disc (label >= 1): sample 1 |P|=3 |G|=3 inter 3 -> 1; sample 2 |P|=2 |G|=2 inter 1 -> 0.5
+    assert scores["dice_region1"] == pytest.approx(0.75)
+    # cup (label >= 2): sample 1 |P|=2 |G|=1 inter 1 -> 2/3; sample 2 has no cup in the truth: left out
+    assert scores["dice_region2"] == pytest.approx(2 / 3)
+    assert scores["dice_regions"] == pytest.approx((0.75 + 2 / 3) / 2)
+    binary = SegmentationMeter(2)
+    binary.update(torch.nn.functional.one_hot(target.clamp(max=1), 2).permute(0, 3, 1, 2).float(), target.clamp(max=1), ["a", "b"], 0.0)
+    assert set(binary.compute()) == {"dice_paper", "dice_fg", "loss"}

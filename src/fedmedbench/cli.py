@@ -128,11 +128,24 @@ def cmd_collect(args) -> None:
     atomic_write_text(Path(args.out), pd.DataFrame(rows).to_csv(index=False))
 
 
+def _experiment_finals(exp: dict, finals: list[dict], paths: list[str]) -> list[dict]:
+    """The finals as the table uses them: with ``select_on: test`` (the official Fed-LWR selection,
+    a switch, off by default) each run's test scores at its best mean test round, from history.csv."""
+    if exp.get("select_on", "val") == "val":
+        return finals
+    import pandas as pd
+
+    from fedmedbench.report.fairness import select_on_test
+
+    return [select_on_test(f, pd.read_csv(Path(p).with_name("history.csv")), exp["metric"]) for f, p in zip(finals, paths)]
+
+
 def cmd_table(args) -> None:
     from fedmedbench.report.tables import seed_summary, write_table
 
     exp = json.loads(args.experiment)
-    summary = seed_summary(_load_finals(args.finals), exp["metric"], sources=args.finals)
+    finals = _experiment_finals(exp, _load_finals(args.finals), args.finals)
+    summary = seed_summary(finals, exp["metric"], sources=args.finals, std_row=exp.get("std_row", False))
     rows = [(run, exp.get("labels", {}).get(run, run)) for run in exp["runs"]]
     write_table(summary, Path(args.out_prefix), rows, caption=exp["title"])
 
@@ -188,6 +201,40 @@ def cmd_ampnorm_figure(args) -> None:
     ampnorm_figure(panels, Path(args.out_prefix), exp["title"])
 
 
+def cmd_layer_cka_figure(args) -> None:
+    import pandas as pd
+
+    from fedmedbench.report.fairness import layer_cka_figure
+
+    exp = json.loads(args.experiment)
+    spec = exp["task_specs"][exp["task"]]
+    labels = dict(zip(spec["clients"], spec.get("client_labels") or spec["clients"]))
+    layer_cka_figure(pd.read_csv(args.histories[0]), Path(args.out_prefix), exp["title"], labels=labels)
+
+
+def cmd_fairness_curves(args) -> None:
+    import pandas as pd
+
+    from fedmedbench.report.fairness import fairness_curves
+
+    exp = json.loads(args.experiment)
+    histories: dict[str, list] = {run: [] for run in exp["runs"]}
+    for path in args.histories:
+        with open(Path(path).with_name("final.json")) as handle:
+            histories[json.load(handle)["run"]].append(pd.read_csv(path))
+    fairness_curves(histories, exp["metric"], Path(args.out_prefix), exp["title"], labels=exp.get("labels"))
+
+
+def cmd_fairness_bars(args) -> None:
+    from fedmedbench.report.fairness import fairness_bars
+    from fedmedbench.report.tables import seed_summary
+
+    exp = json.loads(args.experiment)
+    finals = _experiment_finals(exp, _load_finals(args.finals), args.finals)
+    summary = seed_summary(finals, exp["metric"], sources=args.finals, std_row=True)
+    fairness_bars(summary, exp["runs"], Path(args.out_prefix), exp["title"], exp["metric"], labels=exp.get("labels"))
+
+
 def cmd_report(args) -> None:
     from fedmedbench.report.compare import compare, load_paper_table, write_report
     from fedmedbench.report.tables import seed_summary
@@ -200,7 +247,8 @@ def cmd_report(args) -> None:
         if exp["kind"] == "table":
             runs = set(exp["runs"])
             picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp["task"] and f["run"] in runs and f["seed"] in exp["seeds"]]
-            summary = seed_summary([f for f, _ in picked], exp["metric"], sources=[p for _, p in picked])
+            picked = list(zip(_experiment_finals(exp, [f for f, _ in picked], [p for _, p in picked]), [p for _, p in picked]))
+            summary = seed_summary([f for f, _ in picked], exp["metric"], sources=[p for _, p in picked], std_row=exp.get("std_row", False))
             seeds.update(f["seed"] for f, _ in picked)
             rounds.update(f["selection"]["rounds"] for f, _ in picked)
             description = picked[0][0]["metric_descriptions"].get(exp["metric"], exp["metric"])
@@ -292,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("sweep-figure", "a hyperparameter sweep figure (png, pdf) from runs' final.json", cmd_sweep_figure, "finals"),
         ("qualitative-figure", "segmentations of every method (png, pdf) from runs' predictions.npz", cmd_qualitative_figure, "predictions"),
         ("ampnorm-figure", "images before/after amplitude normalization (png, pdf); one store per task", cmd_ampnorm_figure, "stores"),
+        ("layer-cka-figure", "Fed-LWR Fig. 1(b): layer-wise CKA to the FedAvg anchor (png, pdf) from a run's history.csv", cmd_layer_cka_figure, "histories"),
+        ("fairness-curves", "Avg and Std across clients of the test metric vs round (png, pdf) from history.csv", cmd_fairness_curves, "histories"),
+        ("fairness-bars", "per-client test metric of every method as bars (png, pdf) from final.json", cmd_fairness_bars, "finals"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")

@@ -24,7 +24,16 @@ METRIC_DESCRIPTIONS = {
     "dice_fg": "per-case foreground Dice: a case's slices pooled, background excluded, mean over cases (= MONAI DiceMetric)",
     "accuracy": "top-1 accuracy",
     "loss": "task loss",
+    "dice_regions": "mean over k >= 1 of dice_region<k> (fundus: mean of optic disc and cup Dice)",
 }
+# Nested regions of an ordered label map with >= 3 classes: region k = {label >= k} (fundus: region 1 =
+# optic disc = rim + cup, region 2 = cup, the DoFE/FedDG convention). Binary tasks get none.
+METRIC_DESCRIPTIONS.update(
+    {
+        f"dice_region{k}": f"per-sample Dice of the region label >= {k} (fundus: {name}), samples without it in the truth left out, mean over samples"
+        for k, name in ((1, "optic disc"), (2, "optic cup"), *((k, f"region {k}") for k in range(3, 10)))
+    }
+)
 
 
 def per_class_counts(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,17 +50,32 @@ def dice_paper_per_sample(logits: torch.Tensor, target: torch.Tensor) -> torch.T
     return dice.mean(dim=1)
 
 
+def region_dice_per_sample(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """B x (C-1) Dice of the nested regions {label >= k}, k = 1..C-1 (NaN where the truth lacks the region)."""
+    out = []
+    for k in range(1, num_classes):
+        p, g = (pred >= k).flatten(1), (target >= k).flatten(1)
+        inter, size_p, size_g = (p & g).sum(1).double(), p.sum(1).double(), g.sum(1).double()
+        dice = 2 * inter / (size_p + size_g).clamp_min(EPS)
+        out.append(torch.where(size_g > 0, dice, torch.full_like(dice, float("nan"))))
+    return torch.stack(out, dim=1)
+
+
 class SegmentationMeter:
-    """Accumulates both Dice definitions and the loss over a split, batch by batch."""
+    """Accumulates both Dice definitions and the loss over a split, batch by batch (and, with >= 3
+    classes, the Dice of the nested regions {label >= k}: fundus optic disc and cup)."""
 
     def __init__(self, num_classes: int):
         self.num_classes = num_classes
+        self.regions: list[torch.Tensor] = []
         self.dice_paper: list[float] = []
         self.loss_sum, self.count = 0.0, 0
         self.cases = defaultdict(lambda: np.zeros((3, num_classes - 1)))  # inter, |P|, |G| per fg class
 
     def update(self, logits: torch.Tensor, target: torch.Tensor, groups, loss: float) -> None:
         self.dice_paper.extend(dice_paper_per_sample(logits, target).tolist())
+        if self.num_classes >= 3:
+            self.regions.append(region_dice_per_sample(logits.argmax(1), target, self.num_classes).cpu())
         self.loss_sum += loss * len(target)
         self.count += len(target)
         inter, p, g = (t[:, 1:].cpu().numpy() for t in per_class_counts(logits.argmax(1), target, self.num_classes))
@@ -65,11 +89,17 @@ class SegmentationMeter:
             dice = np.where(g > 0, 2 * inter / np.maximum(p + g, EPS), np.nan)
             if not np.isnan(dice).all():
                 case_dice.append(np.nanmean(dice))
-        return {
+        scores = {
             "dice_paper": float(np.mean(self.dice_paper)),
             "dice_fg": float(np.mean(case_dice)) if case_dice else float("nan"),
             "loss": self.loss_sum / max(self.count, 1),
         }
+        if self.regions:
+            regions = torch.cat(self.regions).numpy()
+            per_region = [float(np.nanmean(col)) if not np.isnan(col).all() else float("nan") for col in regions.T]
+            scores.update({f"dice_region{k + 1}": v for k, v in enumerate(per_region)})
+            scores["dice_regions"] = float(np.mean(per_region))
+        return scores
 
 
 class ClassificationMeter:

@@ -140,3 +140,76 @@ rule ampnorm_figure:
     shell:
         "python -m fedmedbench ampnorm-figure --experiment {params.experiment:q} "
         "--out-prefix {params.prefix} {input.stores} &> {log}"
+
+
+rule layer_cka_figure:
+    input:
+        experiment_histories,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/layer_cka.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("layer_cka")),
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench layer-cka-figure --experiment {params.experiment:q} "
+        "--out-prefix {params.prefix} {input} &> {log}"
+
+
+rule fairness_curves_figure:
+    input:
+        histories=experiment_histories,
+        finals=experiment_finals,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/fairness_curves.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("fairness_curves")),
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench fairness-curves --experiment {params.experiment:q} "
+        "--out-prefix {params.prefix} {input.histories} &> {log}"
+
+
+rule fairness_bars_figure:
+    input:
+        experiment_finals,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/fairness_bars.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("fairness_bars")),
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench fairness-bars --experiment {params.experiment:q} "
+        "--out-prefix {params.prefix} {input} &> {log}"

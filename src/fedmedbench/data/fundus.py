@@ -8,9 +8,9 @@ The release (one Google Drive zip, root folder ``Fundus/``) holds four domains::
 Domain1 = Drishti-GS (50/51 train/test), Domain2 = RIM-ONE r3 (99/60), Domain3 = REFUGE train
 (320/80), Domain4 = REFUGE val (320/80). Clients are the domains; paper tables call them Site1..4.
 
-Masks are anti-aliased, so values between the three levels occur and are **thresholded**, never
-compared for equality: grey < 64 -> cup, 64 <= grey < 192 -> rim, grey >= 192 -> background (the
-midpoints between 0, 128 and 255: every value goes to the nearest nominal level). Stored labels are
+Values between the three levels (anti-aliasing, resampling) are **thresholded**, never compared for
+equality, with DoFE's class rule: grey <= 50 -> cup, 50 < grey <= 200 -> rim, grey > 200 ->
+background, on any value including interpolated ones. Stored labels are
 Fed-LWR's three disjoint classes, uint8 0 = background, 1 = rim, 2 = cup. That encoding is
 lossless for the DoFE/FedDG disc-cup convention too: disc = label >= 1 (rim and cup), cup =
 label == 2; ``disc_cup`` returns DoFE's two overlapping channels [cup, disc] from stored labels.
@@ -84,8 +84,10 @@ DEFAULT_SIZE = 384
 
 CLASSES = ("background", "rim", "cup")
 BACKGROUND, RIM, CUP = 0, 1, 2
-CUP_BELOW = 64  # grey < 64 -> cup
-BACKGROUND_FROM = 192  # grey >= 192 -> background; in between -> rim
+# DoFE's class rule (its loader): grey > 200 background, 50 < grey <= 200 rim, grey <= 50 cup. Applied
+# with these exact inequalities to any value, interpolated (non-integer) ones included.
+CUP_MAX = 50  # grey <= 50 -> cup
+BACKGROUND_ABOVE = 200  # grey > 200 -> background; in between -> rim
 
 OFFICIAL_SPLITS = ("train", "test")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
@@ -103,14 +105,15 @@ class FundusDataError(ValueError):
 # ---------------------------------------------------------------------------
 
 
-def mask_to_classes(grey: np.ndarray, cup_below: int = CUP_BELOW, background_from: int = BACKGROUND_FROM) -> np.ndarray:
-    """Grey mask (0 cup / 128 rim / 255 background, anti-aliased) -> uint8 classes 0 bg, 1 rim, 2 cup."""
+def mask_to_classes(grey: np.ndarray, cup_max: float = CUP_MAX, background_above: float = BACKGROUND_ABOVE) -> np.ndarray:
+    """Grey mask (0 cup / 128 rim / 255 background, any value) -> uint8 classes 0 bg, 1 rim, 2 cup,
+    by DoFE's rule: grey <= cup_max cup, grey > background_above background, else rim."""
     grey = np.asarray(grey)
-    if not 0 < cup_below < background_from <= 255:
-        raise ValueError(f"need 0 < cup_below < background_from <= 255, got {cup_below}, {background_from}")
+    if not 0 <= cup_max < background_above < 255:
+        raise ValueError(f"need 0 <= cup_max < background_above < 255, got {cup_max}, {background_above}")
     out = np.full(grey.shape, RIM, np.uint8)
-    out[grey < cup_below] = CUP
-    out[grey >= background_from] = BACKGROUND
+    out[grey <= cup_max] = CUP
+    out[grey > background_above] = BACKGROUND
     return out
 
 
@@ -339,7 +342,7 @@ def preprocess_fedlwr(
             "mask_thresholds": (
                 "grey < 127 cup, < 254 rim, else background (Fed-LWR's 2 - uint8(grey/127))"
                 if mask_resample == "bilinear"
-                else f"grey < {CUP_BELOW} cup, < {BACKGROUND_FROM} rim, else background"
+                else f"grey <= {CUP_MAX} cup, <= {BACKGROUND_ABOVE} rim, else background (DoFE)"
             ),
             "size": size,
             "image_resample": "bilinear (OpenCV INTER_LINEAR semantics)",

@@ -6,7 +6,7 @@ matching names such as "bn", so a renamed layer cannot silently change what is s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -62,6 +62,36 @@ def weighted_average(states: Sequence[StateDict], weights: Sequence[float], keys
             averaged[key] = total
         else:
             averaged[key] = torch.stack(tensors).max(dim=0).values
+    return averaged
+
+
+def layer_of_keys(keys: Iterable[str]) -> dict[str, str]:
+    """The layer (owning module) of each state-dict key: ``encoders.0.1.running_mean`` ->
+    ``encoders.0.1``. Every tensor of a module (weight, bias, BN statistics) shares its layer."""
+    return {key: key.rpartition(".")[0] for key in keys}
+
+
+def layerwise_weighted_average(
+    states: Sequence[StateDict],
+    weights_per_layer: Mapping[str, Sequence[float]],
+    layer_of_key: Mapping[str, str],
+    keys: Iterable[str],
+    default_weights: Sequence[float] | None = None,
+) -> StateDict:
+    """sum_k w_k^(layer) * state_k[key], with the weights of the key's layer (Fed-LWR Eq. 6).
+
+    ``weights_per_layer[layer]`` holds one weight per state; a key whose layer has no entry uses
+    ``default_weights`` (an error when none is given). Integer counters take the max, as in
+    :func:`weighted_average`; sums are formed as there, so equal per-layer weights give exactly
+    ``weighted_average`` with those weights.
+    """
+    averaged = {}
+    for key in keys:
+        layer = layer_of_key.get(key)
+        weights = weights_per_layer.get(layer, default_weights) if layer is not None else default_weights
+        if weights is None:
+            raise KeyError(f"no aggregation weights for key {key!r} (layer {layer!r})")
+        averaged.update(weighted_average(states, weights, [key]))
     return averaged
 
 

@@ -1,0 +1,186 @@
+"""CFFL (Lyu, Xu, Wang, Yu, "Collaborative Fairness in Federated Learning", 2020): reputation-based rewards.
+
+Per round (reference Federated_Learner.py, ../specs/methods.md §2.12), on trainable parameters:
+
+1. participant i trains its own persistent model: Δ_i, clipped elementwise to [-clip, clip]
+   (``clip``: null = no clipping); the clipped update is applied to its model;
+2. upload: the ``upload_fraction`` (θ_u) largest-magnitude entries of the clipped Δ_i over the whole
+   model ('all' criterion), the rest zero;
+3. validation of "federated model + upload_i". **Adaptation** (no public server data in medical
+   silos): the server sends every candidate to every client (``Server.query``), each client returns
+   the candidates' validation metric (the run's selection metric) on its own validation split, and
+   acc_i is the mean over clients: a pooled validation set without moving data (K² evaluations a
+   round);
+4. reputations over the reputable set R: r_i <- fade·r_i + (1 - fade)·acc_i/Σ_R acc; r <- sinh(α r),
+   normalised; participants with r_i < threshold_coef/|R| leave R for good (they then train alone:
+   Solo); r renormalised over R;
+5. U = Σ_{i∈R} (n_i/Σ_R n) upload_i ('mean'); the federated model += U;
+6. download: i ∈ R adds the top-k entries of U by magnitude, k = (r_i / max r)(n_i / max n)·D
+   (``download: reputation``; ``full``: all of U), then subtracts its own upload × n_i / max n.
+
+With θ_u = 1, no clipping, equal shards, everyone reputable and ``download: full`` every model
+becomes before + mean_j Δ_j: FedAvg in delta form (tests check it). BN statistics never travel.
+Each participant is evaluated with its own model. Defaults are the reference's (θ_u = 0.1,
+clip 0.01, α = 5, fade 0.8, threshold 1/3); they were not tuned for UNet/Adam.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedmedbench.fl import client, server
+from fedmedbench.fl.engine import evaluate
+from fedmedbench.ops.aggregate import parameter_keys
+
+DEFAULTS = {
+    "upload_fraction": 0.1,
+    "clip": 0.01,
+    "alpha": 5.0,
+    "fade": 0.8,
+    "threshold_coef": 0.3333333333333333,
+    "download": "reputation",  # reputation | full
+}
+PERSONALIZED = True
+
+
+def top_fraction(update: dict[str, torch.Tensor], fraction: float) -> dict[str, torch.Tensor]:
+    """Keep the ⌈fraction·D⌉ largest-magnitude entries over all tensors together (D = total size)."""
+    keys = list(update)
+    flat = torch.cat([update[k].flatten() for k in keys])
+    k = min(flat.numel(), math.ceil(fraction * flat.numel()))
+    if k >= flat.numel():
+        return {key: v.clone() for key, v in update.items()}
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    if k > 0:
+        mask[flat.abs().topk(k).indices] = True
+    out, start = {}, 0
+    for key in keys:
+        n = update[key].numel()
+        out[key] = torch.where(mask[start : start + n].view_as(update[key]), update[key], torch.zeros_like(update[key]))
+        start += n
+    return out
+
+
+class Client(client.Client):
+    def before_epoch(self, epoch):
+        if epoch == 0:
+            self.before = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def reply(self):
+        clip = self.params["clip"]
+        update = {}
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                delta = p.detach() - self.before[n]
+                if clip is not None:
+                    delta = delta.clamp(-clip, clip)
+                p.copy_(self.before[n] + delta)
+                update[n] = delta
+        self.upload = top_fraction(update, self.params["upload_fraction"])
+        return {"upload": self.upload, "num_samples": len(self.data.train), "steps": self.steps}
+
+    def answer(self, query):
+        """The validation metric of every candidate model (a state dict of parameters) on this client."""
+        scores = []
+        backup = {k: v.clone() for k, v in self.model.state_dict().items()}
+        for candidate in query["candidates"]:
+            if candidate is None:
+                scores.append(None)
+                continue
+            self.model.load_state_dict(candidate, strict=False)
+            scores.append(evaluate(self.model, self.data.val, self.cfg, self.device)[self.cfg.selection_metric])
+        self.model.load_state_dict(backup)
+        return {"scores": scores}
+
+    def receive(self, package):
+        if package is None:
+            return
+        if "state" in package:  # round 0: the common initialisation
+            super().receive(package)
+            return
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                p.add_(package["download"][n].to(p.device))
+
+
+class Server(server.Server):
+    def __init__(self, cfg, model, num_clients):
+        super().__init__(cfg, model, num_clients)
+        self.param_keys = sorted(parameter_keys(model))
+        self.reputation = [1.0 / num_clients] * num_clients
+        self.reputable = [True] * num_clients
+        self.downloads: list[dict | None] = [None] * num_clients
+        self.last_log = {}
+
+    def package(self, client_index, round_index):
+        if round_index == 0:
+            return {"state": self.global_state}
+        download = self.downloads[client_index]
+        return None if download is None else {"download": download}
+
+    def query(self, round_index, replies):
+        candidates = []
+        for i, r in enumerate(replies):
+            if not self.reputable[i]:
+                candidates.append(None)
+                continue
+            candidates.append({k: self.global_state[k].to(r["upload"][k].device) + r["upload"][k] for k in self.param_keys})
+        return [{"candidates": candidates}] * len(replies)
+
+    def aggregate(self, round_index, replies):
+        p = self.params
+        members = [i for i in range(len(replies)) if self.reputable[i]]
+        acc = {}
+        for i in members:
+            scores = [r["answer"]["scores"][i] for r in replies]
+            acc[i] = math.fsum(scores) / len(scores)
+        total_acc = math.fsum(acc.values()) or 1.0
+        r = {i: p["fade"] * self.reputation[i] + (1 - p["fade"]) * acc[i] / total_acc for i in members}
+        r = {i: math.sinh(p["alpha"] * v) for i, v in r.items()}
+        total = math.fsum(r.values())
+        r = {i: v / total for i, v in r.items()}
+        threshold = p["threshold_coef"] / len(members)
+        for i in list(members):
+            if r[i] < threshold:
+                self.reputable[i] = False
+        members = [i for i in members if self.reputable[i]] or members  # never empty the federation
+        total = math.fsum(r[i] for i in members)
+        self.reputation = [r[i] / total if i in members else 0.0 for i in range(len(replies))]
+
+        n = {i: replies[i]["num_samples"] for i in members}
+        n_total, n_max = float(sum(n.values())), float(max(n.values()))
+        uploads = [r_["upload"] for r_ in replies]
+        combined = {}
+        for k in self.param_keys:
+            total_k = None
+            for i in members:
+                term = uploads[i][k] * (n[i] / n_total)
+                total_k = term if total_k is None else total_k + term
+            combined[k] = total_k
+            self.global_state[k] = self.global_state[k].to(total_k.device) + total_k
+        r_max = max(self.reputation[i] for i in members)
+        self.downloads = [None] * len(replies)
+        for i in members:
+            if p["download"] == "full":
+                share = dict(combined)
+            elif p["download"] == "reputation":
+                share = top_fraction(combined, (self.reputation[i] / r_max) * (n[i] / n_max))
+            else:
+                raise ValueError(f"cffl: download must be 'reputation' or 'full', got {p['download']!r}")
+            self.downloads[i] = {k: share[k] - uploads[i][k] * (n[i] / n_max) for k in self.param_keys}
+        self.last_log = {i: {"reputation": self.reputation[i], "validation": acc.get(i, float("nan")), "reputable": float(self.reputable[i])} for i in range(len(replies))}
+
+    def round_log(self, round_index):
+        return self.last_log
+
+    def state_dict(self):
+        return {**super().state_dict(), "reputation": self.reputation, "reputable": self.reputable, "downloads": self.downloads}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.reputation, self.reputable, self.downloads = state["reputation"], state["reputable"], state["downloads"]
+
+
+__all__ = ["Client", "Server", "DEFAULTS", "PERSONALIZED", "top_fraction"]

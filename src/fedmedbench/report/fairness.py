@@ -1,0 +1,155 @@
+"""Fed-LWR's figures and its official select-on-test switch (light: no torch).
+
+* :func:`layer_cka_figure` — Fig. 1(b): layer-wise similarity (CKA) between each client's local model
+  and the FedAvg anchor, per layer, from the ``cka:<layer>`` rows Fed-LWR writes to history.csv
+  (split ``server``): one line per client, one panel per shown round.
+* :func:`fairness_curves` — Fig. 2: Avg and Std (population, ddof=0) across clients of the test
+  metric vs round, per method (mean over seeds).
+* :func:`fairness_bars` — per-client test metric of every method as grouped bars (the fairness
+  picture behind the tables' Std column), mean over seeds.
+* :func:`select_on_test` — the official Fed-LWR model selection (the round with the best mean test
+  metric; per client for personalized runs), read from history.csv; a documented switch, off by default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .figures import _atomic_savefig  # noqa: E402
+
+CKA_PREFIX = "cka:"
+
+
+def _save(fig, out_prefix: Path) -> list[Path]:
+    out_prefix = Path(out_prefix)
+    paths = [_atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ext), dpi=150 if ext == ".png" else None, bbox_inches="tight") for ext in (".png", ".pdf")]
+    plt.close(fig)
+    return paths
+
+
+def layer_cka_table(history: pd.DataFrame) -> pd.DataFrame:
+    """Rows (round, client, layer index, layer, cka) from Fed-LWR's history; layers in model order."""
+    rows = history[(history["split"] == "server") & history["metric"].astype(str).str.startswith(CKA_PREFIX)].copy()
+    if rows.empty:
+        raise ValueError("history has no 'cka:<layer>' rows (split 'server'): is it a Fed-LWR run with log_layers: true?")
+    rows["layer"] = rows["metric"].str[len(CKA_PREFIX) :]
+    order = {name: i for i, name in enumerate(dict.fromkeys(rows["layer"]))}
+    rows["layer_index"] = rows["layer"].map(order)
+    rows["cka"] = pd.to_numeric(rows["value"], errors="coerce")
+    return rows[["round", "client", "layer_index", "layer", "cka"]].reset_index(drop=True)
+
+
+def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds: list[int] | None = None, labels: dict | None = None) -> list[Path]:
+    table = layer_cka_table(history)
+    available = sorted(table["round"].unique())
+    rounds = [r for r in (rounds or [available[0], available[-1]]) if r in available] or [available[-1]]
+    rounds = list(dict.fromkeys(rounds))
+    labels = labels or {}
+    fig, axes = plt.subplots(1, len(rounds), figsize=(6.5 * len(rounds), 3.6), squeeze=False, sharey=True)
+    layer_names = table.drop_duplicates("layer_index").sort_values("layer_index")["layer"].tolist()
+    for ax, rnd in zip(axes[0], rounds):
+        sub = table[table["round"] == rnd]
+        for client, rows in sub.groupby("client", sort=False):
+            rows = rows.sort_values("layer_index")
+            ax.plot(rows["layer_index"], rows["cka"], marker="o", ms=3, lw=1.2, label=labels.get(client, client))
+        ax.set_title(f"round {rnd}")
+        ax.set_xlabel("layer (Conv / ConvT / BN, forward order)")
+        ax.set_xticks(range(len(layer_names)))
+        ax.set_xticklabels(layer_names, rotation=90, fontsize=5)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("CKA(local, FedAvg anchor)")
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, out_prefix)
+
+
+def avg_std_curves(histories: list[pd.DataFrame], metric: str, split: str = "test") -> pd.DataFrame:
+    """Per round: mean over seeds of the Avg and the Std (ddof=0) across clients, in percent."""
+    per_seed = []
+    for h in histories:
+        sel = h[(h["split"] == split) & (h["metric"] == metric)]
+        if sel.empty:
+            raise ValueError(f"history has no {split!r} rows for metric {metric!r}")
+        wide = sel.pivot_table(index="round", columns="client", values="value", aggfunc="mean") * 100.0
+        per_seed.append(pd.DataFrame({"avg": wide.mean(axis=1), "std": wide.std(axis=1, ddof=0)}))
+    stacked = pd.concat(per_seed, keys=range(len(per_seed)))
+    return stacked.groupby(level=1).mean().sort_index()
+
+
+def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_prefix: Path, title: str, labels: dict | None = None) -> list[Path]:
+    labels = labels or {}
+    fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for run, runs in histories.items():
+        if not runs:
+            continue
+        curve = avg_std_curves(runs, metric)
+        ax_avg.plot(curve.index, curve["avg"], lw=1.5, label=labels.get(run, run))
+        ax_std.plot(curve.index, curve["std"], lw=1.5, label=labels.get(run, run))
+    ax_avg.set_title("(a) Avg across sites")
+    ax_std.set_title("(b) Std across sites (ddof = 0)")
+    for ax, name in ((ax_avg, f"test {metric} (%)"), (ax_std, f"std of test {metric} (pp)")):
+        ax.set_xlabel("communication round")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    ax_avg.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, out_prefix)
+
+
+def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, metric: str, labels: dict | None = None) -> list[Path]:
+    """``summary``: :func:`fedmedbench.report.tables.seed_summary` with ``std_row=True``."""
+    labels = labels or {}
+    runs = [r for r in runs if r in set(summary["run"])]
+    if not runs:
+        raise ValueError("none of the experiment's runs has results")
+    clients = [c for c in dict.fromkeys(summary["client_label"]) if c not in ("Avg", "Std")]
+    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(clients) + 2), 4))
+    cmap = plt.get_cmap("tab10")
+    for i, run in enumerate(runs):
+        sub = summary[summary["run"] == run].set_index("client_label")
+        values = [sub.loc[c, "mean"] for c in clients]
+        errors = [0 if np.isnan(sub.loc[c, "std"]) else sub.loc[c, "std"] for c in clients]
+        x = np.arange(len(clients)) + (i - (len(runs) - 1) / 2) * width
+        label = f"{labels.get(run, run)}: Avg {sub.loc['Avg', 'mean']:.1f}, Std {sub.loc['Std', 'mean']:.2f}"
+        ax.bar(x, values, width, yerr=errors, capsize=1.5, color=cmap(i % 10), label=label)
+    ax.set_xticks(range(len(clients)))
+    ax.set_xticklabels(clients)
+    ax.set_ylabel(f"test {metric} (%)")
+    low = float(summary[summary["client_label"].isin(clients)]["mean"].min())
+    ax.set_ylim(max(0.0, low - 10), 100)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title, fontsize=10)
+    return _save(fig, out_prefix)
+
+
+def select_on_test(final: dict, history: pd.DataFrame, metric: str) -> dict:
+    """``final`` with its ``test`` section replaced by the test scores at the round of the best mean
+    test ``metric`` (per client when the run is personalized): the official Fed-LWR selection."""
+    sel = history[history["split"] == "test"]
+    if sel.empty:
+        raise ValueError(f"run {final.get('run')!r} seed {final.get('seed')}: history has no test rows")
+    wide = sel.pivot_table(index=["round", "client"], columns="metric", values="value", aggfunc="mean")
+    scores = wide[metric].unstack("client")
+    rounds = sorted(set(history["round"]))
+    if len(scores) < len(rounds):
+        raise ValueError(f"run {final.get('run')!r}: test was evaluated on {len(scores)} of {len(rounds)} rounds; set curve_every: 1 for select_on: test")
+    test = {}
+    if final["selection"]["per_client"]:
+        for client in final["clients"]:
+            best = scores[client].idxmax()
+            test[client] = wide.loc[(best, client)].to_dict()
+    else:
+        best = scores.mean(axis=1).idxmax()
+        for client in final["clients"]:
+            test[client] = wide.loc[(best, client)].to_dict()
+    return {**final, "test": test, "selection": {**final["selection"], "split": "test (official Fed-LWR)"}}
