@@ -1,13 +1,20 @@
 """safe_extract(): refuses escaping members, skips macOS junk, atomic and idempotent."""
 
 import io
+import os
 import stat
+import subprocess
+import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
 from fedmedbench.data.archive import COMPLETE_MARKER, UnsafeArchiveError, safe_extract
+from fedmedbench.errors import DataError
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _zip(path, members):
@@ -174,7 +181,7 @@ def test_foreign_target_and_non_archive(tmp_path):
     foreign = tmp_path / "raw"
     foreign.mkdir()
     (foreign / "user_file.txt").write_text("not ours")
-    with pytest.raises(FileExistsError, match="no .complete marker"):
+    with pytest.raises(DataError, match="no .complete marker"):
         safe_extract(archive, foreign)
     page = tmp_path / "page.zip"
     page.write_bytes(b"<!DOCTYPE html><html></html>")
@@ -188,3 +195,45 @@ def test_empty_target_folder_is_replaced(tmp_path):
     target.mkdir()  # as a workflow engine might pre-create it
     safe_extract(archive, target)
     assert (target / "a.txt").read_bytes() == b"A" and (target / COMPLETE_MARKER).is_file()
+
+
+# --- damaged or malformed archives: one line naming the archive, nothing extracted (issue 8, item 5) ---
+def _bad_crc_zip(path):
+    _zip(path, [("data/a.txt", b"A" * 1000)])
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"A" * 1000)
+    raw[at + 10] ^= 0xFF  # flip a byte of the stored member: its CRC no longer matches
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def _truncated_tar_gz(path):
+    _tar(path, lambda tf: _add_file(tf, "data/a.bin", os.urandom(50_000)))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _file_and_folder_zip(path):
+    return _zip(path, [("a", b"file"), ("a/b.txt", b"inside")])
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "message"),
+    [
+        (_bad_crc_zip, "crc.zip", r"crc\.zip: damaged or malformed archive \(BadZipFile: Bad CRC-32 for file 'data/a\.txt'\)"),
+        (_truncated_tar_gz, "cut.tar.gz", r"cut\.tar\.gz: damaged or malformed archive \((EOFError|ReadError)"),
+        (_file_and_folder_zip, "clash.zip", r"clash\.zip: refusing member 'a/b\.txt': its folder 'a' is also a file"),
+    ],
+)
+def test_a_damaged_archive_is_one_clear_error_and_leaves_nothing(tmp_path, make, name, message):
+    archive = make(tmp_path / name)
+    with pytest.raises(DataError, match=message):
+        safe_extract(archive, tmp_path / "raw")
+    assert _leftovers(tmp_path) == [name]  # no target, no staging folder
+    cli = subprocess.run(
+        [sys.executable, "-m", "fedmedbench", "extract", "--archive", str(archive), "--out", str(tmp_path / "raw")],
+        env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr
+    assert name in cli.stderr.strip().splitlines()[-1]

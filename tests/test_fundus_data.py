@@ -278,3 +278,55 @@ def test_synthetic_is_deterministic(tmp_path):
 def test_unknown_protocol():
     with pytest.raises(ValueError, match="unknown protocol"):
         F.preprocess({}, "x", "dofe")
+
+
+# --- masks in an unexpected encoding (issue 8, item 6) --------------------------------------------
+REAL_ROOT = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "rif_fundus" / "data" / "Fundus"
+
+
+def _pair(tmp_path, mask: np.ndarray, mode="L"):
+    image = tmp_path / "img.png"
+    Image.fromarray(np.full(mask.shape + (3,), 90, np.uint8)).save(image)
+    path = tmp_path / "mask.png"
+    Image.fromarray(mask if mode == "L" else np.stack([mask] * 3, -1)).save(path)
+    return image, path
+
+
+def _disc(levels=(255, 128, 0), size=40):
+    mask = np.full((size, size), levels[0], np.uint8)
+    mask[10:30, 10:30] = levels[1]
+    mask[15:25, 15:25] = levels[2]
+    return mask
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        (_disc((0, 1, 2)), r"mask\.png: values \[0, 1, 2\] look like class indices"),
+        (np.full((40, 40), 255, np.uint8), r"mask\.png: no optic disc"),
+        (np.full((40, 40), 0, np.uint8), r"mask\.png: no background"),
+        (_disc((240, 100, 20)), r"mask\.png: 100\.0% of pixels are not 0/128/255 \(more than 25%\)"),
+    ],
+)
+def test_a_mask_in_another_encoding_is_refused_naming_the_file(tmp_path, mask, message):
+    image, path = _pair(tmp_path, mask)
+    with pytest.raises(F.FundusDataError, match=message):
+        F.load_pair(image, path, 16)
+
+
+def test_a_few_interpolated_edge_pixels_are_accepted_and_counted(tmp_path):
+    mask = _disc()
+    mask[10, 10:30] = 190  # an anti-aliased edge: 20 of 1600 pixels
+    image, path = _pair(tmp_path, mask, mode="RGB")  # real RIF masks are 3-channel PNGs
+    _, labels, info = F.load_pair(image, path, 40)
+    assert info["mask_off_level_px"] == 20 and set(np.unique(labels)) == {0, 1, 2}
+
+
+@pytest.mark.skipif(not REAL_ROOT.exists(), reason="../shared/realdata not beside the checkout")
+def test_real_rif_masks_pass_the_encoding_check():
+    masks = sorted(REAL_ROOT.glob("Domain*/*/ROIs/mask/*.png"))
+    assert masks
+    for mask_path in masks:
+        image_path = mask_path.parent.parent / "image" / mask_path.name
+        _, labels, info = F.load_pair(image_path, mask_path, 64)
+        assert info["mask_off_level_px"] == 0 and set(np.unique(labels)) == {0, 1, 2}, mask_path

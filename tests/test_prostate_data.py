@@ -364,3 +364,26 @@ def test_synthetic_release_is_deterministic(tmp_path):
     c, _ = first_volume("c.zip", 2)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
+
+
+# ---------------------------------------------------------------------------
+# Damaged volumes (issue 8, item 3)
+# ---------------------------------------------------------------------------
+def test_a_cut_short_volume_stops_preprocessing_naming_the_file(release, tmp_path):
+    """SimpleITK reads a truncated .nii.gz as zeros; preprocessing must refuse it, naming the file."""
+    import gzip
+    import shutil
+
+    base, _ = release
+    shutil.copytree(base / "flat", tmp_path / "flat")
+    victim = tmp_path / "flat" / "HK" / f"{FIXTURE_CASES['HK'][0]}.nii.gz"
+    data = victim.read_bytes()
+    assert sitk.GetArrayFromImage(sitk.ReadImage(str(victim))).any()
+    victim.write_bytes(data[: len(data) * 2 // 3])  # cut inside the gzip stream
+    with pytest.raises(P.ProstateDataError, match=rf"HK/{FIXTURE_CASES['HK'][0]}\.nii\.gz: damaged or cut-short"):
+        P.preprocess_harmofl(tmp_path / "flat", tmp_path / "store", expect_real_counts=False, log=lambda m: None)
+    assert not (tmp_path / "store").exists()
+    # A complete gzip stream whose NIfTI payload is shorter than its header says.
+    victim.write_bytes(gzip.compress(gzip.decompress(data)[:-64]))
+    with pytest.raises(P.ProstateDataError, match=r"cut short: \d+ bytes of image data where the header promises \d+"):
+        P.read_volume(victim)

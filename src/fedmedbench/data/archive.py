@@ -22,8 +22,11 @@ import stat
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from fedmedbench.errors import DataError
 
 __all__ = ["UnsafeArchiveError", "safe_extract", "COMPLETE_MARKER"]
 
@@ -32,7 +35,7 @@ _MAX_LINK_TARGET = 4096
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
-class UnsafeArchiveError(ValueError):
+class UnsafeArchiveError(DataError):
     """An archive member could write outside the target folder, or is a device file."""
 
     def __init__(self, archive: Path, member: str, reason: str) -> None:
@@ -166,6 +169,15 @@ def _extract_tar(archive: Path, tf: tarfile.TarFile, entries: list[_Entry], root
         raise UnsafeArchiveError(archive, member, str(exc)) from exc
 
 
+def _check_no_file_folder_clash(archive: Path, entries: list[_Entry]) -> None:
+    """A member ``a`` (file) and a member ``a/b.txt`` cannot both be extracted."""
+    files = {e.parts for e in entries if e.kind != "dir"}
+    for e in entries:
+        for depth in range(1, len(e.parts)):
+            if e.parts[:depth] in files:
+                raise UnsafeArchiveError(archive, e.name, f"its folder {'/'.join(e.parts[:depth])!r} is also a file in the archive")
+
+
 def _check_links_stay_inside(archive: Path, root: Path) -> None:
     """After extraction, resolve every symlink for real: chains of links could still escape."""
     real_root = os.path.realpath(root)
@@ -187,7 +199,7 @@ def _open_archive(archive: Path):
     with open(archive, "rb") as fh:
         head = fh.read(64).lstrip().lower()
     hint = " (it is an HTML page: the download probably failed)" if head.startswith((b"<!doctype html", b"<html")) else ""
-    raise ValueError(f"{archive}: not a zip or tar archive{hint}")
+    raise DataError(f"{archive}: not a zip or tar archive{hint}")
 
 
 def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> Path:
@@ -203,17 +215,25 @@ def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> Path:
         return target
     # An empty folder (some workflow engines pre-create outputs) is replaced by the rename.
     if target.is_symlink() or (target.exists() and not (target.is_dir() and not any(target.iterdir()))):
-        raise FileExistsError(
+        raise DataError(
             f"{target} exists but has no {COMPLETE_MARKER} marker, so it is not a finished extraction of "
             f"{archive}; remove it and run again"
         )
     if not archive.is_file():
-        raise FileNotFoundError(f"archive {archive} does not exist")
+        raise DataError(f"archive {archive} does not exist")
+    try:
+        return _extract(archive, target)
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        # A bad CRC, a truncated stream, a member that is both a file and a folder: one line.
+        raise DataError(f"{archive}: damaged or malformed archive ({type(exc).__name__}: {exc}); nothing was extracted") from exc
 
+
+def _extract(archive: Path, target: Path) -> Path:
     kind, handle = _open_archive(archive)
     with handle:
         entries = _plan_zip(archive, handle) if kind == "zip" else _plan_tar(archive, handle)
         _check_no_write_through_links(archive, entries)
+        _check_no_file_folder_clash(archive, entries)
 
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))

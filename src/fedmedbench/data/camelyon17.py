@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import DataError
 from .download import DownloadSpec
 from .store import IMAGES_FILE, LABELS_FILE, META_FILE, list_clients, open_client, staged_dir, write_split_csv
 
@@ -111,7 +112,7 @@ _SEARCH_DEPTH = 3
 _DECODE_BATCH = 2048
 
 
-class CamelyonDataError(ValueError):
+class CamelyonDataError(DataError):
     """The raw Camelyon17-WILDS files do not have the layout or content we expect."""
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import DataError
 from .store import atomic_write_text
 
 __all__ = ["DownloadError", "DownloadSpec", "fetch", "fetch_spec", "looks_like_html"]
@@ -47,7 +48,7 @@ _GDRIVE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 MANUAL = "manual"
 
 
-class DownloadError(RuntimeError):
+class DownloadError(DataError):
     """A download failed or produced content that cannot be the expected file."""
 
 

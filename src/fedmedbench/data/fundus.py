@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import DataError
 from .archive import write_zip_atomic
 from .download import DownloadSpec
 from .store import atomic_write_text, list_clients, open_client, staged_dir, write_client, write_split_csv
@@ -96,7 +97,7 @@ _EYE_RE = re.compile(r"^(?P<group>.+?)[-_][LR]$")
 _THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
-class FundusDataError(ValueError):
+class FundusDataError(DataError):
     """The raw fundus data do not have the layout or content we expect."""
 
 
@@ -255,14 +256,36 @@ def _read(path: Path, mode: str) -> np.ndarray:
         raise FundusDataError(f"{path}: cannot decode the image ({exc})") from exc
 
 
+# Above this fraction of pixels off the three levels 0/128/255, a mask is not DoFE's grey encoding
+# but e.g. a soft probability map. Real RIF masks have none; a mask drawn or resized with
+# anti-aliasing has a band of them along the disc and cup edges (about 8% on the demo's 32-48 px
+# twin, well under 1% at the real 384-800 px).
+MAX_OFF_LEVEL_FRACTION = 0.25
+
+
+def check_mask_encoding(grey: np.ndarray, mask_path: Path) -> int:
+    """Refuse masks that the grey-level rule would silently turn into nonsense, naming the file:
+    class indices 0/1/2 (all "cup"), a mask without disc or without background, or one far from the
+    three levels. Returns the number of off-level pixels."""
+    if grey.max() <= 2 and len(np.unique(grey)) > 1:
+        raise FundusDataError(f"{mask_path}: values {sorted(np.unique(grey).tolist())} look like class indices; expected DoFE's grey levels 0 (cup), 128 (rim), 255 (background)")
+    if not (grey <= BACKGROUND_ABOVE).any():
+        raise FundusDataError(f"{mask_path}: no optic disc (every pixel > {BACKGROUND_ABOVE:g}, i.e. background)")
+    if not (grey > BACKGROUND_ABOVE).any():
+        raise FundusDataError(f"{mask_path}: no background (no pixel > {BACKGROUND_ABOVE:g}); expected a disc-centred ROI")
+    off_level = int((~np.isin(grey, (0, 128, 255))).sum())
+    if off_level > MAX_OFF_LEVEL_FRACTION * grey.size:
+        raise FundusDataError(f"{mask_path}: {off_level / grey.size:.1%} of pixels are not 0/128/255 (more than {MAX_OFF_LEVEL_FRACTION:.0%}); not a DoFE mask")
+    return off_level
+
+
 def load_pair(image_path: Path, mask_path: Path, size: int, mask_resample: str = "nearest") -> tuple[np.ndarray, np.ndarray, dict]:
     """One image (RGB, bilinear) and its class map (nearest, or Fed-LWR's bilinear + formula)."""
     image, grey = _read(image_path, "RGB"), _read(mask_path, "L")
     if image.shape[:2] != grey.shape:
         raise FundusDataError(f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
                               f"{grey.shape[1]}x{grey.shape[0]}")
-    nominal = np.isin(grey, (0, 128, 255))
-    info = {"orig_height": grey.shape[0], "orig_width": grey.shape[1], "mask_off_level_px": int((~nominal).sum())}
+    info = {"orig_height": grey.shape[0], "orig_width": grey.shape[1], "mask_off_level_px": check_mask_encoding(grey, mask_path)}
     if mask_resample == "nearest":
         labels = resize_nearest(mask_to_classes(grey), size)
     elif mask_resample == "bilinear":

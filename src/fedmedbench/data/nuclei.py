@@ -66,6 +66,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import DataError
 from .download import DownloadSpec
 from .prostate import HARMOFL_FRACTIONS, cut_points
 from .store import list_clients, open_client, staged_dir, write_client, write_split_csv
@@ -222,7 +223,7 @@ _PAD_IMAGE = 255  # white: glass / empty slide background
 AMBIGUOUS_POLICIES = ("ignore", "foreground")
 
 
-class NucleiDataError(ValueError):
+class NucleiDataError(DataError):
     """The raw nuclei data do not have the layout or content we expect."""
 
 

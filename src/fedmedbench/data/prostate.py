@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import DataError
 from .download import DownloadSpec
 from .store import list_clients, open_client, staged_dir, write_client, write_split_csv
 
@@ -109,7 +110,7 @@ _NIFTI_RE = re.compile(r"^(?P<case>.+?)(?P<seg>_segmentation)?\.nii(?:\.gz)?$", 
 _SEARCH_DEPTH = 3
 
 
-class ProstateDataError(ValueError):
+class ProstateDataError(DataError):
     """The raw prostate data do not have the layout or content we expect."""
 
 
@@ -200,10 +201,43 @@ def list_cases(site_dir: str | os.PathLike) -> list[tuple[str, Path, Path]]:
     return [(case, images[case], labels[case]) for case in sorted(labels, key=lambda c: labels[c].name)]
 
 
+def check_nifti_complete(path: str | os.PathLike) -> None:
+    """Fail on a cut-short NIfTI file. SimpleITK reads a truncated ``.nii.gz`` without complaint and
+    fills the missing voxels with zeros (black slices that still carry prostate labels), so the whole
+    gzip stream is decompressed (a broken stream fails here) and its length compared with what the
+    NIfTI-1 header promises: vox_offset + prod(dim) * bitpix / 8 bytes."""
+    import gzip
+    import struct
+    import zlib
+
+    path = Path(path)
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    size, header = 0, b""
+    try:
+        with opener(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                if len(header) < 348:
+                    header += chunk[: 348 - len(header)]
+                size += len(chunk)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise ProstateDataError(f"{path}: damaged or cut-short file ({exc})") from exc
+    for endian in "<>":
+        if len(header) == 348 and struct.unpack(endian + "i", header[:4])[0] == 348:  # NIfTI-1
+            dims = struct.unpack(endian + "8h", header[40:56])
+            bitpix = struct.unpack(endian + "h", header[72:74])[0]
+            vox_offset = struct.unpack(endian + "f", header[108:112])[0]
+            expected = int(vox_offset) + int(np.prod([max(d, 1) for d in dims[1 : dims[0] + 1]])) * bitpix // 8
+            if size < expected:
+                raise ProstateDataError(f"{path}: cut short: {size} bytes of image data where the header promises {expected}")
+            return
+    # NIfTI-2 or another format: the stream check above is all we can do without parsing it.
+
+
 def read_volume(path: str | os.PathLike) -> np.ndarray:
     """A NIfTI volume as a (D, H, W) array, in the file's own dtype."""
     import SimpleITK as sitk  # imported here: only preprocessing needs it
 
+    check_nifti_complete(path)
     try:
         array = sitk.GetArrayFromImage(sitk.ReadImage(str(path)))
     except RuntimeError as exc:

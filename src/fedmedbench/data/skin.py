@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import DataError
 from .archive import write_zip_atomic
 from .download import MANUAL, DownloadSpec
 from .store import atomic_write_text, list_clients, open_client, staged_dir, write_client, write_split_csv
@@ -176,7 +177,7 @@ _IMAGE_RE = re.compile(r"^ISIC_\d{7}\.jpg$")
 _DECODE_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
-class SkinDataError(ValueError):
+class SkinDataError(DataError):
     """The raw dermoscopy data do not have the layout or content we expect."""
 
 
