@@ -228,10 +228,10 @@ def test_real_count_mismatch_names_every_site_and_writes_nothing(release, tmp_pa
 # ---------------------------------------------------------------------------
 
 
-def _fake_store(store_dir: Path, counts: dict[str, int]) -> None:
+def _fake_store(store_dir: Path, counts: dict[str, int], slices_per_case: int = 20) -> None:
     for client, n in counts.items():
         meta = pd.DataFrame(
-            {"id": [f"{client}/s{i:03d}" for i in range(n)], "group": [f"{client}/Case{i // 20:02d}" for i in range(n)],
+            {"id": [f"{client}/s{i:03d}" for i in range(n)], "group": [f"{client}/Case{i // slices_per_case:02d}" for i in range(n)],
              "source": "synthetic"}
         )
         write_client(store_dir, client, np.zeros((n, 1, 1, 3), np.uint8), np.zeros((n, 1, 1), np.uint8), meta)
@@ -269,9 +269,9 @@ def test_harmofl_permutation_refuses_other_data(store, tmp_path):
     assert not (tmp_path / "s.csv").exists()
 
 
-def test_seeded_split_is_deterministic_and_disjoint(tmp_path):
+def test_seeded_split_is_deterministic_disjoint_and_keeps_cases_whole(tmp_path):
     counts = {c: 40 + 7 * k for k, c in enumerate(P.HARMOFL_CLIENTS)}
-    _fake_store(tmp_path / "store", counts)
+    _fake_store(tmp_path / "store", counts, slices_per_case=4)
     a = P.split_harmofl(tmp_path / "store", tmp_path / "a.csv", permutation="seeded", seed=3)
     b = P.split_harmofl(tmp_path / "store", tmp_path / "b.csv", permutation="seeded", seed=3)
     c = P.split_harmofl(tmp_path / "store", tmp_path / "c.csv", permutation="seeded", seed=4)
@@ -281,7 +281,11 @@ def test_seeded_split_is_deterministic_and_disjoint(tmp_path):
     for client, n in counts.items():
         parts = [set(split_rows(split, client, s).tolist()) for s in ("train", "val", "test")]
         assert sum(len(p) for p in parts) == n and set().union(*parts) == set(range(n))
-        assert tuple(len(p) for p in parts) == (int(0.64 * n), int(0.8 * n) - int(0.64 * n), n - int(0.8 * n))
+        cases = [set(split[(split.client == client) & (split.split == s)].group) for s in ("train", "val", "test")]
+        assert not (cases[0] & cases[1] or cases[0] & cases[2] or cases[1] & cases[2])  # no case in two splits
+        n_cases = -(-n // 4)
+        train_end, val_end = P.case_cut_points(n_cases, P.HARMOFL_FRACTIONS)
+        assert [len(c) for c in cases] == [train_end, val_end - train_end, n_cases - val_end]
     # different clients get different permutations even with equal sizes
     assert not np.array_equal(P._seeded_permutation(0, "HK", 50), P._seeded_permutation(0, "UCL", 50))
 

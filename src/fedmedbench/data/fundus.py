@@ -50,7 +50,7 @@ import pandas as pd
 from ..errors import DataError
 from .archive import write_zip_atomic
 from .download import DownloadSpec
-from .store import atomic_write_text, list_clients, open_client, staged_dir, write_client, write_split_csv
+from .store import atomic_write_text, grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
 
 ARCHIVE = "Fundus.zip"
 DRIVE_ID = "1p33nsWQaiZMAgsruDoJLyatoq5XAH-TH"
@@ -411,9 +411,14 @@ def split_fedlwr(
         train_rows = order[official[order] == "train"]
         test_rows = order[official[order] == "test"]
         if permutation == "seeded":
+            # Whole patients to train or val (RIM-ONE has both eyes of a patient: G-1-L, G-1-R).
             rng = np.random.default_rng([int(seed), zlib.crc32(domain.encode("utf-8"))])
-            train_rows = train_rows[rng.permutation(len(train_rows))]
-        n_train = int(len(train_rows) * train_fraction)
+            groups = meta["group"].to_numpy(str)[train_rows]
+            picked, names = grouped_split(groups, rng, lambda n: (int(n * train_fraction), n))
+            by_split = np.argsort(names == "val", kind="stable")  # train rows first, then val
+            train_rows, n_train = train_rows[picked[by_split]], int((names == "train").sum())
+        else:
+            n_train = int(len(train_rows) * train_fraction)
         if n_train == 0 or n_train == len(train_rows) or len(test_rows) == 0:
             raise FundusDataError(
                 f"client {domain}: {len(train_rows)} train / {len(test_rows)} test images are too few for a "

@@ -48,7 +48,7 @@ import pandas as pd
 
 from ..errors import DataError
 from .download import DownloadSpec
-from .store import list_clients, open_client, staged_dir, write_client, write_split_csv
+from .store import grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
 
 DOWNLOAD = DownloadSpec(
     name="prostate",
@@ -462,10 +462,10 @@ def split_harmofl(
     seed: int = 0,
     fractions: Sequence[float] = HARMOFL_FRACTIONS,
 ) -> pd.DataFrame:
-    """Slice-level train/val/test split of every client, written to ``out_csv``.
+    """Train/val/test split of every client, written to ``out_csv``.
 
-    ``permutation="harmofl"`` uses HarmoFL's ``<client>-index.npy`` (the split
-    of record); ``"seeded"`` a reproducible permutation from ``seed``. Within
+    ``permutation="harmofl"`` uses HarmoFL's ``<client>-index.npy`` (the slice-level split
+    of record); ``"seeded"`` a reproducible case-level split from ``seed`` (no case in two splits). Within
     each split rows keep the permuted order, because HarmoFL later trains every
     client on the first rows of its training split only.
     """
@@ -480,11 +480,16 @@ def split_harmofl(
         meta = open_client(store_dir, client).meta
         n = len(meta)
         if permutation == "harmofl":
+            # HarmoFL's slice-level split of record (cases straddle splits, as in the paper).
             perm = _harmofl_permutation(Path(index_dir), client, n)
+            train_end, val_end = cut_points(n, fractions)
+            split = np.where(np.arange(n) < train_end, "train", np.where(np.arange(n) < val_end, "val", "test"))
         else:
-            perm = _seeded_permutation(seed, client, n)
-        train_end, val_end = cut_points(n, fractions)
-        split = np.where(np.arange(n) < train_end, "train", np.where(np.arange(n) < val_end, "val", "test"))
+            # Our seeded split keeps every case in one split.
+            rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
+            perm, split = grouped_split(meta["group"].to_numpy(str), rng, lambda cases: case_cut_points(cases, fractions))
+            order = np.argsort([{"train": 0, "val": 1, "test": 2}[s] for s in split], kind="stable")
+            perm, split = perm[order], split[order]
         tables.append(
             pd.DataFrame(
                 {

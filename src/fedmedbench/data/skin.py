@@ -48,7 +48,7 @@ import pandas as pd
 from ..errors import DataError
 from .archive import write_zip_atomic
 from .download import MANUAL, DownloadSpec
-from .store import atomic_write_text, list_clients, open_client, staged_dir, write_client, write_split_csv
+from .store import atomic_write_text, grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
 
 # ---------------------------------------------------------------------------
 # Raw files
@@ -501,23 +501,15 @@ def preprocess_prrfl(
 # ---------------------------------------------------------------------------
 
 
-def _stratified_split(labels: np.ndarray, rng: np.random.Generator, fractions=PRRFL_FRACTIONS) -> tuple[np.ndarray, np.ndarray]:
-    """Per class, shuffle; the k-th of n goes to train if (k+.5)/n < f_train, val if < f_train+f_val.
+def _position_cut(fractions=PRRFL_FRACTIONS):
+    """The k-th of n goes to train if (k + .5) / n < f_train, to val if < f_train + f_val: on
+    PRR-FL's class sizes this gives their counts within one image."""
 
-    Returns (rows in shuffled order, split name per row). On PRR-FL's class sizes this gives
-    their counts within one image.
-    """
-    rows, names = [], []
-    train_f, val_f, _ = fractions
-    for cls in np.unique(labels):
-        members = np.flatnonzero(labels == cls)
-        members = members[rng.permutation(len(members))]
-        pos = (np.arange(len(members)) + 0.5) / len(members)
-        rows.append(members)
-        names.append(np.where(pos < train_f, "train", np.where(pos < train_f + val_f, "val", "test")))
-    rows, names = np.concatenate(rows), np.concatenate(names)
-    order = rng.permutation(len(rows))  # mix the classes inside each split
-    return rows[order], names[order]
+    def cut(n: int) -> tuple[int, int]:
+        position = (np.arange(n) + 0.5) / n
+        return int((position < fractions[0]).sum()), int((position < fractions[0] + fractions[1]).sum())
+
+    return cut
 
 
 def split_prrfl(
@@ -530,8 +522,8 @@ def split_prrfl(
     """Train/val/test of clients A-D, plus the OOD client as test only, written to ``out_csv``.
 
     ``permutation="prrfl"``: PRR-FL's CSVs, every store image must be listed exactly once and
-    the labels must agree (row order = CSV order). ``"seeded"``: class-stratified 70/10/20 per
-    client from ``seed`` (each client its own stream, seeded with (seed, crc32(client))).
+    the labels must agree (row order = CSV order). ``"seeded"``: class-stratified 70/10/20 of the
+    lesions per client from ``seed`` (each client its own stream, seeded with (seed, crc32(client))).
     """
     if permutation not in ("prrfl", "seeded"):
         raise ValueError(f"permutation must be 'prrfl' or 'seeded', got {permutation!r}")
@@ -565,8 +557,10 @@ def split_prrfl(
                 )
             names = listed["split"].to_numpy()
         else:
+            # Stratified by class, whole lesions (the group) in one split: a lesion's images never
+            # straddle train and test.
             rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
-            rows, names = _stratified_split(labels, rng)
+            rows, names = grouped_split(meta["group"].to_numpy(str), rng, _position_cut(), strata=labels)
             empty = [s for s in ("train", "val", "test") if not (names == s).any()]
             if empty:
                 raise SkinDataError(f"client {client}: {len(rows)} images are too few for a 70/10/20 split (no {empty})")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -333,6 +333,33 @@ def read_split_csv(path: str | os.PathLike) -> pd.DataFrame:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a readable CSV split file ({exc})") from exc
     return _check_split_frame(df, str(path))
+
+
+def grouped_split(
+    groups: np.ndarray,
+    rng: np.random.Generator,
+    cut: Callable[[int], tuple[int, int]],
+    strata: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, split name per row) of one client's seeded split, every group (patient, case, lesion)
+    in exactly one split.
+
+    Within each stratum (e.g. a class; a group belongs to the stratum of its first row) the sorted
+    groups are permuted by ``rng`` and cut by ``cut(number of groups) -> (end of train, end of val)``.
+    Rows come out in random order, so training that truncates to its first rows sees every stratum.
+    """
+    groups = np.asarray(groups).astype(str)
+    strata = np.zeros(len(groups), np.int64) if strata is None else np.asarray(strata)
+    unique, first = np.unique(groups, return_index=True)
+    group_stratum = strata[first]
+    split_of: dict[str, str] = {}
+    for stratum in np.unique(group_stratum):
+        members = unique[group_stratum == stratum]
+        members = members[rng.permutation(len(members))]
+        train_end, val_end = cut(len(members))
+        split_of.update({g: ("train" if k < train_end else "val" if k < val_end else "test") for k, g in enumerate(members)})
+    rows = rng.permutation(len(groups)).astype(np.int64)
+    return rows, np.array([split_of[g] for g in groups[rows]])
 
 
 def split_rows(split_df: pd.DataFrame, client: str, split: str) -> np.ndarray:
