@@ -237,3 +237,23 @@ def test_a_damaged_archive_is_one_clear_error_and_leaves_nothing(tmp_path, make,
     )  # fmt: skip
     assert cli.returncode == 1 and "Traceback" not in cli.stderr
     assert name in cli.stderr.strip().splitlines()[-1]
+
+
+def test_extracted_folders_and_stores_follow_the_umask(tmp_path):
+    """Issue 8: outputs had the 0600/0700 modes of temporary files; group members could not read them."""
+    import numpy as np
+    import pandas as pd
+
+    from fedmedbench.data.store import atomic_write_csv, write_client
+
+    old = os.umask(0o022)
+    try:
+        target = safe_extract(_zip(tmp_path / "a.zip", [("d/a.txt", b"A")]), tmp_path / "raw")
+        meta = pd.DataFrame({"id": ["x"], "group": ["g"], "source": ["s"]})
+        write_client(tmp_path / "store", "c", np.zeros((1, 2, 2, 3), np.uint8), np.zeros((1, 2, 2), np.uint8), meta)
+        atomic_write_csv(meta, tmp_path / "table.csv")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755 and stat.S_IMODE((target / "d" / "a.txt").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "store" / "c").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "table.csv").stat().st_mode) == 0o644

@@ -201,3 +201,12 @@ def test_slide_level_split_keeps_slides_whole(synthetic_store, tmp_path):
         assert [len(per_split[s]) for s in ("train", "val", "test")] == [2, 1, 1]
     with pytest.raises(ValueError, match="permutation"):
         C.split(root / "store", tmp_path / "x.csv", "harmofl", permutation="wilds")
+
+
+def test_split_errors_show_plain_values_not_numpy_reprs():
+    """Issue 8: a message said "np.str_('patient_004_node_4')" instead of 'patient_004_node_4'."""
+    ids = np.array(["a", "b", "c", "d"])
+    groups = np.array(["patient_004_node_4"] * 2 + ["patient_009_node_1"] * 2)
+    with pytest.raises(C.CamelyonDataError) as err:
+        C._slide_level(ids, groups, np.random.default_rng(0))
+    assert "['patient_004_node_4', 'patient_009_node_1']" in str(err.value) and "np." not in str(err.value)

@@ -1,6 +1,7 @@
 """fetch(): local and file:// sources, checksum pinning, HTML rejection, no leftovers."""
 
 import hashlib
+import os
 
 import pytest
 
@@ -22,7 +23,8 @@ def _sha(data: bytes) -> str:
 
 
 def _files(folder):
-    return sorted(p.name for p in folder.iterdir())
+    """Files left in ``folder``; a folder the failed fetch created is removed too."""
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
 def test_local_path_with_correct_hash(tmp_path, source):
@@ -156,3 +158,22 @@ def test_gdrive_goes_through_gdown_and_the_same_checks(tmp_path, monkeypatch):
     with pytest.raises(DownloadError, match="quota"):
         fetch("gdrive:quota", out / "b.zip", log=lambda m: None)
     assert _files(out) == ["a.zip", "a.zip.sha256"]
+
+
+def test_a_failed_fetch_leaves_no_empty_folders(tmp_path, source):
+    """Issue 8: nothing half-written, not even the folders made for the download."""
+    dest = tmp_path / "results" / "data" / "prostate" / "raw" / "a.zip"
+    with pytest.raises(DownloadError, match="expected"):
+        fetch(str(source), dest, sha256="0" * 64, log=lambda m: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # results/... was removed again
+
+
+def test_a_fetched_file_follows_the_umask(tmp_path, source):
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        fetch(str(source), tmp_path / "out" / "a.zip", log=lambda m: None)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "out" / "a.zip").stat().st_mode) == 0o644

@@ -193,3 +193,18 @@ def test_synthetic_round_trip(tmp_path):
 def test_unknown_protocol():
     with pytest.raises(ValueError, match="unknown protocol"):
         P.split("x", "y", "fedlwr_zscore")
+
+
+def test_split_and_layout_errors_name_the_client_and_the_site(tmp_path):
+    """Issue 8: the case-split error names the client; the layout error names the missing site."""
+    for client in P.FEDLWR_CLIENTS:
+        n = 2 if client == "Site4" else 6
+        meta = pd.DataFrame({"id": [f"{client}/s{i}" for i in range(n)], "group": [f"{client}/Case{i:02d}" for i in range(n)], "source": "x"})
+        write_client(tmp_path / "store", client, np.zeros((n, 1, 1, 3), np.uint8), np.zeros((n, 1, 1), np.uint8), meta)
+    with pytest.raises(P.ProstateDataError, match=r"client Site4: 2 case\(s\) are too few"):
+        P.split_fedlwr(tmp_path / "store", tmp_path / "split.csv")
+    for site in P.RELEASE_SITES:
+        if site != "HK":
+            (tmp_path / "release" / site).mkdir(parents=True)
+    with pytest.raises(P.ProstateDataError, match=r"site folder\(s\) HK missing"):
+        P.client_site_dirs(tmp_path / "release")

@@ -36,3 +36,8 @@ def closest(name: str, valid: Iterable[str]) -> str:
 def unknown_key(where: str, key: str, valid: Iterable[str]) -> ConfigError:
     valid = sorted(valid)
     return ConfigError(f"{where}: unknown key {key!r}{closest(key, valid)}; valid keys: {', '.join(valid)}")
+
+
+def plain(values) -> list:
+    """Values for a message: numpy scalars as plain Python (``5``, ``'a'``, not ``np.int64(5)``)."""
+    return [v.item() if hasattr(v, "item") else v for v in values]

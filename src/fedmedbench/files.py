@@ -68,3 +68,21 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     with atomic_file(path, "w", encoding=encoding, newline="") as handle:
         handle.write(text)
     return Path(path)
+
+
+@contextmanager
+def new_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """Create ``folder`` (and missing parents); if the block fails, remove again those of them that
+    are still empty, so a failed step leaves no empty output folders behind."""
+    folder = Path(folder)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        for path in created:
+            try:
+                path.rmdir()
+            except OSError:  # not empty (or gone): keep it and everything above it
+                break
+        raise

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedmedbench.errors import DataError
+from fedmedbench.files import atomic_path, public_mode
 
 __all__ = ["UnsafeArchiveError", "safe_extract", "COMPLETE_MARKER"]
 
@@ -237,6 +238,7 @@ def _extract(archive: Path, target: Path) -> Path:
 
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+        public_mode(tmp)
         try:
             if kind == "zip":
                 _extract_zip(handle, entries, tmp)
@@ -261,14 +263,6 @@ def _extract(archive: Path, target: Path) -> Path:
 def write_zip_atomic(path: Path, members: list[tuple[str, bytes]], date_time=(2020, 1, 1, 0, 0, 0)) -> None:
     """A zip of (name, bytes) members with a fixed timestamp (byte-identical for the same members),
     written to a temp file beside ``path`` and renamed into place (for the synthetic twins)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
-            for name, data in members:
-                zf.writestr(zipfile.ZipInfo(name, date_time=date_time), data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in members:
+            zf.writestr(zipfile.ZipInfo(name, date_time=date_time), data)

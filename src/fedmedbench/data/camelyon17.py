@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import logging
 import os
 import tarfile
 import tempfile
@@ -50,7 +51,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import DataError
+from ..errors import DataError, plain
+from ..files import public_mode
+from ..progress import Progress
 from .download import DownloadSpec
 from .store import IMAGES_FILE, LABELS_FILE, META_FILE, list_clients, open_client, staged_dir, write_split_csv
 
@@ -149,9 +152,9 @@ def _integer_column(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
     values = pd.to_numeric(df[col], errors="coerce")
     bad = values.isna() | (values != values.round())
     if bad.any():
-        rows = list(df.index[bad][:5])
+        rows = plain(df.index[bad][:5])
         raise CamelyonDataError(
-            f"{path}: column {col!r} must hold integers; bad value(s) {list(df.loc[bad, col][:5])} at row(s) {rows}"
+            f"{path}: column {col!r} must hold integers; bad value(s) {plain(df.loc[bad, col][:5])} at row(s) {rows}"
         )
     return values.astype(np.int64)
 
@@ -185,7 +188,7 @@ def read_metadata(path: str | os.PathLike) -> pd.DataFrame:
     bad = ~patient.str.fullmatch(r"\d{1,3}")
     if bad.any():
         raise CamelyonDataError(
-            f"{path}: column 'patient' must hold patient numbers 000-099; bad value(s) {list(patient[bad][:5])}"
+            f"{path}: column 'patient' must hold patient numbers 000-099; bad value(s) {plain(patient[bad][:5])}"
         )
     out = pd.DataFrame({"patient": patient.str.zfill(3)})
     for col in METADATA_COLUMNS[1:]:
@@ -341,7 +344,8 @@ def preprocess(
             folder.mkdir()
             images = np.lib.format.open_memmap(folder / IMAGES_FILE, mode="w+", dtype=np.uint8, shape=(n, out_size, out_size, 3))
             paths = rows["path"].tolist()
-            bar = _progress_bar(n, f"camelyon17 {client}", progress)
+            # tqdm on a terminal; plain lines every 30 s in a job log (no carriage-return fragments).
+            bar = Progress(n, f"camelyon17 {client}", logging.getLogger("fedmedbench.camelyon17"), unit="patch", enabled=progress)
             try:
                 for start in range(0, n, _DECODE_BATCH):
                     batch = paths[start : start + _DECODE_BATCH]
@@ -363,12 +367,6 @@ def preprocess(
                 f"{rows['group'].nunique()} slides"
             )
     return counts
-
-
-def _progress_bar(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="patch", disable=not enabled, mininterval=2.0, smoothing=0.05)
 
 
 def _check_protocol(protocol: str) -> None:
@@ -404,7 +402,7 @@ def _slide_level(ids: np.ndarray, groups: np.ndarray, rng: np.random.Generator) 
     slides = np.array(sorted(set(groups)))
     s = len(slides)
     if s < 3:
-        raise CamelyonDataError(f"a slide-level split needs at least 3 slides per client, got {s} ({list(slides)})")
+        raise CamelyonDataError(f"a slide-level split needs at least 3 slides per client, got {s} ({plain(slides)})")
     slides = slides[rng.permutation(s)]
     n_test = max(1, int(round(s * TEST_FRACTION)))
     n_val = max(1, int(round((s - n_test) * VAL_FRACTION)))
@@ -603,6 +601,7 @@ def write_synthetic_release(
                         _tar_add(tf, folder, None)
                         made.add(folder)
                     _tar_add(tf, name, data)
+        public_mode(tmp)
         os.replace(tmp, archive_path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
+from ..files import new_folder, public_mode
 from .store import atomic_write_text
 
 __all__ = ["DownloadError", "DownloadSpec", "fetch", "fetch_spec", "looks_like_html"]
@@ -210,8 +211,11 @@ def fetch(
         raise DownloadError(f"{dest.name} cannot be downloaded automatically. {manual_step or ''}".strip())
     expected = _normalise_sha256(sha256, source)
     kind, location = _classify(source)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with new_folder(dest.parent):
+        return _fetch_into(source, dest, kind, location, expected, log, manual_step)
 
+
+def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str | None, log, manual_step: str | None) -> str:
     if kind == "local":
         src_path = Path(location).expanduser()
         if not src_path.is_file():
@@ -237,6 +241,7 @@ def fetch(
             os.fsync(fh.fileno())
         observed = sink.hexdigest()
         _check_content(source, dest, sink.size, sink.head, expected, observed, manual_step)
+        public_mode(tmp)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -67,6 +67,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..files import public_mode
 from .download import DownloadSpec
 from .prostate import HARMOFL_FRACTIONS, cut_points
 from .store import list_clients, open_client, staged_dir, write_client, write_split_csv
@@ -977,6 +978,7 @@ class _ZipWriter:
                         info.external_attr = 0o644 << 16
                         info.compress_type = zipfile.ZIP_DEFLATED
                         zf.writestr(info, data)
+            public_mode(tmp)
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

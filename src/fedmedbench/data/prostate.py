@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..files import public_mode
 from .download import DownloadSpec
 from .store import grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
 
@@ -162,7 +163,10 @@ def client_site_dirs(release_root: str | os.PathLike) -> dict[str, Path]:
         return {client: release_root / CLIENT_TO_RELEASE[client] for client in HARMOFL_CLIENTS}
     if set(HARMOFL_CLIENTS) <= names:
         return {client: release_root / client for client in HARMOFL_CLIENTS}
-    raise ProstateDataError(f"{release_root}: expected site folders {RELEASE_SITES}, found {sorted(names)}")
+    # Name the missing site(s) of whichever naming the folder is closer to.
+    expected = max((RELEASE_SITES, HARMOFL_CLIENTS), key=lambda sites: len(set(sites) & names))
+    missing = [site for site in expected if site not in names]
+    raise ProstateDataError(f"{release_root}: site folder(s) {', '.join(missing)} missing (expected {list(expected)}, found {sorted(names)})")
 
 
 def list_cases(site_dir: str | os.PathLike) -> list[tuple[str, Path, Path]]:
@@ -487,7 +491,7 @@ def split_harmofl(
         else:
             # Our seeded split keeps every case in one split.
             rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
-            perm, split = grouped_split(meta["group"].to_numpy(str), rng, lambda cases: case_cut_points(cases, fractions))
+            perm, split = grouped_split(meta["group"].to_numpy(str), rng, lambda cases: case_cut_points(cases, fractions, client))
             order = np.argsort([{"train": 0, "val": 1, "test": 2}[s] for s in split], kind="stable")
             perm, split = perm[order], split[order]
         tables.append(
@@ -623,6 +627,7 @@ def write_synthetic_release(
                     "label_values": sorted(values),
                     "slices": n_slices,
                 }
+        public_mode(tmp_zip)
         os.replace(tmp_zip, zip_path)
     except BaseException:
         Path(tmp_zip).unlink(missing_ok=True)
@@ -763,7 +768,7 @@ def preprocess_fedlwr(
     return counts
 
 
-def case_cut_points(n_cases: int, fractions: Sequence[float] = FEDLWR_FRACTIONS) -> tuple[int, int]:
+def case_cut_points(n_cases: int, fractions: Sequence[float] = FEDLWR_FRACTIONS, client: str = "") -> tuple[int, int]:
     """(end of train, end of val) in cases: val and test get max(1, round(f * n)) cases, train the rest."""
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
         raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {tuple(fractions)}")
@@ -771,7 +776,8 @@ def case_cut_points(n_cases: int, fractions: Sequence[float] = FEDLWR_FRACTIONS)
     n_test = max(1, int(np.floor(fractions[2] * n_cases + 0.5)))
     n_train = n_cases - n_val - n_test
     if n_train < 1:
-        raise ProstateDataError(f"{n_cases} case(s) are too few for a case-level train/val/test split (need 3)")
+        where = f"client {client}: " if client else ""
+        raise ProstateDataError(f"{where}{n_cases} case(s) are too few for a case-level train/val/test split (need 3)")
     return n_train, n_train + n_val
 
 
@@ -800,7 +806,7 @@ def split_fedlwr(
         cases = np.asarray(sorted(set(meta["group"])))
         if permutation == "seeded":
             cases = cases[_seeded_permutation(seed, client, len(cases))]
-        train_end, val_end = case_cut_points(len(cases), fractions)
+        train_end, val_end = case_cut_points(len(cases), fractions, client)
         split_of = {c: ("train" if k < train_end else "val" if k < val_end else "test") for k, c in enumerate(cases)}
         names = meta["group"].map(split_of).to_numpy()
         rank = {"train": 0, "val": 1, "test": 2}

@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..files import atomic_write_text, public_mode  # noqa: F401  (atomic_write_text: re-exported)
+
 __all__ = [
     "SPLITS",
     "SPLIT_COLUMNS",
@@ -63,28 +65,6 @@ META_FILE = "meta.csv"
 # ---------------------------------------------------------------------------
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder.
-
-    The rename is atomic on POSIX because source and destination share a file
-    system, which is why the temporary file is not put in /tmp.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # newline="" keeps "\n" as written: outputs are byte-identical across platforms.
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def atomic_write_csv(df: pd.DataFrame, path: str | os.PathLike, **to_csv_kwargs) -> Path:
     """Write a DataFrame as CSV atomically (``index=False`` unless told otherwise)."""
     to_csv_kwargs.setdefault("index", False)
@@ -103,6 +83,7 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    public_mode(tmp)  # mkdtemp makes it 0700; the store is for the whole group
     try:
         yield tmp
     except BaseException:

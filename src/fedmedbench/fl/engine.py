@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from fedmedbench.errors import DivergenceError
-from fedmedbench.files import atomic_file, atomic_write_text
+from fedmedbench.files import atomic_file, atomic_write_text, new_folder
 from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.client import autocast, batch_to_device
@@ -237,15 +237,8 @@ def curve_every(cfg: RunConfig) -> int:
 def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True) -> dict:
     """Train one run into ``out_dir``. A folder this call created is removed again if it fails
     before writing anything (no empty output folders)."""
-    out_dir = Path(out_dir)
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
+    with new_folder(out_dir) as out_dir:
         return _run_training(cfg, out_dir, device, threads, progress)
-    except BaseException:
-        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()
-        raise
 
 
 def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool) -> dict:

@@ -5,8 +5,6 @@ This module must stay light (no torch): report jobs import it.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -17,22 +15,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fedmedbench.files import atomic_path  # noqa: E402
+
 HISTORY_COLUMNS = ("round", "client", "split", "metric", "value")
 
 
 def _atomic_savefig(fig, path: Path, **kwargs) -> Path:
     """Save via a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     fmt = path.suffix.lstrip(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp.{fmt}", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=f".tmp.{fmt}") as tmp:
         fig.savefig(tmp, format=fmt, **kwargs)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return path
 
 
