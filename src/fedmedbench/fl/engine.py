@@ -187,13 +187,13 @@ def restore(checkpoint_path: Path, fingerprint: str, server, clients, selection:
     return 0, []
 
 
-def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprint: str, server, clients, selection: Selection, history: list[dict]) -> None:
+def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprint: str, server, clients, selection: Selection, history: list[dict], previous_version: int) -> int:
     """The checkpoint of this round. The selected models live in ``selection-v<version>.pt``, written
-    only when the selection changed; the files the last two checkpoints refer to are kept."""
+    only when the selection changed; kept are the files of this checkpoint and of its ``.prev``
+    (``previous_version``). Returns this checkpoint's version (the next call's ``previous_version``)."""
     current = selection_file(out_dir, selection.version)
     if selection.version and not current.exists():
         ckpt_io.save_checkpoint(selection.heavy_state(), current)
-    previous = ckpt_io.previous(checkpoint_path)
     state = {
         "config_hash": fingerprint,
         "round": round_index,
@@ -204,15 +204,11 @@ def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerpri
         "rng": global_rng_state(),
     }
     ckpt_io.save_checkpoint(state, checkpoint_path)
-    keep = {current}
-    if previous.exists():
-        try:
-            keep.add(selection_file(out_dir, ckpt_io.load_checkpoint(previous)["selection"]["version"]))
-        except ckpt_io.CorruptCheckpoint:
-            pass
+    keep = {current, selection_file(out_dir, previous_version)}
     for path in out_dir.glob("selection-v*.pt"):
         if path not in keep:
             path.unlink(missing_ok=True)
+    return selection.version
 
 
 @torch.no_grad()
@@ -263,6 +259,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     fingerprint = cfg.fingerprint()
 
     last_round, history = restore(checkpoint_path, fingerprint, server, clients, selection)
+    saved_version = selection.version  # the selection file the last checkpoint refers to
     if last_round == 0:
         for client in clients:
             client.receive(server.package(client.index, 0))
@@ -310,7 +307,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
         bar.update(1, f"mean val {metric} {mean_val:.4f}{mean_test}")
 
         if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
-            save_state(out_dir, checkpoint_path, round_index, fingerprint, server, clients, selection, history)
+            saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprint, server, clients, selection, history, saved_version)
             faults.reached("round_end")
     bar.close()
     return write_outputs(cfg, out_dir, names, selection, final_test(selection, clients, cfg, device), history, checkpoint_path)
