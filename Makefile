@@ -11,8 +11,9 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -e ".[dev]"
 	touch $(STAMP)
 
+# Training jobs start warm (forked from a process that imported torch once): see src/fedmedbench/jobserver.py.
 demo: $(STAMP)
-	time snakemake --workflow-profile workflow/profiles/demo
+	time python -m fedmedbench with-jobserver snakemake --workflow-profile workflow/profiles/demo
 	@echo "Tables, figures and the report are in results/demo/ (start with results/demo/report.md)"
 
 test: $(STAMP)

@@ -14,7 +14,7 @@ from fedmedbench.errors import ConfigError, FedmedbenchError
 
 
 def _setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
 
 
 def cmd_train(args) -> None:
@@ -64,6 +64,14 @@ def torch_device_name(device) -> str:
     import torch
 
     return f"{device} ({torch.cuda.get_device_name(device)})"
+
+
+def cmd_with_jobserver(args) -> None:
+    from fedmedbench.jobserver import with_jobserver
+
+    if not args.cmd:
+        raise ConfigError("with-jobserver: give the command to run, e.g. with-jobserver snakemake --cores 2")
+    raise SystemExit(with_jobserver(args.cmd))
 
 
 def cmd_fetch(args) -> None:
@@ -290,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_estimate)
 
+    p = sub.add_parser("with-jobserver", help="run a command (e.g. snakemake) whose training jobs start warm (fork of a process with torch imported)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
+    p.set_defaults(func=cmd_with_jobserver)
+
     p = sub.add_parser("fetch", help="download (or copy) a raw file, verify it, move it into place")
     p.add_argument("--dataset", required=True, help="the family whose file this is (for its manual-download advice)")
     p.add_argument("--source", required=True, help="http(s)://, file://, gdrive:<id>, a local path, or 'manual'")
@@ -360,7 +372,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.command == "train":
+        from fedmedbench.jobserver import run_remotely
+
+        code = run_remotely(argv)  # a warm job server, when one runs (make demo)
+        if code is not None:
+            return code
     _setup_logging(args.verbose)
     try:
         args.func(args)

@@ -1,0 +1,153 @@
+"""A warm start for many short training jobs on one machine (the demo, CI).
+
+Every Snakemake job is a new process, and a training process spends ~6 s of CPU before its first
+step: importing torch (~3 s) and ``torch._dynamo`` (~3 s, imported by every torch optimizer). For the
+demo's ~80 tiny jobs that is most of the time. ``python -m fedmedbench with-jobserver <command>``
+starts a server that imports all of that once, runs ``<command>`` (e.g. snakemake) with
+``FEDMEDBENCH_JOBSERVER`` set, and stops the server afterwards. A ``fedmedbench train`` started
+under it sends its arguments, working folder, environment and its stdin/stdout/stderr to the server,
+which forks a child that runs the job exactly as the command line would (same code, same output
+files, same exit status) and reports the exit status back.
+
+- The server never runs a tensor operation or touches a GPU, so forking it is safe; each child
+  initialises its own thread pools and devices.
+- A job whose client goes away (killed by Snakemake or by hand) is killed too: the child watches its
+  connection and SIGKILLs itself when it closes. A child killed by a signal is reported as a death by
+  that signal (exit status 128 + signal).
+- Without a server (the variable unset, or nobody listening) ``train`` runs in-process as always.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+SOCKET_ENV = "FEDMEDBENCH_JOBSERVER"
+STATUS = struct.Struct("!i")
+
+log = logging.getLogger("fedmedbench.jobserver")
+
+
+def warm_up() -> None:
+    """Import what every training job imports, without running any tensor operation."""
+    import torch
+    import torch._dynamo  # noqa: F401  (imported by the first optimizer of every job)
+
+    import fedmedbench.cli  # noqa: F401
+    import fedmedbench.fl.engine  # noqa: F401
+    import fedmedbench.methods as methods
+
+    for name in methods.available_methods():
+        methods.load_method(name)
+    torch.optim.SGD([torch.nn.Parameter(torch.empty(0))], lr=0.1)  # caches the optimizer's dynamo wrappers
+
+
+def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """Run one job in the forked child; never returns."""
+    code = 1
+    try:
+        for target, fd in enumerate(fds):  # the client's stdin, stdout, stderr (the job's log)
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update({k: v for k, v in request["env"].items() if k != SOCKET_ENV})
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+        def watch() -> None:  # the client went away: so do we
+            conn.recv(1)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, daemon=True).start()
+        from fedmedbench.cli import main
+
+        code = main(request["argv"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # a bug: its traceback goes to the job's log, as in-process
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            conn.sendall(STATUS.pack(code))
+        finally:
+            os._exit(code)
+
+
+def serve(path: str) -> None:
+    warm_up()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        conn, _ = server.accept()
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        if os.fork() == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _child(conn, json.loads(message), fds)
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+def run_remotely(argv: list[str]) -> int | None:
+    """Hand ``argv`` to the job server if one is listening; its exit status, else None."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        return None
+    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
+    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+    data = b""
+    while len(data) < STATUS.size:
+        chunk = conn.recv(STATUS.size - len(data))
+        if not chunk:  # the child died without a word: killed
+            return 128 + signal.SIGKILL
+        data += chunk
+    return STATUS.unpack(data)[0]
+
+
+def with_jobserver(command: list[str]) -> int:
+    """Run ``command`` with a job server for its training jobs."""
+    folder = tempfile.mkdtemp(prefix="fedmedbench-jobserver-")
+    path = str(Path(folder) / "socket")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            serve(path)
+        finally:
+            os._exit(1)
+    try:
+        for _ in range(600):  # the warm-up takes a few seconds
+            if Path(path).exists():
+                break
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                log.warning("the job server did not start; jobs run without it")
+                break
+            threading.Event().wait(0.05)
+        return subprocess.call(command, env={**os.environ, SOCKET_ENV: path})
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+        Path(path).unlink(missing_ok=True)
+        os.rmdir(folder)
