@@ -28,7 +28,8 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     configs = [str(ROOT / "config.yaml"), str(DEMO), str(workdir / "tiny.yaml"), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
     flags = [a for a in args if not a.endswith(".yaml")]
     snakemake_cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2", "--configfile", *configs, *flags]
-    cmd = [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *snakemake_cmd]  # as `make demo` runs it
+    dry = {"-n", "--dry-run"} & set(flags)
+    cmd = snakemake_cmd if dry else [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *snakemake_cmd]  # as `make demo`
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir)
 
