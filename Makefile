@@ -23,7 +23,8 @@ lint: $(STAMP)
 	snakemake --lint
 	snakefmt --check .
 
-# The tiny pipeline through workflow/profiles/slurm on a real single-node SLURM (root, Debian; ~5 min).
+# The tiny pipeline through workflow/profiles/slurm on a real single-node SLURM with accounting (root,
+# Debian; installs the packages when missing; 3-6 min on 2 cores). CI runs it (.ci/run).
 test-slurm: $(STAMP)
 	tests/slurm/run_tiny.sh
 

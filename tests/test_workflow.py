@@ -10,22 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.tiny import CONFIGFILES  # config.yaml, the demo overlay, tests/tiny.yaml: shared with tests/slurm/run_tiny.sh
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DEMO = ROOT / "workflow" / "profiles" / "demo" / "demo.yaml"
-
-# On top of the demo overlay (every family synthetic): the prostate table only, tiny and short.
-TINY = {
-    "run_name": "e2e",
-    "selected_experiments": ["harmofl_table1_prostate"],
-    "data": {"prostate": {"synthetic_options": {"cases_per_site": 3, "depth": 8, "size": 32}, "protocols": {"harmofl": {"image_size": 32}, "fedlwr": {"image_size": 32}}}},
-    "tasks": {"prostate": {"model": {"init_features": 2}, "rounds": 2, "batch_size": 4}},
-    "experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedprox", "solo"], "seeds": [0, 1]}},
-}
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    configs = [str(ROOT / "config.yaml"), str(DEMO), str(workdir / "tiny.yaml"), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
+    configs = [*map(str, CONFIGFILES), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
     flags = [a for a in args if not a.endswith(".yaml")]
     snakemake_cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2", "--configfile", *configs, *flags]
     dry = {"-n", "--dry-run"} & set(flags)
@@ -43,7 +35,6 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
 @pytest.mark.slow
 def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(tmp_path):
     shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")  # the Snakefile's default configfile
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
 
     run = snakemake(tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -1,52 +1,102 @@
 #!/usr/bin/env bash
 # The tiny synthetic pipeline submitted through workflow/profiles/slurm to a real single-node SLURM
-# with accounting (started by cluster.sh; training jobs get one fake GPU each). The executor plugin
-# polls job states with its default, sacct. A few minutes. `make test-slurm`; CI runs it.
+# with accounting (started by cluster.sh). Config: the end-to-end test's layers (tests/tiny.py:
+# config.yaml, the demo overlay, tests/tiny.yaml), then tests/slurm/slurm.yaml (two training jobs).
+# The executor plugin polls job states with its default, sacct (no --slurm-status-command).
+# Asserts: the run completed and made its outputs; every job Snakemake submitted is COMPLETED in
+# accounting; the training jobs, and only they, held a GPU (`resources: gpu=1` -> sbatch --gpus=1).
+# Every daemon is stopped at the end, also on failure; on failure the logs are printed.
+# 3-5 minutes on 2 cores with the packages installed, +40 s to install them. `make test-slurm`; CI runs it.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
+[ -x "$repo/.venv/bin/snakemake" ] && export PATH="$repo/.venv/bin:$PATH"
+export SLURM_SCRATCH=${SLURM_SCRATCH:-/tmp/fedmedbench-slurm}
+TIMEOUT=${TEST_SLURM_TIMEOUT:-600}   # the Snakemake run; a hang (e.g. a status query that never answers) fails
+work=$(mktemp -d /tmp/fedmedbench-test-slurm.XXXXXX)
+
+fail() { echo "test-slurm: $*" >&2; exit 1; }
+
 cleanup() {
-  status=$?
+  local status=$? f
+  trap - EXIT
+  set +e
   if [ $status -ne 0 ]; then
-    echo "--- test-slurm failed; last Snakemake log lines and SLURM logs ---" >&2
-    tail -n 60 "$work"/.snakemake/log/*.log 2>/dev/null >&2 || true
-    tail -n 30 /tmp/fedmedbench-slurm/log/*.log 2>/dev/null >&2 || true
-    find "$work/results/slurm/logs" -name "*.log" -exec tail -n 20 {} + 2>/dev/null >&2 || true
+    {
+      echo "=== test-slurm FAILED (exit $status); the logs follow ==="
+      for f in "$work"/.snakemake/log/*.snakemake.log; do
+        [ -f "$f" ] && { echo "--- Snakemake log $f"; cat "$f"; }
+      done
+      find "$work/.snakemake/slurm_logs" "$work/results" -name "*.log" -type f 2>/dev/null | sort | while read -r f; do
+        echo "--- $f (last 40 lines)"; tail -n 40 "$f"
+      done
+      for f in "$SLURM_SCRATCH"/log/*.log; do
+        [ -f "$f" ] && { echo "--- $f (last 40 lines)"; tail -n 40 "$f"; }
+      done
+      echo "--- sinfo / squeue / sacct"
+      sinfo -N -l; squeue; sacct -X -S "${started:-now}" -o JobID,JobName%36,State,ExitCode,Comment%70
+    } >&2
   fi
-  "$repo/tests/slurm/cluster.sh" stop
-  rm -rf "$work"
+  "$repo/tests/slurm/cluster.sh" stop || status=1
+  if [ $status -eq 0 ]; then rm -rf "$work"; else echo "test-slurm: work folder kept: $work" >&2; fi
   exit $status
 }
 trap cleanup EXIT
+
 "$repo/tests/slurm/cluster.sh" start
-cp "$repo/config.yaml" "$work/"
-# The same tiny overlay as the end-to-end test (tests/test_workflow.py), on the same demo overlay
-# (synthetic data), one seed: the two tests cannot drift apart again.
-REPO="$repo" python - "$work/tiny.yaml" <<'PY'
-import os, sys, yaml
-sys.path.insert(0, os.environ["REPO"])
-from tests.test_workflow import TINY
-tiny = {**TINY, "run_name": "slurm"}
-tiny["experiments"] = {"harmofl_table1_prostate": {**TINY["experiments"]["harmofl_table1_prostate"], "seeds": [0]}}
-yaml.safe_dump(tiny, open(sys.argv[1], "w"))
-PY
+cp "$repo/config.yaml" "$work/"   # the Snakefile's default configfile
+layers=$(cd "$repo" && python -m tests.tiny)
+mapfile -t configs <<< "$layers"
+# Record each sbatch and sacct call: the training jobs must be submitted with a GPU, and the executor
+# must poll job states with sacct (its default).
+mkdir "$work/bin"
+for tool in sbatch sacct; do
+  printf '#!/bin/sh\necho "$*" >> %s/%s-calls.txt\nexec %s "$@"\n' "$work" $tool "$(command -v $tool)" > "$work/bin/$tool"
+  chmod +x "$work/bin/$tool"
+done
+export PATH="$work/bin:$PATH"
 cd "$work"
-started=$(date +%H:%M:%S)
-snakemake results/slurm/report.md results/slurm/tables/harmofl_table1_prostate.md \
+started=$(date +%Y-%m-%dT%H:%M:%S)
+timeout -k 60 "$TIMEOUT" snakemake results/slurm/report.md results/slurm/tables/harmofl_table1_prostate.md \
   -s "$repo/Snakefile" --workflow-profile "$repo/workflow/profiles/slurm" \
-  --configfile "$repo/config.yaml" "$repo/workflow/profiles/demo/demo.yaml" tiny.yaml --jobs 4 \
+  --configfile "${configs[@]}" "$repo/tests/slurm/slurm.yaml" --jobs 4 \
   --slurm-init-seconds-before-status-checks 2 \
   --default-resources slurm_account=root mem_mb=1000 runtime=10 \
-  --set-resources train:mem_mb=2000 train:cpus_per_task=1 --set-threads train=1
-test -s results/slurm/report.md && test -s results/slurm/tables/harmofl_table1_prostate.md
-grep -q FedProx results/slurm/tables/harmofl_table1_prostate.md
+  --set-resources train:mem_mb=2000 train:cpus_per_task=1 --set-threads train=1 \
+  || fail "the Snakemake run failed (exit $?; 124: it ran past ${TIMEOUT}s)"
 
-# Accounting saw every job finish, and the training jobs held a GPU.
-sacct -n -X -S "$started" -o JobID,State%20,AllocTRES%80 > sacct.txt
-cat sacct.txt
-jobs=$(wc -l < sacct.txt)
-completed=$(grep -c " COMPLETED " sacct.txt || true)
-gpu_jobs=$(grep -c "gres/gpu=1" sacct.txt || true)
-[ "$jobs" -gt 0 ] && [ "$completed" -eq "$jobs" ] || { echo "sacct: $completed of $jobs jobs COMPLETED" >&2; exit 1; }
-[ "$gpu_jobs" -eq 3 ] || { echo "sacct: expected 3 training jobs with gres/gpu=1, saw $gpu_jobs" >&2; exit 1; }
-echo "SLURM profile: OK ($jobs jobs COMPLETED in accounting, $gpu_jobs with a GPU)"
+# The run completed: its outputs exist.
+out=results/slurm
+for f in report.md tables/harmofl_table1_prostate.{md,csv,tex} figures/harmofl_table1_prostate_convergence.{png,pdf} \
+  train/prostate/{fedavg,fedprox}/seed0/final.json; do
+  [ -s "$out/$f" ] || fail "missing output $out/$f"
+done
+grep -q FedProx $out/tables/harmofl_table1_prostate.md || fail "no FedProx row in the table"
+grep -q SYNTHETIC $out/report.md || fail "the report does not say the data are synthetic"
+
+# Submission and accounting: the training jobs (comment rule_train_...), and only they, were submitted
+# with --gpus=1 and held one GPU; every job this run submitted (--job-name <run ID>) is COMPLETED.
+log=$(ls -t .snakemake/log/*.snakemake.log | head -n 1)
+run_id=$(sed -n 's/.*SLURM run ID: \([^ ]*\).*/\1/p' "$log" | head -n 1)
+[ -n "$run_id" ] || fail "no SLURM run ID in $log"
+submitted=$(grep -c "has been submitted with SLURM jobid" "$log" || true)
+polls=$(grep -c -- "--name $run_id" sacct-calls.txt || true)   # before the sacct calls below
+train_submits=$(grep -c "rule_train_" sbatch-calls.txt || true)
+train_gpu_submits=$(grep "rule_train_" sbatch-calls.txt | grep -c -- "--gpus=1" || true)
+other_gpu_submits=$(grep -v "rule_train_" sbatch-calls.txt | grep -c -E -- "--gpus|--gres" || true)
+echo "sbatch: $(wc -l < sbatch-calls.txt) calls, $train_submits training jobs, $train_gpu_submits of them with --gpus=1; sacct: $polls status polls"
+[ "$train_submits" -eq 2 ] && [ "$train_gpu_submits" -eq 2 ] && [ "$other_gpu_submits" -eq 0 ] \
+  || fail "sbatch did not get --gpus=1 for exactly the 2 training jobs"
+[ "$polls" -gt 0 ] || fail "the executor never polled job states with sacct"
+sacct -X --name "$run_id" -S "$started" -o JobID,State,ExitCode,AllocTRES%50,Comment%70
+sacct -n -X -P --name "$run_id" -S "$started" -o JobID,State,AllocTRES,Comment > sacct.txt
+awk -F'|' -v submitted="$submitted" '
+  { jobs++ }
+  $2 == "COMPLETED" { completed++ }
+  $4 ~ /^rule_train/ { train++; if ($3 ~ /gres\/gpu=1/) train_gpu++ }
+  $4 !~ /^rule_train/ && $3 ~ /gres\/gpu/ { print "job " $1 " (" $4 ") held a GPU" > "/dev/stderr"; bad++ }
+  END {
+    printf "accounting: %d jobs (Snakemake submitted %d), %d COMPLETED, %d training jobs, %d of them with a GPU\n",
+      jobs, submitted, completed, train, train_gpu
+    exit !(jobs > 0 && jobs == submitted && completed == jobs && train == 2 && train_gpu == train && !bad)
+  }' sacct.txt || fail "accounting does not show every job COMPLETED with a GPU for exactly the 2 training jobs"
+echo "SLURM profile: OK"
