@@ -243,6 +243,51 @@ def cmd_fairness_bars(args) -> None:
     fairness_bars(summary, exp["runs"], Path(args.out_prefix), exp["title"], exp["metric"], labels=exp.get("labels"))
 
 
+def cmd_ood_table(args) -> None:
+    """PRR-FL Table 3: an OOD cohort's scores per method (table csv/md/tex + a bar figure)."""
+    from fedmedbench.report.prrfl import ood_columns, ood_figure, ood_summary
+    from fedmedbench.report.tables import write_table
+
+    exp = json.loads(args.experiment)
+    summary = ood_summary(_load_finals(args.finals), exp["cohort"])
+    rows = [(run, exp.get("labels", {}).get(run, run)) for run in exp["runs"]]
+    write_table(summary, Path(args.out_prefix), rows, caption=exp["title"], columns=ood_columns())
+    ood_figure(summary, exp["runs"], Path(args.figure_prefix), exp["title"], labels=exp.get("labels"))
+
+
+def cmd_retrogress_figure(args) -> None:
+    import pandas as pd
+
+    from fedmedbench.report.prrfl import retrogress_figure
+
+    exp = json.loads(args.experiment)
+    histories: dict[str, list] = {run: [] for run in exp["runs"]}
+    for path in args.histories:
+        with open(Path(path).with_name("final.json")) as handle:
+            histories[json.load(handle)["run"]].append(pd.read_csv(path))
+    retrogress_figure(histories, exp["client"], exp["metric"], Path(args.out_prefix), exp["title"], labels=exp.get("labels"))
+
+
+def _ood_comparison(exp: dict, finals: list[dict], paper_tables: str):
+    """PRR-FL Table 3 next to the paper: our OOD F1 / AUC (mean of the clients' models, and the
+    ensemble) against the paper's single OOD number per method."""
+    import pandas as pd
+
+    from fedmedbench.report.compare import compare, load_paper_table
+    from fedmedbench.report.prrfl import OOD_METRICS, OOD_SCORINGS, ood_comparison_summary, ood_summary
+
+    summary = ood_summary(finals, exp["cohort"])
+    paper = load_paper_table(Path(paper_tables) / exp["paper_table"])
+    ids = {run: exp.get("paper_ids", {}).get(run, run.split("-")[0]) for run in exp["runs"]}
+    parts = []
+    for suffix in OOD_SCORINGS.values():
+        for name in OOD_METRICS.values():
+            part = compare(ood_comparison_summary(summary, name + suffix), paper, ids, metric=name.lower())
+            part["client"] = f"{exp['cohort']} {name}{suffix}"
+            parts.append(part)
+    return pd.concat(parts, ignore_index=True).sort_values("run", key=lambda s: s.map(list(ids).index), kind="stable")
+
+
 def cmd_report(args) -> None:
     from fedmedbench.report.compare import compare, load_paper_table, write_report
     from fedmedbench.report.tables import seed_summary
@@ -264,7 +309,18 @@ def cmd_report(args) -> None:
             if exp.get("paper_table"):
                 paper = load_paper_table(Path(args.paper_tables) / exp["paper_table"])
                 ids = {run: exp.get("paper_ids", {}).get(run, run.split("-")[0]) for run in exp["runs"]}
-                section["comparison"] = compare(summary, paper, ids)
+                section["comparison"] = compare(summary, paper, ids, metric=exp.get("paper_metric"))
+        if exp["kind"] == "ood_table":
+            picked = [f for f in finals if f["task"] == exp["task"] and f["run"] in set(exp["runs"]) and f["seed"] in exp["seeds"]]
+            seeds.update(f["seed"] for f in picked)
+            rounds.update(f["selection"]["rounds"] for f in picked)
+            section["metric_note"] = (
+                "macro F1 and macro one-vs-rest AUC on the test-only cohort, scored with every client's selected model: "
+                "the mean of the models' scores (`OOD F1`, `OOD AUC`, compared with the paper) and the ensemble of their "
+                "averaged probabilities (`(ensemble)`, compared with the same published number)"
+            )
+            if exp.get("paper_table") and picked:
+                section["comparison"] = _ood_comparison(exp, picked, args.paper_tables)
         sections.append(section)
     synthetic = any(f.get("synthetic", False) for f in finals)
     write_report(sections, Path(args.out), synthetic=synthetic, run_info={"seeds": sorted(seeds), "rounds": sorted(rounds)})
@@ -355,11 +411,15 @@ def build_parser() -> argparse.ArgumentParser:
         ("layer-cka-figure", "Fed-LWR Fig. 1(b): layer-wise CKA to the FedAvg anchor (png, pdf) from a run's history.csv", cmd_layer_cka_figure, "histories"),
         ("fairness-curves", "Avg and Std across clients of the test metric vs round (png, pdf) from history.csv", cmd_fairness_curves, "histories"),
         ("fairness-bars", "per-client test metric of every method as bars (png, pdf) from final.json", cmd_fairness_bars, "finals"),
+        ("ood-table", "PRR-FL Table 3: an OOD cohort's F1/AUC per method (csv, md, tex + --figure-prefix png, pdf) from final.json", cmd_ood_table, "finals"),
+        ("retrogress-figure", "PRR-FL Fig. 1: one client's test metric along local epochs (png, pdf) from history.csv", cmd_retrogress_figure, "histories"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
         p.add_argument("--out-prefix", required=True)
         p.add_argument(inputs, nargs="+")
+        if name == "ood-table":
+            p.add_argument("--figure-prefix", required=True)
         p.set_defaults(func=func)
 
     p = sub.add_parser("report", help="our numbers next to the published ones (Markdown)")

@@ -136,7 +136,7 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
     return RunConfig.from_dict(resolved, where=f"tasks.{task} (run {run})").to_dict()
 
 
-EXPERIMENT_KINDS = ("table", "sweep", "qualitative", "ampnorm", "layer_cka", "fairness_curves", "fairness_bars")
+EXPERIMENT_KINDS = ("table", "sweep", "qualitative", "ampnorm", "layer_cka", "fairness_curves", "fairness_bars", "ood_table", "retrogress")
 
 
 def experiment_kind(config: dict, experiment: str) -> str:

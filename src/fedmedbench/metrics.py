@@ -23,6 +23,8 @@ METRIC_DESCRIPTIONS = {
     "dice_paper": "Dice as in the papers' code: argmax, per sample and class incl. background, mean over classes then samples",
     "dice_fg": "per-case foreground Dice: a case's slices pooled, background excluded, mean over cases (= MONAI DiceMetric)",
     "accuracy": "top-1 accuracy",
+    "f1_macro": "macro F1 over the classes present in truth or prediction (scikit-learn f1_score(average='macro'), as PRR-FL's code)",
+    "auc_macro": "macro one-vs-rest ROC AUC of the softmax probabilities (scikit-learn roc_auc_score(multi_class='ovr'); a class absent from the truth is left out)",
     "loss": "task loss",
     "dice_regions": "mean over k >= 1 of dice_region<k> (fundus: mean of optic disc and cup Dice)",
 }
@@ -102,17 +104,64 @@ class SegmentationMeter:
         return scores
 
 
+def binary_auc(positive: np.ndarray, score: np.ndarray) -> float:
+    """ROC AUC by the rank-sum (Mann-Whitney U) formula, ties counted one half: the same number as
+    scikit-learn's ``roc_auc_score`` (tests check it), without its import and validation cost."""
+    order = np.argsort(score, kind="mergesort")
+    _, inverse, counts = np.unique(score[order], return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = np.empty(len(score))
+    ranks[order] = ((ends - counts + 1 + ends) / 2.0)[inverse]  # average 1-based rank of each tie group
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def macro_auc_ovr(target: np.ndarray, probs: np.ndarray) -> float:
+    """Mean over classes of the binary ROC AUC of class c vs the rest: scikit-learn's
+    ``roc_auc_score(target, probs, multi_class="ovr", average="macro")`` (binary: the AUC of class 1),
+    except that a class absent from ``target`` (or the only class present) is left out instead of
+    raising; NaN when no class can be scored."""
+    if probs.shape[1] == 2:
+        return binary_auc(target == 1, probs[:, 1]) if len(np.unique(target)) == 2 else float("nan")
+    scores = [binary_auc(target == c, probs[:, c]) for c in range(probs.shape[1]) if 0 < (target == c).sum() < len(target)]
+    return float(np.mean(scores)) if scores else float("nan")
+
+
+def macro_f1(target: np.ndarray, pred: np.ndarray) -> float:
+    """scikit-learn's ``f1_score(target, pred, average="macro", zero_division=0)``: the mean over the
+    labels present in the truth or the prediction of 2 TP / (2 TP + FP + FN)."""
+    scores = []
+    for label in np.union1d(target, pred):
+        tp = int(((pred == label) & (target == label)).sum())
+        wrong = int((pred != target)[(pred == label) | (target == label)].sum())
+        scores.append(2 * tp / (2 * tp + wrong) if tp + wrong else 0.0)
+    return float(np.mean(scores)) if scores else 0.0
+
+
 class ClassificationMeter:
+    """Accuracy and loss, plus PRR-FL's macro F1 and macro one-vs-rest AUC (from the softmax
+    probabilities, kept on the host for the whole split)."""
+
     def __init__(self, num_classes: int):
         self.correct, self.count, self.loss_sum = 0, 0, 0.0
+        self.targets: list[np.ndarray] = []
+        self.probs: list[np.ndarray] = []
 
     def update(self, logits: torch.Tensor, target: torch.Tensor, groups, loss: float) -> None:
         self.correct += int((logits.argmax(1) == target).sum())
         self.count += len(target)
         self.loss_sum += loss * len(target)
+        self.targets.append(target.cpu().numpy())
+        self.probs.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
 
     def compute(self) -> dict[str, float]:
-        return {"accuracy": self.correct / max(self.count, 1), "loss": self.loss_sum / max(self.count, 1)}
+        scores = {"accuracy": self.correct / max(self.count, 1), "loss": self.loss_sum / max(self.count, 1)}
+        if self.count:
+            target, probs = np.concatenate(self.targets), np.concatenate(self.probs)
+            scores["f1_macro"] = macro_f1(target, probs.argmax(1))
+            scores["auc_macro"] = macro_auc_ovr(target, probs)
+        return scores
 
 
 METERS = {"segmentation": SegmentationMeter, "classification": ClassificationMeter}

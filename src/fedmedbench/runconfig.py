@@ -39,11 +39,11 @@ class OptimizerConfig(Strict):
 
 @dataclass(frozen=True)
 class ModelConfig(Strict):
-    name: str  # unet | densenet
+    name: str  # unet | densenet | vgg16_bn (PRR-FL's paper) | vgg_slim (PRR-FL's official code)
     in_channels: int = 3
     num_classes: int = 2
     bn: str = "standard"  # standard | stateless (no running statistics)
-    init_features: int = 32  # unet: widths init_features .. 16 x init_features
+    init_features: int = 32  # unet: widths init_features .. 16 x init_features; vgg_slim: base width (32 = official)
     growth_rate: int = 32  # densenet (defaults: DenseNet-121)
     block_config: tuple[int, ...] = (6, 12, 24, 16)
     num_init_features: int = 64
@@ -94,6 +94,9 @@ class RunConfig(Strict):
     local_epoch_curve: bool = False  # also evaluate test after receiving and after every local epoch
     precision: str = "fp32"  # fp32 (the papers) | bf16 (autocast + channels_last; faster on GPUs)
     curve_every: int = 0  # test curves every this many rounds (0: ~50 points per run); reported test scores are always the selected models'
+    selection_window: float = 1.0  # model selection only in the last this fraction of rounds (PRR-FL's official code: 0.2)
+    selection_pooled: bool = False  # true: one round for all clients by the mean validation metric, even for personalized methods
+    ood_clients: tuple[str, ...] = ()  # test-only clients (e.g. skin's OOD cohort), scored at the end with the selected models
     # the method's hyperparameters (checked against its DEFAULTS when the run starts)
     method_params: dict = field(default_factory=dict)
 

@@ -229,4 +229,6 @@ def all_targets():
         if fmb.experiment_kind(config, exp) == "table":
             targets += [f"{ROOT}/tables/{exp}.{ext}" for ext in ("csv", "md", "tex")]
             targets.append(f"{ROOT}/eval/{exp}/metrics.csv")
+        if fmb.experiment_kind(config, exp) == "ood_table":
+            targets += [f"{ROOT}/tables/{exp}.{ext}" for ext in ("csv", "md", "tex")]
     return targets

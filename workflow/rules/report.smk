@@ -213,3 +213,59 @@ rule fairness_bars_figure:
     shell:
         "python -m fedmedbench fairness-bars --experiment {params.experiment:q} "
         "--out-prefix {params.prefix} {input} &> {log}"
+
+
+rule ood_table:
+    input:
+        experiment_finals,
+    output:
+        csv=report(
+            f"{ROOT}/tables/{{experiment}}.csv",
+            caption="../report/table.rst",
+            category="Tables",
+        ),
+        md=f"{ROOT}/tables/{{experiment}}.md",
+        tex=f"{ROOT}/tables/{{experiment}}.tex",
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/ood_table.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/table_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("ood_table")),
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/tables/{{experiment}}",
+        figure_prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench ood-table --experiment {params.experiment:q} --out-prefix {params.prefix} "
+        "--figure-prefix {params.figure_prefix} {input} &> {log}"
+
+
+rule retrogress_figure:
+    input:
+        experiment_histories,
+    output:
+        png=report(
+            f"{ROOT}/figures/{{experiment}}.png",
+            caption="../report/retrogress.rst",
+            category="Figures",
+        ),
+        pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+    log:
+        f"{ROOT}/logs/report/figure_{{experiment}}.log",
+    wildcard_constraints:
+        experiment=name_pattern(experiments_of("retrogress")),
+    conda:
+        "../../envs/report.yaml"
+    params:
+        experiment=experiment_json,
+        prefix=f"{ROOT}/figures/{{experiment}}",
+    shell:
+        "python -m fedmedbench retrogress-figure --experiment {params.experiment:q} "
+        "--out-prefix {params.prefix} {input} &> {log}"

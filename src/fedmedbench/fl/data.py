@@ -63,6 +63,19 @@ def load_clients(store_dir: Path, split_csv: Path, clients: list[str], truncate_
     return result
 
 
+def load_test_only(store_dir: Path, split_csv: Path, clients: list[str]) -> dict[str, SplitData]:
+    """The test rows of clients that only have test data (skin's OOD cohort), by name."""
+    split = read_split_csv(split_csv)
+    result = {}
+    for name in clients:
+        rows_df = split[(split["client"] == name) & (split["split"] == "test")]
+        if rows_df.empty:
+            raise ValueError(f"{split_csv}: test-only client {name!r} has no 'test' rows")
+        arrays = open_client(store_dir, name)
+        result[name] = SplitData(arrays.images, arrays.labels, rows_df["row"].to_numpy(dtype=np.int64), rows_df["group"].astype(str).to_numpy())
+    return result
+
+
 def gather(split: SplitData, rows_idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch as stored: uint8 images (B, C, H, W; a permuted view of the NHWC store) and int64
     labels. Batches travel to the device as uint8 (4x less to copy) and become floats there."""
@@ -111,7 +124,30 @@ def augment_harmofl(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
     return out_x, out_y
 
 
-AUGMENTATIONS = {"none": None, "harmofl": augment_harmofl}
+def augment_flip_rotate(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator, max_degrees: float = 15.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random flips and rotations of a classification batch (PRR-FL: "random flip and rotation";
+    its code: albumentations H/V flips and ShiftScaleRotate up to 15 degrees): per sample a
+    horizontal and a vertical flip with probability 0.5 each and a rotation by U(-15, 15) degrees
+    about the centre (bilinear, reflected border). All draws at once from the client's CPU
+    generator; one batched ``grid_sample`` on the batch's device. Returns a float batch."""
+    import math
+
+    import torch.nn.functional as F
+
+    count = x.shape[0]
+    flip_w = torch.rand(count, generator=generator) < 0.5
+    flip_h = torch.rand(count, generator=generator) < 0.5
+    angle = (torch.rand(count, generator=generator) * 2 - 1) * math.radians(max_degrees)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    sx, sy = 1.0 - 2.0 * flip_w.float(), 1.0 - 2.0 * flip_h.float()
+    # The sampling grid maps output to input coordinates: rotation composed with the flips.
+    theta = torch.stack([torch.stack([cos * sx, -sin * sy, torch.zeros(count)], 1), torch.stack([sin * sx, cos * sy, torch.zeros(count)], 1)], 1)
+    xf = x.float()
+    grid = F.affine_grid(theta.to(xf.device), list(xf.shape), align_corners=False)
+    return F.grid_sample(xf, grid, mode="bilinear", padding_mode="reflection", align_corners=False), y
+
+
+AUGMENTATIONS = {"none": None, "harmofl": augment_harmofl, "flip_rotate": augment_flip_rotate}
 
 
 class _Prefetcher:

@@ -23,7 +23,7 @@ from fedmedbench.files import atomic_file, atomic_write_text, new_folder
 from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.client import autocast, batch_to_device
-from fedmedbench.fl.data import eval_batches, load_clients
+from fedmedbench.fl.data import eval_batches, load_clients, load_test_only
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
 from fedmedbench.losses import build_loss
 from fedmedbench.methods import load_method, merge_params
@@ -225,6 +225,53 @@ def final_test(selection: Selection, clients, cfg: RunConfig, device: torch.devi
     return test
 
 
+@torch.no_grad()
+def evaluate_ensemble(models: list[torch.nn.Module], split, cfg: RunConfig, device: torch.device) -> dict[str, float]:
+    """Scores of the ensemble that averages the models' softmax probabilities (its "logits" are the
+    log of the mean probabilities, so argmax and softmax are the ensemble's)."""
+    for model in models:
+        model.eval()
+    meter = METERS[cfg.kind](cfg.model.num_classes)
+    loss_fn = build_loss(cfg.loss)
+    for x, y, groups in eval_batches(split, cfg.eval_batch, cfg.intensity_scale, device):
+        x, y = batch_to_device(x, device, cfg.precision), y.to(device)
+        probs = []
+        for model in models:
+            with autocast(device, cfg.precision):
+                probs.append(torch.softmax(model(x).float(), dim=1))
+        logits = torch.stack(probs).mean(0).clamp_min(1e-12).log()
+        meter.update(logits, y, groups, float(loss_fn(logits, y)))
+    return meter.compute()
+
+
+@torch.no_grad()
+def ood_test(selection: Selection, clients, cohorts: dict, cfg: RunConfig, device: torch.device) -> dict[str, dict]:
+    """Test-only cohorts (an unseen institution) scored with every client's selected model:
+    ``per_model`` (each client's model), ``mean`` (the mean of those scores: how a personalized
+    method does at a new site, on average over the models it could hand over) and ``ensemble`` (the
+    models' averaged probabilities). For a global method every client holds the same model, so the
+    three agree (up to the composite BN of FedBN/SiloBN, which differ per client)."""
+    selected = selection.merged("models")
+    models = []
+    for client in clients:
+        model = client.eval_model()
+        model.load_state_dict(selected[client.name])
+        models.append(model)
+    out = {}
+    for cohort, split in cohorts.items():
+        per_model = {c.name: evaluate(m, split, cfg, device) for c, m in zip(clients, models)}
+        mean = {k: float(np.mean([s[k] for s in per_model.values()])) for k in next(iter(per_model.values()))}
+        out[cohort] = {"mean": mean, "ensemble": evaluate_ensemble(models, split, cfg, device), "per_model": per_model}
+    return out
+
+
+def selection_open(cfg: RunConfig, round_index: int) -> bool:
+    """Whether round ``round_index`` may be selected: one of the last ``selection_window`` x rounds
+    (PRR-FL's code: ``a_iter >= 0.8 iters``, i.e. the last 10 of 50 rounds)."""
+    window = max(1, round(cfg.selection_window * cfg.rounds))
+    return round_index > cfg.rounds - window
+
+
 def curve_every(cfg: RunConfig) -> int:
     """Test curves every this many rounds: the configured value, else ~50 points per run."""
     return cfg.curve_every or max(1, cfg.rounds // 50)
@@ -250,12 +297,13 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     faults.arm()
 
     data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)
+    cohorts = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients)) if cfg.ood_clients else {}
     names = [c.name for c in data]
     model = build_model(cfg.model)  # one initialisation, shared by every client
     server = method.Server(cfg, model, len(data))
     clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device) for i, d in enumerate(data)]
     metric = cfg.selection_metric
-    selection = Selection(names, metric, per_client=method.PERSONALIZED)
+    selection = Selection(names, metric, per_client=method.PERSONALIZED and not cfg.selection_pooled)
     fingerprint = cfg.fingerprint()
 
     last_round, history = restore(checkpoint_path, fingerprint, server, clients, selection)
@@ -298,7 +346,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
             for split_name, scores in (("val", val), ("test", test)):
                 for metric_name, value in scores.get(client.name, {}).items():
                     history.append({"round": round_index, "client": client.name, "split": split_name, "metric": metric_name, "value": value})
-        for key, covered in selection.improved(val).items():
+        for key, covered in (selection.improved(val) if selection_open(cfg, round_index) else {}).items():
             models = {n: {k: v.detach().cpu().clone() for k, v in clients[names.index(n)].eval_model().state_dict().items()} for n in covered}
             predictions = {n: predict_samples(clients[names.index(n)].eval_model(), clients[names.index(n)].data.test, cfg, device) for n in covered}
             selection.record(key, round_index, val, models, predictions)
@@ -310,7 +358,9 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
             saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprint, server, clients, selection, history, saved_version)
             faults.reached("round_end")
     bar.close()
-    return write_outputs(cfg, out_dir, names, selection, final_test(selection, clients, cfg, device), history, checkpoint_path)
+    test = final_test(selection, clients, cfg, device)
+    ood = ood_test(selection, clients, cohorts, cfg, device) if cohorts else None
+    return write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood)
 
 
 def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
@@ -319,7 +369,7 @@ def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
         np.savez_compressed(handle, **arrays)
 
 
-def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, test: dict[str, dict], history: list[dict], checkpoint_path: Path) -> dict:
+def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, test: dict[str, dict], history: list[dict], checkpoint_path: Path, ood: dict | None = None) -> dict:
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
@@ -349,6 +399,8 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
         "metric_descriptions": {m: METRIC_DESCRIPTIONS[m] for m in next(iter(test.values()))},
         "config": cfg.to_dict(),
     }
+    if ood is not None:
+        final["ood"] = ood  # {cohort: {"mean", "ensemble", "per_model": {client: scores}}}
     atomic_write_text(out_dir / "final.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
     # Finished: the outputs above replace the checkpoints.
     for path in (checkpoint_path, ckpt_io.previous(checkpoint_path), *out_dir.glob("selection-v*.pt")):

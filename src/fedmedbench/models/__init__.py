@@ -25,4 +25,12 @@ def build_model(cfg: ModelConfig | dict) -> nn.Module:
             block_config=tuple(cfg.block_config),
             num_init_features=cfg.num_init_features,
         )
-    raise ConfigError(f"model.name: unknown model {cfg.name!r} (known: unet, densenet)")
+    if cfg.name == "vgg16_bn":
+        from fedmedbench.models.vgg import vgg16_bn_128
+
+        return vgg16_bn_128(num_classes=cfg.num_classes, in_channels=cfg.in_channels)
+    if cfg.name == "vgg_slim":
+        from fedmedbench.models.vgg import VGGSlim
+
+        return VGGSlim(num_classes=cfg.num_classes, in_channels=cfg.in_channels, width=cfg.init_features)
+    raise ConfigError(f"model.name: unknown model {cfg.name!r} (known: unet, densenet, vgg16_bn, vgg_slim)")

@@ -11,6 +11,9 @@ no per-image loop and no round trip through numpy.
   ``A_k = (1 - v) A_{k-1} + v * batch_amplitude``, ``A_0 = 0`` (``running=None``: no batch seen yet).
 - ``amplitude_normalize(images, target_amplitude, mode)``: Eq. 4, ``Re F^-1(target * exp(j * phase(x)))``.
 
+PRR-FL's Progressive Fourier Aggregation of one weight tensor across clients is
+``fourier_aggregate`` (bottom of this file).
+
 ``mode="full"`` is the paper (the whole amplitude spectrum is replaced). ``mode="dc"`` is the official
 code (``normalize(..., L=0)`` swaps only the centre bin of the fftshifted spectrum, i.e. the DC
 amplitude), which for every image and channel is the mean shift
@@ -125,4 +128,96 @@ def amplitude_normalize(images: torch.Tensor, target_amplitude: torch.Tensor, mo
     return torch.fft.irfft2(torch.view_as_complex(swapped), s=(height, width)).to(images.dtype)
 
 
-__all__ = ["MODES", "INITS", "amplitude_spectrum", "batch_mean_amplitude", "update_running_amplitude", "amplitude_normalize"]
+# --- PRR-FL: Progressive Fourier Aggregation (Chen et al., MICCAI 2021, Eqs. 1-3) ---------------------
+
+PFA_MODES = ("paper", "official")
+
+
+def weight_as_matrix(weight: torch.Tensor) -> torch.Tensor:
+    """The 2-D layout PFA transforms: a conv weight ``(N_out, C_in, k1, k2)`` as the official code lays
+    it out, ``permute(1, 2, 3, 0) -> (C_in * k1, k2 * N_out)``; a linear weight ``(out, in)`` as is."""
+    if weight.dim() == 4:
+        n_out, c_in, k1, k2 = weight.shape
+        return weight.permute(1, 2, 3, 0).reshape(c_in * k1, k2 * n_out)
+    if weight.dim() == 2:
+        return weight
+    raise ValueError(f"PFA needs a conv (4-D) or linear (2-D) weight, got shape {tuple(weight.shape)}")
+
+
+def matrix_as_weight(matrix: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Inverse of :func:`weight_as_matrix`."""
+    if len(shape) == 4:
+        n_out, c_in, k1, k2 = shape
+        return matrix.reshape(c_in, k1, k2, n_out).permute(3, 0, 1, 2).contiguous()
+    return matrix.reshape(shape)
+
+
+def low_frequency_mask(size: int, radius: float, mode: str, device=None) -> torch.Tensor:
+    """Which bins of one fftshifted axis of length ``size`` lie in the averaged box.
+
+    Centre ``c = size // 2`` (the zero frequency after fftshift), half-width ``b = floor(size * radius / 2)``.
+    ``official``: the half-open index range ``[c - b, c + b)`` (2b bins, asymmetric about DC, clipped
+    to the axis). ``paper``: the frequencies ``|f| < b`` (2b - 1 bins, symmetric about DC, so the
+    aggregate of real weights is real; empty at b = 0, like the official box).
+    """
+    if mode not in PFA_MODES:
+        raise ValueError(f"unknown PFA mode {mode!r}; expected one of {PFA_MODES}")
+    centre, half = size // 2, int(size * radius // 2)
+    offset = torch.arange(size, device=device) - centre
+    if mode == "official":
+        return (offset >= -half) & (offset < half)
+    return offset.abs() < half
+
+
+def fourier_aggregate(tensors: list[torch.Tensor], radius: float, weights: list[float] | None = None, mode: str = "paper") -> list[torch.Tensor]:
+    """PFA of one weight across clients: one result per client, each of the input's shape and dtype.
+
+    Per client the weight's 2-D layout (:func:`weight_as_matrix`) is transformed with a 2-D FFT into
+    amplitude and phase; inside the centred low-frequency box (:func:`low_frequency_mask` on both
+    axes) the amplitude is replaced by the clients' mean amplitude; the phase and the amplitude
+    outside the box stay the client's own; the inverse FFT's real part goes back to the weight's shape.
+
+    ``paper``: weighted mean amplitude (``weights``, default uniform, normalised to sum 1) over a box
+    symmetric about DC, so the imaginary part dropped is rounding only. ``official``: the official
+    code's half-open box and unweighted mean (``weights`` ignored); its imaginary part is not zero.
+    ``radius`` is on the official code's scale (the box side is about ``radius`` x the axis length;
+    the paper's threshold r is radius / 2). Computed in float64; one client gives its tensor back.
+    """
+    if mode not in PFA_MODES:
+        raise ValueError(f"unknown PFA mode {mode!r}; expected one of {PFA_MODES}")
+    if not tensors:
+        raise ValueError("fourier_aggregate needs at least one tensor")
+    shape, dtype = tensors[0].shape, tensors[0].dtype
+    if any(t.shape != shape for t in tensors):
+        raise ValueError(f"fourier_aggregate: tensors of different shapes {[tuple(t.shape) for t in tensors]}")
+    if len(tensors) == 1:
+        return [tensors[0].clone()]
+    count = len(tensors)
+    if mode == "official" or weights is None:
+        weights = [1.0 / count] * count
+    if len(weights) != count:
+        raise ValueError(f"{count} tensors but {len(weights)} weights")
+    total = float(sum(weights))
+    mats = torch.stack([weight_as_matrix(t.detach()).to(torch.float64) for t in tensors])  # (K, H, W)
+    spectrum = torch.fft.fft2(mats)
+    amplitude = torch.fft.fftshift(spectrum.abs(), dim=(-2, -1))
+    phase = torch.angle(spectrum)
+    w = torch.tensor([x / total for x in weights], dtype=torch.float64, device=mats.device).view(-1, 1, 1)
+    mean_amplitude = (amplitude * w).sum(dim=0)
+    height, width = mats.shape[-2:]
+    box = low_frequency_mask(height, radius, mode, mats.device)[:, None] & low_frequency_mask(width, radius, mode, mats.device)[None, :]
+    mixed = torch.where(box, mean_amplitude, amplitude)
+    out = torch.fft.ifft2(torch.fft.ifftshift(mixed, dim=(-2, -1)) * torch.exp(1j * phase)).real
+    return [matrix_as_weight(m, shape).to(dtype) for m in out]
+
+
+def progressive_radius(round_index: int, rounds: int, start: float, end: float) -> float:
+    """PFA's schedule after round ``round_index`` (1-based) of ``rounds``: ``start + (t / T) (end - start)``
+    with ``t = round_index - 1`` (the official code's 0-based ``a_iter``): from ``start`` to just below ``end``."""
+    return start + (round_index - 1) / rounds * (end - start)
+
+
+__all__ = [
+    "MODES", "INITS", "amplitude_spectrum", "batch_mean_amplitude", "update_running_amplitude", "amplitude_normalize",
+    "PFA_MODES", "weight_as_matrix", "matrix_as_weight", "low_frequency_mask", "fourier_aggregate", "progressive_radius",
+]  # fmt: skip
