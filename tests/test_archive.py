@@ -2,6 +2,7 @@
 
 import io
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -176,13 +177,7 @@ def test_macos_junk_is_skipped(tmp_path):
     ]
 
 
-def test_foreign_target_and_non_archive(tmp_path):
-    archive = _zip(tmp_path / "a.zip", [("a.txt", b"A")])
-    foreign = tmp_path / "raw"
-    foreign.mkdir()
-    (foreign / "user_file.txt").write_text("not ours")
-    with pytest.raises(DataError, match="no .complete marker"):
-        safe_extract(archive, foreign)
+def test_an_html_page_is_not_an_archive(tmp_path):
     page = tmp_path / "page.zip"
     page.write_bytes(b"<!DOCTYPE html><html></html>")
     with pytest.raises(ValueError, match="HTML"):
@@ -218,25 +213,54 @@ def _file_and_folder_zip(path):
     return _zip(path, [("a", b"file"), ("a/b.txt", b"inside")])
 
 
+def _file_and_folder_entry_zip(path):
+    return _zip(path, [("a/", b""), ("a", b"file")])
+
+
+def _foreign_target(path):
+    """A good archive whose target folder holds someone else's files and no completion marker."""
+    _zip(path, [("a.txt", b"A")])
+    (path.parent / "raw").mkdir()
+    (path.parent / "raw" / "user_file.txt").write_text("not ours")
+    return path
+
+
+def _tree(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
 @pytest.mark.parametrize(
     ("make", "name", "message"),
     [
-        (_bad_crc_zip, "crc.zip", r"crc\.zip: damaged or malformed archive \(BadZipFile: Bad CRC-32 for file 'data/a\.txt'\)"),
-        (_truncated_tar_gz, "cut.tar.gz", r"cut\.tar\.gz: damaged or malformed archive \((EOFError|ReadError)"),
-        (_file_and_folder_zip, "clash.zip", r"clash\.zip: refusing member 'a/b\.txt': its folder 'a' is also a file"),
+        (_bad_crc_zip, "crc.zip", r"crc\.zip: damaged or malformed archive at member 'data/a\.txt' \(BadZipFile: Bad CRC-32"),
+        (_truncated_tar_gz, "cut.tar.gz", r"cut\.tar\.gz: damaged or malformed archive at member 'data/a\.bin' \((EOFError|ReadError)"),
+        (_file_and_folder_zip, "clash.zip", r"clash\.zip: refusing member 'a/b\.txt': 'a' is both a folder and a file"),
+        (_file_and_folder_entry_zip, "clash2.zip", r"clash2\.zip: refusing member 'a/': 'a' is both a folder and a file"),
+        (_foreign_target, "foreign.zip", r"raw exists but has no \.complete marker, so it is not a finished extraction of \S*foreign\.zip"),
     ],
+    ids=["bad-crc", "truncated-tar-gz", "file-and-folder", "file-and-folder-entry", "foreign-target"],
 )
 def test_a_damaged_archive_is_one_clear_error_and_leaves_nothing(tmp_path, make, name, message):
+    """Issue 8: these printed tracebacks (BadZipFile, EOFError, FileExistsError in the staging folder)."""
     archive = make(tmp_path / name)
+    before = _tree(tmp_path)
     with pytest.raises(DataError, match=message):
         safe_extract(archive, tmp_path / "raw")
-    assert _leftovers(tmp_path) == [name]  # no target, no staging folder
+    assert _tree(tmp_path) == before  # nothing extracted, no staging folder, a foreign folder untouched
     cli = subprocess.run(
         [sys.executable, "-m", "fedmedbench", "extract", "--archive", str(archive), "--out", str(tmp_path / "raw")],
         env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True,
     )  # fmt: skip
     assert cli.returncode == 1 and "Traceback" not in cli.stderr
-    assert name in cli.stderr.strip().splitlines()[-1]
+    assert re.search(message, cli.stderr.strip().splitlines()[-1])
+    assert _tree(tmp_path) == before
+
+
+def test_a_failed_extraction_removes_the_folders_it_created(tmp_path):
+    archive = _bad_crc_zip(tmp_path / "crc.zip")
+    with pytest.raises(DataError, match="damaged"):
+        safe_extract(archive, tmp_path / "results" / "data" / "raw")
+    assert _tree(tmp_path) == ["crc.zip"]
 
 
 def test_extracted_folders_and_stores_follow_the_umask(tmp_path):
@@ -257,3 +281,16 @@ def test_extracted_folders_and_stores_follow_the_umask(tmp_path):
     assert stat.S_IMODE(target.stat().st_mode) == 0o755 and stat.S_IMODE((target / "d" / "a.txt").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "store" / "c").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "table.csv").stat().st_mode) == 0o644
+
+
+def test_a_full_disk_is_told_apart_from_a_damaged_archive(tmp_path, monkeypatch):
+    import errno
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("fedmedbench.data.archive.shutil.copyfileobj", disk_full)
+    archive = _zip(tmp_path / "a.zip", [("d/x.txt", b"x")])
+    with pytest.raises(DataError, match=r"a\.zip: extracting into .* failed at member 'd/x\.txt' \(OSError: \[Errno 28\] No space left"):
+        safe_extract(archive, tmp_path / "out" / "raw")
+    assert _tree(tmp_path) == ["a.zip"]

@@ -210,3 +210,13 @@ def test_split_errors_show_plain_values_not_numpy_reprs():
     with pytest.raises(C.CamelyonDataError) as err:
         C._slide_level(ids, groups, np.random.default_rng(0))
     assert "['patient_004_node_4', 'patient_009_node_1']" in str(err.value) and "np." not in str(err.value)
+
+
+def test_preprocessing_logs_plain_progress_lines_not_a_bar(tmp_path, capsys, caplog):
+    """Issue 8: the tqdm bar filled job logs with carriage-return fragments. Off a terminal (a job
+    log, here pytest's captured stderr) progress is plain log lines."""
+    release = write_fixture(tmp_path / "raw")
+    with caplog.at_level("INFO", logger="fedmedbench"):
+        C.preprocess({C.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=True)
+    assert "\r" not in capsys.readouterr().err
+    assert "camelyon17 hospital1: 2/2 patch" in caplog.text

@@ -17,6 +17,7 @@ import SimpleITK as sitk
 from fedmedbench.data import prostate as P
 from fedmedbench.data.archive import safe_extract
 from fedmedbench.data.store import (
+    client_rng,
     list_clients,
     open_client,
     read_split_csv,
@@ -287,7 +288,7 @@ def test_seeded_split_is_deterministic_disjoint_and_keeps_cases_whole(tmp_path):
         train_end, val_end = P.case_cut_points(n_cases, P.HARMOFL_FRACTIONS)
         assert [len(c) for c in cases] == [train_end, val_end - train_end, n_cases - val_end]
     # different clients get different permutations even with equal sizes
-    assert not np.array_equal(P._seeded_permutation(0, "HK", 50), P._seeded_permutation(0, "UCL", 50))
+    assert not np.array_equal(client_rng(0, "HK").permutation(50), client_rng(0, "UCL").permutation(50))
 
 
 def test_split_csv_validation(tmp_path):

@@ -195,14 +195,19 @@ def test_unknown_protocol():
         P.split("x", "y", "fedlwr_zscore")
 
 
-def test_split_and_layout_errors_name_the_client_and_the_site(tmp_path):
-    """Issue 8: the case-split error names the client; the layout error names the missing site."""
+def test_a_split_error_names_the_client(tmp_path):
+    """Issue 8: "2 case(s) are too few" did not say which client."""
     for client in P.FEDLWR_CLIENTS:
         n = 2 if client == "Site4" else 6
         meta = pd.DataFrame({"id": [f"{client}/s{i}" for i in range(n)], "group": [f"{client}/Case{i:02d}" for i in range(n)], "source": "x"})
         write_client(tmp_path / "store", client, np.zeros((n, 1, 1, 3), np.uint8), np.zeros((n, 1, 1), np.uint8), meta)
     with pytest.raises(P.ProstateDataError, match=r"client Site4: 2 case\(s\) are too few"):
         P.split_fedlwr(tmp_path / "store", tmp_path / "split.csv")
+    assert not (tmp_path / "split.csv").exists()
+
+
+def test_a_missing_site_is_named(tmp_path):
+    """Issue 8: the layout error listed what it expected and found, not the missing site."""
     for site in P.RELEASE_SITES:
         if site != "HK":
             (tmp_path / "release" / site).mkdir(parents=True)

@@ -5,6 +5,9 @@ every member is checked before anything is written: no absolute paths, no
 ``..`` escaping the target, no links pointing outside it, no device files,
 no member written through a symlink. One bad member refuses the whole
 archive. macOS junk (``__MACOSX/``, AppleDouble ``._*`` files) is skipped.
+A damaged or cut-short archive (bad CRC, truncated stream) or a path that is
+both a file and a folder is, like an unsafe member, one ``DataError`` line
+naming the archive and the member.
 
 Extraction goes into a temporary folder beside the target; the marker file
 ``.complete`` is written last and the folder renamed onto the target, so a
@@ -14,6 +17,7 @@ call returns at once.
 
 from __future__ import annotations
 
+import lzma
 import os
 import posixpath
 import re
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedmedbench.errors import DataError
-from fedmedbench.files import atomic_path, public_mode
+from fedmedbench.files import atomic_path, new_folder, public_mode
 
 __all__ = ["UnsafeArchiveError", "safe_extract", "COMPLETE_MARKER"]
 
@@ -43,6 +47,18 @@ class UnsafeArchiveError(DataError):
         super().__init__(f"{archive}: refusing member {member!r}: {reason}; nothing was extracted")
         self.archive = archive
         self.member = member
+
+
+# What a damaged or cut-short archive raises while it is read (bad CRC, stream ended early, bad
+# compressed data). bz2 and gzip report bad data as OSError without an errno.
+_DAMAGED = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError)
+
+
+@dataclass
+class _Cursor:
+    """The member being read, so that an error of a damaged archive can name where it broke."""
+
+    member: str | None = None
 
 
 @dataclass
@@ -92,9 +108,10 @@ def _check_no_write_through_links(archive: Path, entries: list[_Entry]) -> None:
                 raise UnsafeArchiveError(archive, e.name, f"path goes through symlink {'/'.join(e.parts[:i])!r}")
 
 
-def _plan_zip(archive: Path, zf: zipfile.ZipFile) -> list[_Entry]:
+def _plan_zip(archive: Path, zf: zipfile.ZipFile, cursor: _Cursor) -> list[_Entry]:
     entries = []
     for info in zf.infolist():
+        cursor.member = info.filename
         parts = _split_member(archive, info.filename)
         if parts is None:
             continue
@@ -115,9 +132,12 @@ def _plan_zip(archive: Path, zf: zipfile.ZipFile) -> list[_Entry]:
     return entries
 
 
-def _plan_tar(archive: Path, tf: tarfile.TarFile) -> list[_Entry]:
+def _plan_tar(archive: Path, tf: tarfile.TarFile, cursor: _Cursor) -> list[_Entry]:
     entries = []
-    for info in tf.getmembers():
+    # Headers are read one by one, each after skipping the previous member's data: a cut-short
+    # stream fails while the cursor names the member whose data was cut.
+    for info in tf:
+        cursor.member = info.name
         parts = _split_member(archive, info.name)
         if parts is None:
             continue
@@ -144,10 +164,11 @@ def _plan_tar(archive: Path, tf: tarfile.TarFile) -> list[_Entry]:
     return entries
 
 
-def _extract_zip(zf: zipfile.ZipFile, entries: list[_Entry], root: Path) -> None:
+def _extract_zip(zf: zipfile.ZipFile, entries: list[_Entry], root: Path, cursor: _Cursor) -> None:
     # Our own loop rather than ZipFile.extract: that one silently rewrites bad
     # names and never creates symlinks; we have validated every name already.
     for e in entries:
+        cursor.member = e.name
         dest = root.joinpath(*e.parts)
         if e.kind == "dir":
             dest.mkdir(parents=True, exist_ok=True)
@@ -160,23 +181,28 @@ def _extract_zip(zf: zipfile.ZipFile, entries: list[_Entry], root: Path) -> None
                 shutil.copyfileobj(src, dst, length=1 << 20)
 
 
-def _extract_tar(archive: Path, tf: tarfile.TarFile, entries: list[_Entry], root: Path) -> None:
+def _extract_tar(archive: Path, tf: tarfile.TarFile, entries: list[_Entry], root: Path, cursor: _Cursor) -> None:
+    def data_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+        cursor.member = member.name  # called just before each member is extracted
+        return tarfile.data_filter(member, path)
+
     try:
         # The "data" filter repeats the safety checks inside tarfile and drops
         # unsafe permission bits (setuid, world-writable).
-        tf.extractall(root, members=[e.info for e in entries], filter="data")
+        tf.extractall(root, members=[e.info for e in entries], filter=data_filter)
     except tarfile.FilterError as exc:
         member = exc.tarinfo.name if getattr(exc, "tarinfo", None) is not None else "?"
         raise UnsafeArchiveError(archive, member, str(exc)) from exc
 
 
 def _check_no_file_folder_clash(archive: Path, entries: list[_Entry]) -> None:
-    """A member ``a`` (file) and a member ``a/b.txt`` cannot both be extracted."""
+    """A path cannot be both a file and a folder: a member ``a`` (file) with ``a/b.txt`` or ``a/``."""
     files = {e.parts for e in entries if e.kind != "dir"}
     for e in entries:
-        for depth in range(1, len(e.parts)):
-            if e.parts[:depth] in files:
-                raise UnsafeArchiveError(archive, e.name, f"its folder {'/'.join(e.parts[:depth])!r} is also a file in the archive")
+        folders = [e.parts[:depth] for depth in range(1, len(e.parts))] + ([e.parts] if e.kind == "dir" else [])
+        for folder in folders:
+            if folder in files:
+                raise UnsafeArchiveError(archive, e.name, f"{'/'.join(folder)!r} is both a folder and a file in the archive")
 
 
 def _check_links_stay_inside(archive: Path, root: Path) -> None:
@@ -222,41 +248,53 @@ def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> Path:
         )
     if not archive.is_file():
         raise DataError(f"archive {archive} does not exist")
+    cursor = _Cursor()
     try:
-        return _extract(archive, target)
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
-        # A bad CRC, a truncated stream, a member that is both a file and a folder: one line.
-        raise DataError(f"{archive}: damaged or malformed archive ({type(exc).__name__}: {exc}); nothing was extracted") from exc
+        return _extract(archive, target, cursor)
+    except (*_DAMAGED, OSError) as exc:
+        # One line naming the archive and the member, instead of a traceback from deep in zipfile/tarfile.
+        at = f" at member {cursor.member!r}" if cursor.member else ""
+        if isinstance(exc, OSError) and exc.errno is not None:  # the file system, not the archive
+            problem = f"extracting into {target.parent} failed{at}"
+        else:
+            problem = f"damaged or malformed archive{at}"
+        raise DataError(f"{archive}: {problem} ({type(exc).__name__}: {exc}); nothing was extracted") from exc
 
 
-def _extract(archive: Path, target: Path) -> Path:
+def _extract(archive: Path, target: Path, cursor: _Cursor) -> Path:
     kind, handle = _open_archive(archive)
     with handle:
-        entries = _plan_zip(archive, handle) if kind == "zip" else _plan_tar(archive, handle)
+        entries = _plan_zip(archive, handle, cursor) if kind == "zip" else _plan_tar(archive, handle, cursor)
+        cursor.member = None
         _check_no_write_through_links(archive, entries)
         _check_no_file_folder_clash(archive, entries)
 
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-        public_mode(tmp)
+        with new_folder(target.parent):  # a failed extraction leaves no folders behind
+            return _extract_into(archive, kind, handle, entries, target, cursor)
+
+
+def _extract_into(archive: Path, kind: str, handle, entries: list[_Entry], target: Path, cursor: _Cursor) -> Path:
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    public_mode(tmp)  # mkdtemp makes it 0700; the extracted folder is for the whole group
+    try:
+        if kind == "zip":
+            _extract_zip(handle, entries, tmp, cursor)
+        else:
+            _extract_tar(archive, handle, entries, tmp, cursor)
+        cursor.member = None
+        _check_links_stay_inside(archive, tmp)
+        (tmp / COMPLETE_MARKER).write_text(f"extracted from {archive.name}\n", encoding="utf-8")
         try:
-            if kind == "zip":
-                _extract_zip(handle, entries, tmp)
-            else:
-                _extract_tar(archive, handle, entries, tmp)
-            _check_links_stay_inside(archive, tmp)
-            (tmp / COMPLETE_MARKER).write_text(f"extracted from {archive.name}\n", encoding="utf-8")
-            try:
-                os.rename(tmp, target)
-            except OSError:
-                # Another process may have finished the same extraction meanwhile.
-                if (target / COMPLETE_MARKER).is_file():
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    return target
-                raise
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            os.rename(tmp, target)
+        except OSError:
+            # Another process may have finished the same extraction meanwhile.
+            if (target / COMPLETE_MARKER).is_file():
+                shutil.rmtree(tmp, ignore_errors=True)
+                return target
             raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return target
 
 

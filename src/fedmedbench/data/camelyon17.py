@@ -42,8 +42,6 @@ import io
 import logging
 import os
 import tarfile
-import tempfile
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,10 +50,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError, plain
-from ..files import public_mode
+from ..files import atomic_file
 from ..progress import Progress
 from .download import DownloadSpec
-from .store import IMAGES_FILE, LABELS_FILE, META_FILE, list_clients, open_client, staged_dir, write_split_csv
+from .store import IMAGES_FILE, LABELS_FILE, META_FILE, client_rng, grouped_split, list_clients, open_client, staged_dir, write_split_csv
 
 __all__ = [
     "DOWNLOAD",
@@ -379,11 +377,6 @@ def _check_protocol(protocol: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _rng(seed: int, client: str) -> np.random.Generator:
-    # Seeded by (seed, crc32(client)): each client has its own stream, whatever the other clients.
-    return np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
-
-
 def _image_level(ids: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
     n = len(ids)
     if n < 3:
@@ -399,22 +392,18 @@ def _image_level(ids: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndar
 
 
 def _slide_level(ids: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    slides = np.array(sorted(set(groups)))
-    s = len(slides)
-    if s < 3:
-        raise CamelyonDataError(f"a slide-level split needs at least 3 slides per client, got {s} ({plain(slides)})")
-    slides = slides[rng.permutation(s)]
-    n_test = max(1, int(round(s * TEST_FRACTION)))
-    n_val = max(1, int(round((s - n_test) * VAL_FRACTION)))
-    if s - n_test - n_val < 1:
-        raise CamelyonDataError(f"{s} slides are too few for a slide-level train/val/test split")
-    parts = {"test": slides[:n_test], "val": slides[n_test : n_test + n_val], "train": slides[n_test + n_val :]}
-    out = {}
-    for name in ("train", "val", "test"):
-        rows = np.flatnonzero(np.isin(groups, parts[name]))
-        rows = rows[np.argsort(ids[rows], kind="stable")]
-        out[name] = rows[rng.permutation(len(rows))]
-    return out
+    def cut(s: int) -> tuple[int, int]:
+        if s < 3:
+            raise CamelyonDataError(f"a slide-level split needs at least 3 slides per client, got {s} ({plain(np.unique(groups))})")
+        n_test = max(1, int(round(s * TEST_FRACTION)))
+        n_val = max(1, int(round((s - n_test) * VAL_FRACTION)))
+        if s - n_test - n_val < 1:
+            raise CamelyonDataError(f"{s} slides are too few for a slide-level train/val/test split")
+        return s - n_test - n_val, s - n_test
+
+    order = np.argsort(ids, kind="stable")  # sorted by id first: the split does not depend on the store order
+    rows, names = grouped_split(groups[order], rng, cut)
+    return {name: order[rows[names == name]] for name in ("train", "val", "test")}
 
 
 def split(
@@ -445,7 +434,7 @@ def split(
     for client in CLIENTS:
         meta = open_client(store_dir, client).meta
         ids, groups = meta["id"].to_numpy(str), meta["group"].to_numpy(str)
-        rng = _rng(seed, client)
+        rng = client_rng(seed, client)
         try:
             parts = _slide_level(ids, groups, rng) if permutation == "slide" else _image_level(ids, rng)
         except CamelyonDataError as exc:
@@ -585,27 +574,20 @@ def write_synthetic_release(
     metadata = pd.DataFrame(rows, columns=["patient", "node", "x_coord", "y_coord", "tumor", "slide", "center", "split"])
     csv = metadata.to_csv(index=True, lineterminator="\n").encode("utf-8")  # header starts with ',' like WILDS'
 
-    fd, tmp = tempfile.mkstemp(dir=archive_path.parent, prefix=f".{archive_path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=6) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                if prefix:
-                    _tar_add(tf, prefix.rstrip("/"), None)
-                _tar_add(tf, prefix + "RELEASE_v1.0.txt", b"Synthetic twin of Camelyon17-WILDS v1.0 (fedmedbench).\n")
-                _tar_add(tf, prefix + "metadata.csv", csv)
-                _tar_add(tf, prefix + "patches", None)
-                made = set()
-                for name, data in files:
-                    folder = name.rsplit("/", 1)[0]
-                    if folder not in made:
-                        _tar_add(tf, folder, None)
-                        made.add(folder)
-                    _tar_add(tf, name, data)
-        public_mode(tmp)
-        os.replace(tmp, archive_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(archive_path) as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=6) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            if prefix:
+                _tar_add(tf, prefix.rstrip("/"), None)
+            _tar_add(tf, prefix + "RELEASE_v1.0.txt", b"Synthetic twin of Camelyon17-WILDS v1.0 (fedmedbench).\n")
+            _tar_add(tf, prefix + "metadata.csv", csv)
+            _tar_add(tf, prefix + "patches", None)
+            made = set()
+            for name, data in files:
+                folder = name.rsplit("/", 1)[0]
+                if folder not in made:
+                    _tar_add(tf, folder, None)
+                    made.add(folder)
+                _tar_add(tf, name, data)
     return info
 
 

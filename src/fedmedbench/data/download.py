@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from ..files import new_folder, public_mode
+from ..files import atomic_file, new_folder
 from .store import atomic_write_text
 
 __all__ = ["DownloadError", "DownloadSpec", "fetch", "fetch_spec", "looks_like_html"]
@@ -223,29 +222,20 @@ def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str
         if dest.exists() and os.path.samefile(src_path, dest):
             return _verify_in_place(source, dest, expected, log, manual_step)
 
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".part-")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            sink = _HashingSink(fh)
-            if kind == "gdrive":
-                log(f"downloading Google Drive file {location} -> {dest}")
-                _fetch_gdrive(location, sink, manual_step)
-            elif kind == "http":
-                log(f"downloading {location} -> {dest}")
-                _fetch_http(location, sink, manual_step)
-            else:
-                log(f"copying {src_path} -> {dest}")
-                _copy_local(src_path, sink)
-            fh.flush()
-            os.fsync(fh.fileno())
+    # Streamed into a temporary file beside dest; an error (also a failed check) removes it.
+    with atomic_file(dest) as fh:
+        sink = _HashingSink(fh)
+        if kind == "gdrive":
+            log(f"downloading Google Drive file {location} -> {dest}")
+            _fetch_gdrive(location, sink, manual_step)
+        elif kind == "http":
+            log(f"downloading {location} -> {dest}")
+            _fetch_http(location, sink, manual_step)
+        else:
+            log(f"copying {src_path} -> {dest}")
+            _copy_local(src_path, sink)
         observed = sink.hexdigest()
         _check_content(source, dest, sink.size, sink.head, expected, observed, manual_step)
-        public_mode(tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     _write_sidecar(dest, observed)
     _log_hash(log, dest, sink.size, observed, expected)
     return observed

@@ -39,7 +39,6 @@ import io
 import json
 import os
 import re
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,7 +49,7 @@ import pandas as pd
 from ..errors import DataError
 from .archive import write_zip_atomic
 from .download import DownloadSpec
-from .store import atomic_write_text, grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
+from .store import atomic_write_text, client_rng, grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
 
 ARCHIVE = "Fundus.zip"
 DRIVE_ID = "1p33nsWQaiZMAgsruDoJLyatoq5XAH-TH"
@@ -258,8 +257,9 @@ def _read(path: Path, mode: str) -> np.ndarray:
 
 # Above this fraction of pixels off the three levels 0/128/255, a mask is not DoFE's grey encoding
 # but e.g. a soft probability map. Real RIF masks have none; a mask drawn or resized with
-# anti-aliasing has a band of them along the disc and cup edges (about 8% on the demo's 32-48 px
-# twin, well under 1% at the real 384-800 px).
+# anti-aliasing has a band of them along the disc and cup edges (3-6 % on the 48 px synthetic twin,
+# up to 13 % at 24 px, under 1 % at the real 384-800 px), which DoFE's thresholds classify.
+# Documented in docs/data/fundus.md and docs/decisions.md.
 MAX_OFF_LEVEL_FRACTION = 0.25
 
 
@@ -412,7 +412,7 @@ def split_fedlwr(
         test_rows = order[official[order] == "test"]
         if permutation == "seeded":
             # Whole patients to train or val (RIM-ONE has both eyes of a patient: G-1-L, G-1-R).
-            rng = np.random.default_rng([int(seed), zlib.crc32(domain.encode("utf-8"))])
+            rng = client_rng(seed, domain)
             groups = meta["group"].to_numpy(str)[train_rows]
             picked, names = grouped_split(groups, rng, lambda n: (int(n * train_fraction), n))
             by_split = np.argsort(names == "val", kind="stable")  # train rows first, then val

@@ -55,10 +55,8 @@ from __future__ import annotations
 import io
 import os
 import re
-import tempfile
 import xml.etree.ElementTree as ET
 import zipfile
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +65,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..files import public_mode
+from ..files import atomic_path
 from .download import DownloadSpec
 from .prostate import HARMOFL_FRACTIONS, cut_points
-from .store import list_clients, open_client, staged_dir, write_client, write_split_csv
+from .store import client_rng, list_clients, open_client, staged_dir, write_client, write_split_csv
 
 __all__ = [
     "DOWNLOADS",
@@ -799,7 +797,7 @@ def split(
         key = meta["patient"] if permutation == "patient" else meta["group"]
         key = key.astype(str).to_numpy()
         groups = np.array(sorted(set(key)))
-        rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
+        rng = client_rng(seed, client)
         groups = groups[rng.permutation(len(groups))]
         if permutation in ("default", "official"):
             parts = _official_parts(groups, meta, key)
@@ -964,25 +962,17 @@ class _ZipWriter:
         self.entries[name] = data
 
     def close(self) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            with zipfile.ZipFile(tmp, "w") as zf:
-                for name in sorted(self.entries):
-                    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-                    data = self.entries[name]
-                    if data is None:
-                        info.external_attr = (0o40755 << 16) | 0x10
-                        zf.writestr(info, b"")
-                    else:
-                        info.external_attr = 0o644 << 16
-                        info.compress_type = zipfile.ZIP_DEFLATED
-                        zf.writestr(info, data)
-            public_mode(tmp)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(self.path) as tmp, zipfile.ZipFile(tmp, "w") as zf:
+            for name in sorted(self.entries):
+                info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+                data = self.entries[name]
+                if data is None:
+                    info.external_attr = (0o40755 << 16) | 0x10
+                    zf.writestr(info, b"")
+                else:
+                    info.external_attr = 0o644 << 16
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    zf.writestr(info, data)
 
 
 def _synthetic_image(rng, client, h, w, *, ambiguous=False):

@@ -35,8 +35,10 @@ without the real data.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
+import struct
 import tempfile
 import zipfile
 import zlib
@@ -47,9 +49,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..files import public_mode
+from ..files import atomic_path
 from .download import DownloadSpec
-from .store import grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
+from .store import client_rng, grouped_split, list_clients, open_client, split_groups, staged_dir, write_client, write_split_csv
 
 DOWNLOAD = DownloadSpec(
     name="prostate",
@@ -210,10 +212,6 @@ def check_nifti_complete(path: str | os.PathLike) -> None:
     fills the missing voxels with zeros (black slices that still carry prostate labels), so the whole
     gzip stream is decompressed (a broken stream fails here) and its length compared with what the
     NIfTI-1 header promises: vox_offset + prod(dim) * bitpix / 8 bytes."""
-    import gzip
-    import struct
-    import zlib
-
     path = Path(path)
     opener = gzip.open if path.name.lower().endswith(".gz") else open
     size, header = 0, b""
@@ -451,13 +449,6 @@ def _harmofl_permutation(index_dir: Path, client: str, n: int) -> np.ndarray:
     return perm.astype(np.int64)
 
 
-def _seeded_permutation(seed: int, client: str, n: int) -> np.ndarray:
-    # The generator is seeded with (seed, crc32(client name)): each client gets
-    # its own stream, independent of which other clients exist or their order.
-    rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
-    return rng.permutation(n).astype(np.int64)
-
-
 def split_harmofl(
     store_dir: str | os.PathLike,
     out_csv: str | os.PathLike,
@@ -490,7 +481,7 @@ def split_harmofl(
             split = np.where(np.arange(n) < train_end, "train", np.where(np.arange(n) < val_end, "val", "test"))
         else:
             # Our seeded split keeps every case in one split.
-            rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
+            rng = client_rng(seed, client)
             perm, split = grouped_split(meta["group"].to_numpy(str), rng, lambda cases: case_cut_points(cases, fractions, client))
             order = np.argsort([{"train": 0, "val": 1, "test": 2}[s] for s in split], kind="stable")
             perm, split = perm[order], split[order]
@@ -601,37 +592,33 @@ def write_synthetic_release(
     zip_path.parent.mkdir(parents=True, exist_ok=True)
     prefix = "Processed_data_nii/" if top_folder else ""
     info: dict[str, dict] = {}
-    fd, tmp_zip = tempfile.mkstemp(dir=zip_path.parent, prefix=f".{zip_path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with tempfile.TemporaryDirectory() as work, zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_STORED) as zf:
-            if top_folder:
-                zf.writestr(zipfile.ZipInfo(prefix), b"")
-            for site_index, site in enumerate(RELEASE_SITES):
-                zf.writestr(zipfile.ZipInfo(f"{prefix}{site}/"), b"")
-                seg = "_Segmentation" if site == "BMC" else "_segmentation"
-                cases = RELEASE_CASES[site][:cases_per_site]
-                n_slices, values = 0, set()
-                for case_index, case in enumerate(cases):
-                    rng = np.random.default_rng([seed, site_index, case_index])
-                    image, label = _synthetic_case(rng, site, case_index, depth, size)
-                    n_slices += sum(bool(label[i].any()) for i in range(1, depth - 1))
-                    values |= set(np.unique(label).tolist())
-                    for array, name in ((image, f"{case}.nii.gz"), (label, f"{case}{seg}.nii.gz")):
-                        local = Path(work) / name
-                        sitk.WriteImage(sitk.GetImageFromArray(array), str(local), True)
-                        zf.write(local, f"{prefix}{site}/{name}")
-                info[site] = {
-                    "client": RELEASE_TO_CLIENT[site],
-                    "cases": cases,
-                    "label_values": sorted(values),
-                    "slices": n_slices,
-                }
-        public_mode(tmp_zip)
-        os.replace(tmp_zip, zip_path)
-    except BaseException:
-        Path(tmp_zip).unlink(missing_ok=True)
-        raise
+    with (
+        atomic_path(zip_path) as tmp_zip,
+        tempfile.TemporaryDirectory() as work,
+        zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_STORED) as zf,
+    ):
+        if top_folder:
+            zf.writestr(zipfile.ZipInfo(prefix), b"")
+        for site_index, site in enumerate(RELEASE_SITES):
+            zf.writestr(zipfile.ZipInfo(f"{prefix}{site}/"), b"")
+            seg = "_Segmentation" if site == "BMC" else "_segmentation"
+            cases = RELEASE_CASES[site][:cases_per_site]
+            n_slices, values = 0, set()
+            for case_index, case in enumerate(cases):
+                rng = np.random.default_rng([seed, site_index, case_index])
+                image, label = _synthetic_case(rng, site, case_index, depth, size)
+                n_slices += sum(bool(label[i].any()) for i in range(1, depth - 1))
+                values |= set(np.unique(label).tolist())
+                for array, name in ((image, f"{case}.nii.gz"), (label, f"{case}{seg}.nii.gz")):
+                    local = Path(work) / name
+                    sitk.WriteImage(sitk.GetImageFromArray(array), str(local), True)
+                    zf.write(local, f"{prefix}{site}/{name}")
+            info[site] = {
+                "client": RELEASE_TO_CLIENT[site],
+                "cases": cases,
+                "label_values": sorted(values),
+                "slices": n_slices,
+            }
     return info
 
 
@@ -803,14 +790,10 @@ def split_fedlwr(
     tables = []
     for client in FEDLWR_CLIENTS:
         meta = open_client(store_dir, client).meta
-        cases = np.asarray(sorted(set(meta["group"])))
-        if permutation == "seeded":
-            cases = cases[_seeded_permutation(seed, client, len(cases))]
-        train_end, val_end = case_cut_points(len(cases), fractions, client)
-        split_of = {c: ("train" if k < train_end else "val" if k < val_end else "test") for k, c in enumerate(cases)}
-        names = meta["group"].map(split_of).to_numpy()
+        rng = client_rng(seed, client) if permutation == "seeded" else None
+        names = split_groups(meta["group"].to_numpy(str), rng, lambda cases: case_cut_points(cases, fractions, client))
         rank = {"train": 0, "val": 1, "test": 2}
-        rows = np.asarray(sorted(range(len(meta)), key=lambda r: rank[names[r]]), dtype=np.int64)
+        rows = np.argsort([rank[name] for name in names], kind="stable").astype(np.int64)  # store order inside a split
         tables.append(pd.DataFrame({"client": client, "split": names[rows], "row": rows,
                                     "id": meta["id"].to_numpy()[rows], "group": meta["group"].to_numpy()[rows]}))
     table = pd.concat(tables, ignore_index=True)

@@ -37,7 +37,6 @@ import io
 import json
 import os
 import re
-import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,7 +47,7 @@ import pandas as pd
 from ..errors import DataError
 from .archive import write_zip_atomic
 from .download import MANUAL, DownloadSpec
-from .store import atomic_write_text, grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
+from .store import atomic_write_text, client_rng, grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
 
 # ---------------------------------------------------------------------------
 # Raw files
@@ -559,7 +558,7 @@ def split_prrfl(
         else:
             # Stratified by class, whole lesions (the group) in one split: a lesion's images never
             # straddle train and test.
-            rng = np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
+            rng = client_rng(seed, client)
             rows, names = grouped_split(meta["group"].to_numpy(str), rng, _position_cut(), strata=labels)
             empty = [s for s in ("train", "val", "test") if not (names == s).any()]
             if empty:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..files import atomic_write_text, public_mode  # noqa: F401  (atomic_write_text: re-exported)
+from ..errors import DataError, plain
+from ..files import atomic_write_text, new_folder, public_mode  # noqa: F401  (atomic_write_text: re-exported)
 
 __all__ = [
     "SPLITS",
@@ -49,6 +51,9 @@ __all__ = [
     "write_split_csv",
     "read_split_csv",
     "split_rows",
+    "client_rng",
+    "split_groups",
+    "grouped_split",
 ]
 
 SPLITS = ("train", "val", "test")
@@ -81,14 +86,14 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     then the old one deleted: readers never see a partly written folder.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
-    public_mode(tmp)  # mkdtemp makes it 0700; the store is for the whole group
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with new_folder(final.parent):  # a failed step leaves no empty parent folders behind
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+        public_mode(tmp)  # mkdtemp makes it 0700; the store is for the whole group
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     old = None
     try:
         if final.exists() or final.is_symlink():
@@ -243,9 +248,9 @@ def open_client(store_dir: str | os.PathLike, client: str) -> ClientData:
     )
     missing = [c for c in META_COLUMNS if c not in meta.columns]
     if missing:
-        raise ValueError(f"{folder / META_FILE}: missing required column(s) {missing}")
+        raise DataError(f"{folder / META_FILE}: missing required column(s) {missing}")
     if len(meta) != images.shape[0] or labels.shape[0] != images.shape[0]:
-        raise ValueError(
+        raise DataError(
             f"{folder}: inconsistent sizes: images {images.shape[0]}, labels {labels.shape[0]}, meta rows {len(meta)}"
         )
     return ClientData(name=client, path=folder, images=images, labels=labels, meta=meta)
@@ -260,26 +265,26 @@ def _check_split_frame(df: pd.DataFrame, where: str) -> pd.DataFrame:
     """Validate a split table and return it with ``row`` as int64. ``where`` names the source."""
     missing = [c for c in SPLIT_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{where}: missing column(s) {missing}; expected at least {SPLIT_COLUMNS}, got {list(df.columns)}")
+        raise DataError(f"{where}: missing column(s) {missing}; expected at least {SPLIT_COLUMNS}, got {list(df.columns)}")
     bad_split = sorted(set(df["split"].astype(str)) - set(SPLITS))
     if bad_split:
-        raise ValueError(f"{where}: unknown split name(s) {bad_split}; allowed: {list(SPLITS)}")
+        raise DataError(f"{where}: unknown split name(s) {bad_split}; allowed: {list(SPLITS)}")
     rows = pd.to_numeric(df["row"], errors="coerce")
     bad = df.index[rows.isna() | (rows < 0) | (rows != rows.round())]
     if len(bad):
-        raise ValueError(
-            f"{where}: column 'row' must hold non-negative integers; bad value(s) {list(df.loc[bad[:5], 'row'])}"
+        raise DataError(
+            f"{where}: column 'row' must hold non-negative integers; bad value(s) {plain(df.loc[bad[:5], 'row'])}"
         )
     for col in ("client", "id", "group"):
         empty = df[col].isna() | (df[col].astype(str) == "")
         if empty.any():
-            raise ValueError(f"{where}: column {col!r} has {int(empty.sum())} empty value(s)")
+            raise DataError(f"{where}: column {col!r} has {int(empty.sum())} empty value(s)")
     out = df.copy()
     out["row"] = rows.astype(np.int64)
     dup = out.duplicated(subset=["client", "row"], keep=False)
     if dup.any():
         first = out.loc[dup, ["client", "row", "split"]].head(6).to_dict("records")
-        raise ValueError(f"{where}: a (client, row) appears more than once, e.g. {first}")
+        raise DataError(f"{where}: a (client, row) appears more than once, e.g. {first}")
     return out
 
 
@@ -312,22 +317,28 @@ def read_split_csv(path: str | os.PathLike) -> pd.DataFrame:
             keep_default_na=False,
         )
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable CSV split file ({exc})") from exc
+        raise DataError(f"{path}: not a readable CSV split file ({exc})") from exc
     return _check_split_frame(df, str(path))
 
 
-def grouped_split(
+def client_rng(seed: int, client: str) -> np.random.Generator:
+    """The generator of one client's seeded split, seeded with (seed, crc32(client name)): each client
+    has its own stream, whatever the other clients are and in whatever order they are split."""
+    return np.random.default_rng([int(seed), zlib.crc32(client.encode("utf-8"))])
+
+
+def split_groups(
     groups: np.ndarray,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None,
     cut: Callable[[int], tuple[int, int]],
     strata: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, split name per row) of one client's seeded split, every group (patient, case, lesion)
-    in exactly one split.
+) -> np.ndarray:
+    """The split name of every row of one client, every group (patient, case, lesion, slide) in
+    exactly one split. This is the one place where the seeded splits of every family cut groups.
 
     Within each stratum (e.g. a class; a group belongs to the stratum of its first row) the sorted
-    groups are permuted by ``rng`` and cut by ``cut(number of groups) -> (end of train, end of val)``.
-    Rows come out in random order, so training that truncates to its first rows sees every stratum.
+    groups are permuted by ``rng`` (``None``: kept sorted) and cut by
+    ``cut(number of groups) -> (end of train, end of val)``: first train, then val, then test.
     """
     groups = np.asarray(groups).astype(str)
     strata = np.zeros(len(groups), np.int64) if strata is None else np.asarray(strata)
@@ -336,11 +347,24 @@ def grouped_split(
     split_of: dict[str, str] = {}
     for stratum in np.unique(group_stratum):
         members = unique[group_stratum == stratum]
-        members = members[rng.permutation(len(members))]
+        if rng is not None:
+            members = members[rng.permutation(len(members))]
         train_end, val_end = cut(len(members))
         split_of.update({g: ("train" if k < train_end else "val" if k < val_end else "test") for k, g in enumerate(members)})
-    rows = rng.permutation(len(groups)).astype(np.int64)
-    return rows, np.array([split_of[g] for g in groups[rows]])
+    return np.array([split_of[g] for g in groups])
+
+
+def grouped_split(
+    groups: np.ndarray,
+    rng: np.random.Generator,
+    cut: Callable[[int], tuple[int, int]],
+    strata: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, split name per row): ``split_groups`` with the rows in random order, so training that
+    truncates a split to its first rows sees every stratum and many groups."""
+    names = split_groups(groups, rng, cut, strata)
+    rows = rng.permutation(len(names)).astype(np.int64)
+    return rows, names[rows]
 
 
 def split_rows(split_df: pd.DataFrame, client: str, split: str) -> np.ndarray:
