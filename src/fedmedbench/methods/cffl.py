@@ -32,7 +32,7 @@ import torch
 
 from fedmedbench.fl import client, server
 from fedmedbench.fl.engine import evaluate
-from fedmedbench.ops.aggregate import parameter_keys
+from fedmedbench.ops.aggregate import add_to_parameters, parameter_keys
 
 DEFAULTS = {
     "upload_fraction": 0.1,
@@ -100,9 +100,7 @@ class Client(client.Client):
         if "state" in package:  # round 0: the common initialisation
             super().receive(package)
             return
-        with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                p.add_(package["download"][n].to(p.device))
+        add_to_parameters(self.model, package["download"])
 
 
 class Server(server.Server):

@@ -24,7 +24,7 @@ import math
 import torch
 
 from fedmedbench.fl import client, server
-from fedmedbench.ops.aggregate import parameter_keys
+from fedmedbench.ops.aggregate import add_to_parameters, parameter_keys
 
 DEFAULTS = {"gamma": 1.0, "alpha": 0.95, "beta": 1.0}
 PERSONALIZED = True
@@ -60,9 +60,7 @@ class Client(client.Client):
         if "state" in package:  # round 0: the common initialisation
             super().receive(package)
             return
-        with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                p.add_(package["reward"][n].to(p.device))
+        add_to_parameters(self.model, package["reward"])
 
 
 class Server(server.Server):

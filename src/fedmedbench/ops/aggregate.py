@@ -97,3 +97,10 @@ def layerwise_weighted_average(
 
 def clone_state(state: StateDict) -> StateDict:
     return {key: value.detach().clone() for key, value in state.items()}
+
+
+@torch.no_grad()
+def add_to_parameters(model: nn.Module, delta: Mapping[str, torch.Tensor]) -> None:
+    """Adds ``delta[name]`` to each named parameter in place (a reward or a download in delta form)."""
+    for name, param in model.named_parameters():
+        param.add_(delta[name].to(param.device))
