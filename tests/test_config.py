@@ -45,3 +45,17 @@ def test_typo_in_config_fails_with_its_location(tmp_path):
     bad.write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match=r"tasks\.prostate\.optimizer\.name"):
         fmb.load_config(bad)
+
+
+def test_experiments_are_typed_with_their_defaults_in_one_place():
+    cfg = fmb.load_config(ROOT / "config.yaml")
+    table = fmb.experiment(cfg, "harmofl_table1_prostate")
+    assert table.kind == "table" and table.select_on == "val" and table.std_row is False
+    assert table.label("fedavg") == "FedAvg" and table.label("unlisted") == "unlisted"
+    assert table.paper_id("fedprox-mu0.1") == "fedprox" and table.task_names() == ("prostate",)
+    sweep = fmb.experiment(cfg, "harmofl_fig5b_local_epochs")
+    runs = [run for series in sweep.series.values() for run in series.values()]
+    assert sweep.kind == "sweep" and sweep.run_names() == list(dict.fromkeys(runs))
+    assert fmb.experiment_runs(cfg, "harmofl_table1_prostate")[:2] == [("prostate", "fedavg", 0), ("prostate", "fedavg", 1)]
+    with pytest.raises(fmb.ConfigError, match="std_rwo.*std_row"):
+        fmb.Experiment.from_dict({"title": "t", "seeds": [0], "std_rwo": True})

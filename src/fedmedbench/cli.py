@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from fedmedbench.config import Experiment
 from fedmedbench.errors import ConfigError, FedmedbenchError
 
 
@@ -136,26 +137,26 @@ def cmd_collect(args) -> None:
     atomic_write_text(Path(args.out), pd.DataFrame(rows).to_csv(index=False))
 
 
-def _experiment_finals(exp: dict, finals: list[dict], paths: list[str]) -> list[dict]:
+def _experiment_finals(exp: Experiment, finals: list[dict], paths: list[str]) -> list[dict]:
     """The finals as the table uses them: with ``select_on: test`` (the official Fed-LWR selection,
     a switch, off by default) each run's test scores at its best mean test round, from history.csv."""
-    if exp.get("select_on", "val") == "val":
+    if exp.select_on == "val":
         return finals
     import pandas as pd
 
     from fedmedbench.report.fairness import select_on_test
 
-    return [select_on_test(f, pd.read_csv(Path(p).with_name("history.csv")), exp["metric"]) for f, p in zip(finals, paths)]
+    return [select_on_test(f, pd.read_csv(Path(p).with_name("history.csv")), exp.metric) for f, p in zip(finals, paths)]
 
 
 def cmd_table(args) -> None:
     from fedmedbench.report.tables import seed_summary, write_table
 
-    exp = json.loads(args.experiment)
+    exp = Experiment.from_dict(json.loads(args.experiment))
     finals = _experiment_finals(exp, _load_finals(args.finals), args.finals)
-    summary = seed_summary(finals, exp["metric"], sources=args.finals, std_row=exp.get("std_row", False))
-    rows = [(run, exp.get("labels", {}).get(run, run)) for run in exp["runs"]]
-    write_table(summary, Path(args.out_prefix), rows, caption=exp["title"])
+    summary = seed_summary(finals, exp.metric, sources=args.finals, std_row=exp.std_row)
+    rows = [(run, exp.label(run)) for run in exp.runs]
+    write_table(summary, Path(args.out_prefix), rows, caption=exp.title)
 
 
 def cmd_figure(args) -> None:
@@ -163,50 +164,50 @@ def cmd_figure(args) -> None:
 
     from fedmedbench.report.figures import convergence
 
-    exp = json.loads(args.experiment)
-    histories: dict[str, list] = {run: [] for run in exp["runs"]}
+    exp = Experiment.from_dict(json.loads(args.experiment))
+    histories: dict[str, list] = {run: [] for run in exp.runs}
     for path in args.histories:
         with open(Path(path).with_name("final.json")) as handle:
             run = json.load(handle)["run"]
         histories[run].append(pd.read_csv(path))
-    convergence(histories, exp["metric"], Path(args.out_prefix), title=exp["title"].split(":")[0] + ": convergence", labels=exp.get("labels"))
+    convergence(histories, exp.metric, Path(args.out_prefix), title=exp.title.split(":")[0] + ": convergence", labels=exp.labels)
 
 
 def cmd_sweep_figure(args) -> None:
     from fedmedbench.report.sweeps import sweep_figure, sweep_points
 
-    exp = json.loads(args.experiment)
-    points = sweep_points(_load_finals(args.finals), exp["series"], exp["metric"], exp.get("error", "seeds"))
-    sweep_figure(points, Path(args.out_prefix), exp["title"], exp.get("x_label", "value"), f"{exp['metric']} (%)", log_x=exp.get("log_x", False))
+    exp = Experiment.from_dict(json.loads(args.experiment))
+    points = sweep_points(_load_finals(args.finals), exp.series, exp.metric, exp.error)
+    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, f"{exp.metric} (%)", log_x=exp.log_x)
 
 
 def cmd_qualitative_figure(args) -> None:
     from fedmedbench.report.qualitative import load_rows, qualitative_figure
 
-    exp = json.loads(args.experiment)
+    exp = Experiment.from_dict(json.loads(args.experiment))
     by_task: dict[str, dict[str, Path]] = {}
     for path in map(Path, args.predictions):  # .../train/<task>/<run>/seed<k>/predictions.npz
         task, run = path.parts[-4], path.parts[-3]
         by_task.setdefault(task, {}).setdefault(run, path)  # first seed listed
     rows = []
-    for task in exp["tasks"]:
-        spec = exp["task_specs"][task]
-        clients = exp.get("clients", {}).get(task, spec["clients"])
-        files = {run: by_task[task][run] for run in exp["runs"]}
-        rows += load_rows(files, task, clients, per_client=exp.get("per_client", 1), centre_slice=spec.get("channels") == "slices")
-    columns = [(run, exp.get("labels", {}).get(run, run)) for run in exp["runs"]]
-    qualitative_figure(rows, columns, Path(args.out_prefix), exp["title"])
+    for task in exp.tasks:
+        spec = exp.task_specs[task]
+        clients = exp.clients.get(task, spec["clients"])
+        files = {run: by_task[task][run] for run in exp.runs}
+        rows += load_rows(files, task, clients, per_client=exp.per_client, centre_slice=spec.get("channels") == "slices")
+    columns = [(run, exp.label(run)) for run in exp.runs]
+    qualitative_figure(rows, columns, Path(args.out_prefix), exp.title)
 
 
 def cmd_ampnorm_figure(args) -> None:
     from fedmedbench.report.ampnorm import ampnorm_figure, normalized_examples
 
-    exp = json.loads(args.experiment)
+    exp = Experiment.from_dict(json.loads(args.experiment))
     panels = {}
-    for task, store in zip(exp["tasks"], args.stores):
-        clients = exp["task_specs"][task]["clients"]
+    for task, store in zip(exp.tasks, args.stores):
+        clients = exp.task_specs[task]["clients"]
         panels[task] = normalized_examples(Path(store), Path(store).with_name("split.csv"), clients)
-    ampnorm_figure(panels, Path(args.out_prefix), exp["title"])
+    ampnorm_figure(panels, Path(args.out_prefix), exp.title)
 
 
 def cmd_layer_cka_figure(args) -> None:
@@ -214,10 +215,10 @@ def cmd_layer_cka_figure(args) -> None:
 
     from fedmedbench.report.fairness import layer_cka_figure
 
-    exp = json.loads(args.experiment)
-    spec = exp["task_specs"][exp["task"]]
+    exp = Experiment.from_dict(json.loads(args.experiment))
+    spec = exp.task_specs[exp.task]
     labels = dict(zip(spec["clients"], spec.get("client_labels") or spec["clients"]))
-    layer_cka_figure(pd.read_csv(args.histories[0]), Path(args.out_prefix), exp["title"], labels=labels)
+    layer_cka_figure(pd.read_csv(args.histories[0]), Path(args.out_prefix), exp.title, labels=labels)
 
 
 def cmd_fairness_curves(args) -> None:
@@ -225,22 +226,22 @@ def cmd_fairness_curves(args) -> None:
 
     from fedmedbench.report.fairness import fairness_curves
 
-    exp = json.loads(args.experiment)
-    histories: dict[str, list] = {run: [] for run in exp["runs"]}
+    exp = Experiment.from_dict(json.loads(args.experiment))
+    histories: dict[str, list] = {run: [] for run in exp.runs}
     for path in args.histories:
         with open(Path(path).with_name("final.json")) as handle:
             histories[json.load(handle)["run"]].append(pd.read_csv(path))
-    fairness_curves(histories, exp["metric"], Path(args.out_prefix), exp["title"], labels=exp.get("labels"))
+    fairness_curves(histories, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels)
 
 
 def cmd_fairness_bars(args) -> None:
     from fedmedbench.report.fairness import fairness_bars
     from fedmedbench.report.tables import seed_summary
 
-    exp = json.loads(args.experiment)
+    exp = Experiment.from_dict(json.loads(args.experiment))
     finals = _experiment_finals(exp, _load_finals(args.finals), args.finals)
-    summary = seed_summary(finals, exp["metric"], sources=args.finals, std_row=True)
-    fairness_bars(summary, exp["runs"], Path(args.out_prefix), exp["title"], exp["metric"], labels=exp.get("labels"))
+    summary = seed_summary(finals, exp.metric, sources=args.finals, std_row=True)
+    fairness_bars(summary, exp.runs, Path(args.out_prefix), exp.title, exp.metric, labels=exp.labels)
 
 
 def cmd_ood_table(args) -> None:
@@ -248,11 +249,11 @@ def cmd_ood_table(args) -> None:
     from fedmedbench.report.prrfl import ood_columns, ood_figure, ood_summary
     from fedmedbench.report.tables import write_table
 
-    exp = json.loads(args.experiment)
-    summary = ood_summary(_load_finals(args.finals), exp["cohort"])
-    rows = [(run, exp.get("labels", {}).get(run, run)) for run in exp["runs"]]
-    write_table(summary, Path(args.out_prefix), rows, caption=exp["title"], columns=ood_columns())
-    ood_figure(summary, exp["runs"], Path(args.figure_prefix), exp["title"], labels=exp.get("labels"))
+    exp = Experiment.from_dict(json.loads(args.experiment))
+    summary = ood_summary(_load_finals(args.finals), exp.cohort)
+    rows = [(run, exp.label(run)) for run in exp.runs]
+    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, columns=ood_columns())
+    ood_figure(summary, exp.runs, Path(args.figure_prefix), exp.title, labels=exp.labels)
 
 
 def cmd_retrogress_figure(args) -> None:
@@ -260,15 +261,15 @@ def cmd_retrogress_figure(args) -> None:
 
     from fedmedbench.report.prrfl import retrogress_figure
 
-    exp = json.loads(args.experiment)
-    histories: dict[str, list] = {run: [] for run in exp["runs"]}
+    exp = Experiment.from_dict(json.loads(args.experiment))
+    histories: dict[str, list] = {run: [] for run in exp.runs}
     for path in args.histories:
         with open(Path(path).with_name("final.json")) as handle:
             histories[json.load(handle)["run"]].append(pd.read_csv(path))
-    retrogress_figure(histories, exp["client"], exp["metric"], Path(args.out_prefix), exp["title"], labels=exp.get("labels"))
+    retrogress_figure(histories, exp.client, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels)
 
 
-def _ood_comparison(exp: dict, finals: list[dict], paper_tables: str):
+def _ood_comparison(exp: Experiment, finals: list[dict], paper_tables: str):
     """PRR-FL Table 3 next to the paper: our OOD F1 / AUC (mean of the clients' models, and the
     ensemble) against the paper's single OOD number per method."""
     import pandas as pd
@@ -276,14 +277,14 @@ def _ood_comparison(exp: dict, finals: list[dict], paper_tables: str):
     from fedmedbench.report.compare import compare, load_paper_table
     from fedmedbench.report.prrfl import OOD_METRICS, OOD_SCORINGS, ood_comparison_summary, ood_summary
 
-    summary = ood_summary(finals, exp["cohort"])
-    paper = load_paper_table(Path(paper_tables) / exp["paper_table"])
-    ids = {run: exp.get("paper_ids", {}).get(run, run.split("-")[0]) for run in exp["runs"]}
+    summary = ood_summary(finals, exp.cohort)
+    paper = load_paper_table(Path(paper_tables) / exp.paper_table)
+    ids = {run: exp.paper_id(run) for run in exp.runs}
     parts = []
     for suffix in OOD_SCORINGS.values():
         for name in OOD_METRICS.values():
             part = compare(ood_comparison_summary(summary, name + suffix), paper, ids, metric=name.lower())
-            part["client"] = f"{exp['cohort']} {name}{suffix}"
+            part["client"] = f"{exp.cohort} {name}{suffix}"
             parts.append(part)
     return pd.concat(parts, ignore_index=True).sort_values("run", key=lambda s: s.map(list(ids).index), kind="stable")
 
@@ -292,26 +293,26 @@ def cmd_report(args) -> None:
     from fedmedbench.report.compare import compare, load_paper_table, write_report
     from fedmedbench.report.tables import seed_summary
 
-    experiments = json.loads(args.experiments)
+    experiments = {name: Experiment.from_dict(spec, f"experiments.{name}") for name, spec in json.loads(args.experiments).items()}
     finals = _load_finals(args.finals)
     sections, seeds, rounds = [], set(), set()
     for name, exp in experiments.items():
-        section = {"title": exp["title"], "labels": exp.get("labels", {}), "figure": exp.get("figure")}
-        if exp["kind"] == "table":
-            runs = set(exp["runs"])
-            picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp["task"] and f["run"] in runs and f["seed"] in exp["seeds"]]
+        section = {"title": exp.title, "labels": exp.labels, "figure": exp.figure}
+        if exp.kind == "table":
+            runs = set(exp.runs)
+            picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp.task and f["run"] in runs and f["seed"] in exp.seeds]
             picked = list(zip(_experiment_finals(exp, [f for f, _ in picked], [p for _, p in picked]), [p for _, p in picked]))
-            summary = seed_summary([f for f, _ in picked], exp["metric"], sources=[p for _, p in picked], std_row=exp.get("std_row", False))
+            summary = seed_summary([f for f, _ in picked], exp.metric, sources=[p for _, p in picked], std_row=exp.std_row)
             seeds.update(f["seed"] for f, _ in picked)
             rounds.update(f["selection"]["rounds"] for f, _ in picked)
-            description = picked[0][0]["metric_descriptions"].get(exp["metric"], exp["metric"])
-            section["metric_note"] = f"`{exp['metric']}`: {description}"
-            if exp.get("paper_table"):
-                paper = load_paper_table(Path(args.paper_tables) / exp["paper_table"])
-                ids = {run: exp.get("paper_ids", {}).get(run, run.split("-")[0]) for run in exp["runs"]}
-                section["comparison"] = compare(summary, paper, ids, metric=exp.get("paper_metric"))
-        if exp["kind"] == "ood_table":
-            picked = [f for f in finals if f["task"] == exp["task"] and f["run"] in set(exp["runs"]) and f["seed"] in exp["seeds"]]
+            description = picked[0][0]["metric_descriptions"].get(exp.metric, exp.metric)
+            section["metric_note"] = f"`{exp.metric}`: {description}"
+            if exp.paper_table:
+                paper = load_paper_table(Path(args.paper_tables) / exp.paper_table)
+                ids = {run: exp.paper_id(run) for run in exp.runs}
+                section["comparison"] = compare(summary, paper, ids, metric=exp.paper_metric)
+        if exp.kind == "ood_table":
+            picked = [f for f in finals if f["task"] == exp.task and f["run"] in set(exp.runs) and f["seed"] in exp.seeds]
             seeds.update(f["seed"] for f in picked)
             rounds.update(f["selection"]["rounds"] for f in picked)
             section["metric_note"] = (
@@ -319,7 +320,7 @@ def cmd_report(args) -> None:
                 "the mean of the models' scores (`OOD F1`, `OOD AUC`, compared with the paper) and the ensemble of their "
                 "averaged probabilities (`(ensemble)`, compared with the same published number)"
             )
-            if exp.get("paper_table") and picked:
+            if exp.paper_table and picked:
                 section["comparison"] = _ood_comparison(exp, picked, args.paper_tables)
         sections.append(section)
     synthetic = any(f.get("synthetic", False) for f in finals)

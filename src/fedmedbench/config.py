@@ -7,12 +7,13 @@ same whether Snakemake or a person starts it. No torch import here: the Snakefil
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from fedmedbench.errors import ConfigError, unknown_key
-from fedmedbench.runconfig import RunConfig, field_names
+from fedmedbench.runconfig import RunConfig, Strict, field_names
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -139,24 +140,64 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
 EXPERIMENT_KINDS = ("table", "sweep", "qualitative", "ampnorm", "layer_cka", "fairness_curves", "fairness_bars", "ood_table", "retrogress")
 
 
-def experiment_kind(config: dict, experiment: str) -> str:
-    return config["experiments"][experiment].get("kind", "table")
+@dataclass(frozen=True)
+class Experiment(Strict):
+    """One paper table or figure (``experiments.<name>`` in config.yaml), every default in one place.
+    The schema checks the types; which keys a kind needs is in the schema's ``allOf``."""
+
+    title: str
+    seeds: tuple[int, ...]
+    kind: str = "table"  # one of EXPERIMENT_KINDS
+    task: str | None = None
+    tasks: tuple[str, ...] = ()  # kinds over several tasks (qualitative, ampnorm)
+    runs: tuple[str, ...] = ()
+    labels: dict = field(default_factory=dict)  # run -> display name
+    paper_ids: dict = field(default_factory=dict)  # run -> the paper table's row id
+    metric: str | None = None
+    paper_table: str | None = None
+    paper_metric: str | None = None  # table: the paper CSV's metric when it holds several
+    cohort: str | None = None  # ood_table: the test-only client
+    client: str | None = None  # retrogress: the client whose local-epoch curve is drawn
+    std_row: bool = False  # table: Fed-LWR's Std column (population std across clients)
+    select_on: str = "val"  # table: val | test (the official Fed-LWR selection, a switch)
+    series: dict = field(default_factory=dict)  # sweep: legend label -> {x value: run}
+    error: str = "seeds"  # sweep: seeds | clients_sem
+    x_label: str = "value"
+    log_x: bool = False
+    per_client: int = 1  # qualitative: rows per client
+    clients: dict = field(default_factory=dict)  # qualitative: task -> clients shown
+    # Added by the workflow for the jobs that draw and report (workflow/rules/common.smk).
+    task_specs: dict = field(default_factory=dict)
+    figure: str | None = None
+
+    def task_names(self) -> tuple[str, ...]:
+        return self.tasks or (self.task,)
+
+    def run_names(self) -> list[str]:
+        """Runs in display order (a sweep's runs come from its series)."""
+        if self.series:
+            return list(dict.fromkeys(run for runs in self.series.values() for run in runs.values()))
+        return list(dict.fromkeys(self.runs))
+
+    def label(self, run: str) -> str:
+        return self.labels.get(run, run)
+
+    def paper_id(self, run: str) -> str:
+        return self.paper_ids.get(run, run.split("-")[0])
 
 
-def experiment_run_names(spec: dict) -> list[str]:
-    """Runs of an experiment in display order (a sweep's runs come from its series)."""
-    if "series" in spec:
-        names = [run for runs in spec["series"].values() for run in runs.values()]
-    else:
-        names = spec.get("runs", [])
-    return list(dict.fromkeys(names))
+def experiment(config: dict, name: str) -> Experiment:
+    return Experiment.from_dict(config["experiments"][name], where=f"experiments.{name}")
 
 
-def experiment_runs(config: dict, experiment: str) -> list[tuple[str, str, int]]:
+def experiment_kind(config: dict, name: str) -> str:
+    return experiment(config, name).kind
+
+
+def experiment_runs(config: dict, name: str) -> list[tuple[str, str, int]]:
     """(task, run, seed) of every training job an experiment needs."""
-    spec = config["experiments"][experiment]
-    tasks = spec.get("tasks") or [spec["task"]]
-    return [(task, run, seed) for task in tasks for run in experiment_run_names(spec) for seed in spec.get("seeds", [])]
+    spec = experiment(config, name)
+    return [(task, run, seed) for task in spec.task_names() for run in spec.run_names() for seed in spec.seeds]
 
 
 def train_dir(config: dict, task: str, run: str, seed: int) -> Path:

@@ -190,7 +190,8 @@ def experiment_splits(wildcards):
 
 def experiment_json(wildcards):
     spec = config["experiments"][wildcards.experiment]
-    tasks = {t: config["tasks"][t] for t in spec.get("tasks") or [spec["task"]]}
+    names = fmb.experiment(config, wildcards.experiment).task_names()
+    tasks = {t: config["tasks"][t] for t in names}
     return json.dumps({**spec, "task_specs": tasks}, sort_keys=True)
 
 
