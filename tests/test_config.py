@@ -52,7 +52,7 @@ def test_experiments_are_typed_with_their_defaults_in_one_place():
     table = fmb.experiment(cfg, "harmofl_table1_prostate")
     assert table.kind == "table" and table.select_on == "val" and table.std_row is False
     assert table.label("fedavg") == "FedAvg" and table.label("unlisted") == "unlisted"
-    assert table.paper_id("fedprox-mu0.1") == "fedprox" and table.task_names() == ("prostate",)
+    assert fmb.Experiment.from_dict({"title": "t", "seeds": [0], "runs": ["fedprox-mu0.1"]}).paper_id_map() == {"fedprox-mu0.1": "fedprox"} and table.task_names() == ("prostate",)
     sweep = fmb.experiment(cfg, "harmofl_fig5b_local_epochs")
     runs = [run for series in sweep.series.values() for run in series.values()]
     assert sweep.kind == "sweep" and sweep.run_names() == list(dict.fromkeys(runs))

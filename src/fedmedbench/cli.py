@@ -279,7 +279,7 @@ def _ood_comparison(exp: Experiment, finals: list[dict], paper_tables: str):
 
     summary = ood_summary(finals, exp.cohort)
     paper = load_paper_table(Path(paper_tables) / exp.paper_table)
-    ids = {run: exp.paper_id(run) for run in exp.runs}
+    ids = exp.paper_id_map()
     parts = []
     for suffix in OOD_SCORINGS.values():
         for name in OOD_METRICS.values():
@@ -309,7 +309,7 @@ def cmd_report(args) -> None:
             section["metric_note"] = f"`{exp.metric}`: {description}"
             if exp.paper_table:
                 paper = load_paper_table(Path(args.paper_tables) / exp.paper_table)
-                ids = {run: exp.paper_id(run) for run in exp.runs}
+                ids = exp.paper_id_map()
                 section["comparison"] = compare(summary, paper, ids, metric=exp.paper_metric)
         if exp.kind == "ood_table":
             picked = [f for f in finals if f["task"] == exp.task and f["run"] in set(exp.runs) and f["seed"] in exp.seeds]

@@ -137,9 +137,6 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
     return RunConfig.from_dict(resolved, where=f"tasks.{task} (run {run})").to_dict()
 
 
-EXPERIMENT_KINDS = ("table", "sweep", "qualitative", "ampnorm", "layer_cka", "fairness_curves", "fairness_bars", "ood_table", "retrogress")
-
-
 @dataclass(frozen=True)
 class Experiment(Strict):
     """One paper table or figure (``experiments.<name>`` in config.yaml), every default in one place.
@@ -147,7 +144,7 @@ class Experiment(Strict):
 
     title: str
     seeds: tuple[int, ...]
-    kind: str = "table"  # one of EXPERIMENT_KINDS
+    kind: str = "table"  # the schema lists the kinds (experiments.*.kind)
     task: str | None = None
     tasks: tuple[str, ...] = ()  # kinds over several tasks (qualitative, ampnorm)
     runs: tuple[str, ...] = ()
@@ -182,8 +179,9 @@ class Experiment(Strict):
     def label(self, run: str) -> str:
         return self.labels.get(run, run)
 
-    def paper_id(self, run: str) -> str:
-        return self.paper_ids.get(run, run.split("-")[0])
+    def paper_id_map(self) -> dict[str, str]:
+        """run -> the paper table's row id (default: the method name, the run without its variant)."""
+        return {run: self.paper_ids.get(run, run.split("-")[0]) for run in self.runs}
 
 
 def experiment(config: dict, name: str) -> Experiment:
