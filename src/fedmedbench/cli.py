@@ -32,9 +32,11 @@ def cmd_train(args) -> None:
             raise SystemExit("train: give --run-config JSON, or --config FILE... --task --run --seed")
         config = cfgmod.load_config(*args.config)
         run_cfg = cfgmod.resolve_run(config, args.task, args.run, args.seed)
+        if args.checkpoint_every is None:
+            args.checkpoint_every = cfgmod.checkpoint_every(config, args.task)
     out = Path(args.out)
     logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
-    final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress)
+    final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1)
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
     print(f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})")
@@ -115,11 +117,9 @@ def cmd_split(args) -> None:
 
 
 def _load_finals(paths: list[str]) -> list[dict]:
-    finals = []
-    for path in paths:
-        with open(path) as handle:
-            finals.append(json.load(handle))
-    return finals
+    from fedmedbench.report.inputs import read_final
+
+    return [read_final(path) for path in paths]
 
 
 def cmd_collect(args) -> None:
@@ -142,11 +142,10 @@ def _experiment_finals(exp: Experiment, finals: list[dict], paths: list[str]) ->
     a switch, off by default) each run's test scores at its best mean test round, from history.csv."""
     if exp.select_on == "val":
         return finals
-    import pandas as pd
-
     from fedmedbench.report.fairness import select_on_test
+    from fedmedbench.report.inputs import read_history
 
-    return [select_on_test(f, pd.read_csv(Path(p).with_name("history.csv")), exp.metric) for f, p in zip(finals, paths)]
+    return [select_on_test(f, read_history(Path(p).with_name("history.csv"), f), exp.metric) for f, p in zip(finals, paths)]
 
 
 def cmd_table(args) -> None:
@@ -160,16 +159,11 @@ def cmd_table(args) -> None:
 
 
 def cmd_figure(args) -> None:
-    import pandas as pd
-
     from fedmedbench.report.figures import convergence
+    from fedmedbench.report.inputs import histories_by_run
 
     exp = Experiment.from_dict(json.loads(args.experiment))
-    histories: dict[str, list] = {run: [] for run in exp.runs}
-    for path in args.histories:
-        with open(Path(path).with_name("final.json")) as handle:
-            run = json.load(handle)["run"]
-        histories[run].append(pd.read_csv(path))
+    histories = histories_by_run(args.histories, exp.runs)
     convergence(histories, exp.metric, Path(args.out_prefix), title=exp.title.split(":")[0] + ": convergence", labels=exp.labels)
 
 
@@ -211,26 +205,21 @@ def cmd_ampnorm_figure(args) -> None:
 
 
 def cmd_layer_cka_figure(args) -> None:
-    import pandas as pd
-
     from fedmedbench.report.fairness import layer_cka_figure
+    from fedmedbench.report.inputs import read_run_history
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     spec = exp.task_specs[exp.task]
     labels = dict(zip(spec["clients"], spec.get("client_labels") or spec["clients"]))
-    layer_cka_figure(pd.read_csv(args.histories[0]), Path(args.out_prefix), exp.title, labels=labels)
+    layer_cka_figure(read_run_history(args.histories[0])[1], Path(args.out_prefix), exp.title, labels=labels)
 
 
 def cmd_fairness_curves(args) -> None:
-    import pandas as pd
-
     from fedmedbench.report.fairness import fairness_curves
+    from fedmedbench.report.inputs import histories_by_run
 
     exp = Experiment.from_dict(json.loads(args.experiment))
-    histories: dict[str, list] = {run: [] for run in exp.runs}
-    for path in args.histories:
-        with open(Path(path).with_name("final.json")) as handle:
-            histories[json.load(handle)["run"]].append(pd.read_csv(path))
+    histories = histories_by_run(args.histories, exp.runs)
     fairness_curves(histories, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels)
 
 
@@ -257,15 +246,11 @@ def cmd_ood_table(args) -> None:
 
 
 def cmd_retrogress_figure(args) -> None:
-    import pandas as pd
-
+    from fedmedbench.report.inputs import histories_by_run
     from fedmedbench.report.prrfl import retrogress_figure
 
     exp = Experiment.from_dict(json.loads(args.experiment))
-    histories: dict[str, list] = {run: [] for run in exp.runs}
-    for path in args.histories:
-        with open(Path(path).with_name("final.json")) as handle:
-            histories[json.load(handle)["run"]].append(pd.read_csv(path))
+    histories = histories_by_run(args.histories, exp.runs)
     retrogress_figure(histories, exp.client, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels)
 
 
@@ -342,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint every N rounds (default: the task's checkpoint_every, else 1)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("estimate", help="time a few rounds per kind of job and project the cost of the experiments")

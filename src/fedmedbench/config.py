@@ -7,14 +7,19 @@ same whether Snakemake or a person starts it. No torch import here: the Snakefil
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from fedmedbench.errors import ConfigError, unknown_key
+from fedmedbench import values
+from fedmedbench.errors import ConfigError, closest, unknown_key
 from fedmedbench.runconfig import RunConfig, Strict, field_names
 
+# libyaml's safe loader where it is built (10x faster; Snakemake parses the config on every call).
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -33,47 +38,138 @@ def deep_merge(base: dict, overlay: dict) -> dict:
     return merged
 
 
+@functools.lru_cache(maxsize=1)
+def schema() -> dict:
+    return yaml.load(SCHEMA.read_text(), Loader=YAML_LOADER)
+
+
+def _relaxed(node):
+    """The schema without ``required`` anywhere: what a partial override (a variant's ``optimizer:
+    {lr: ...}``, merged into the task's) must satisfy."""
+    if isinstance(node, dict):
+        return {k: _relaxed(v) for k, v in node.items() if k != "required"}
+    if isinstance(node, list):
+        return [_relaxed(v) for v in node]
+    return node
+
+
 def validate(config: dict, source: str = "config") -> None:
-    """The schema (types, ranges, no unknown keys at any level), then every method's parameters and
-    variants against the method's DEFAULTS. Errors name the key and suggest the closest spelling."""
+    """Everything a job will read, checked once before any job runs: the schema (types, ranges, no
+    unknown keys at any level); every method parameter and variant override against its declaration
+    (the method's DEFAULTS/PARAM_SCHEMA, the task schema); and the references between sections
+    (an experiment's tasks and runs, a task's dataset and protocol). Errors name the key path and,
+    for a variant, the run; a misspelt key gets its closest spelling."""
     import jsonschema
 
-    schema = yaml.safe_load(SCHEMA.read_text())
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(config))
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
             allowed = error.schema.get("properties", {})
             extra = [k for k in error.instance if k not in allowed]
             raise unknown_key(f"{source}: {where}", extra[0], allowed)
+        if error.validator in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            raise ConfigError(f"{source}: {where}: expected {values.describe(error.schema)}, got {json.dumps(error.instance)}")
         raise ConfigError(f"{source}: invalid config at {where}: {error.message}")
     for method, section in config.get("methods", {}).items():
         check_method_section(method, section or {}, f"{source}: methods.{method}")
+    check_references(config, source)
 
 
 def check_method_section(method: str, section: dict, where: str) -> None:
-    from fedmedbench.methods import merge_params
+    """The method's parameters, and each variant's keys: a method parameter (typed by the method)
+    or a task key (typed by the task schema, as a partial override)."""
+    from fedmedbench.methods import check_param, merge_params
 
-    params = {k: v for k, v in section.items() if k != "variants"}
-    merge_params(method, params, where)
-    known = set(params) | set(merge_params(method, {}, where)) | set(TRAINING_KEYS)
+    merge_params(method, {k: v for k, v in section.items() if k != "variants"}, where)
+    task_keys = _relaxed(schema()["properties"]["tasks"]["additionalProperties"])["properties"]
+    params = set(merge_params(method, {}, where))
     for variant, changes in (section.get("variants") or {}).items():
-        for key in changes:
-            if key not in known:
-                raise unknown_key(f"{where}.variants.{variant}", key, known)
+        place = f"{where}.variants.{variant} (run {method}-{variant})"
+        for key, value in changes.items():
+            if key in params:
+                check_param(method, key, value, place)
+            elif key in TRAINING_KEYS and key in task_keys:
+                values.check(value, task_keys[key], f"{place}.{key}")
+            else:
+                raise unknown_key(place, key, params | set(TRAINING_KEYS))
+
+
+# UNet halves the resolution four times and concatenates skip connections of equal size.
+UNET_DIVISOR = 16
+
+
+def check_references(config: dict, source: str) -> None:
+    """Names that point to other sections exist, and sizes fit the models (not a shape error at the
+    first training step)."""
+    tasks, methods, data = config["tasks"], config.get("methods", {}), config["data"]
+    for name, spec in tasks.items():
+        where = f"{source}: tasks.{name}"
+        if spec["dataset"] not in data:
+            raise ConfigError(f"{where}.dataset: {spec['dataset']!r} is not a section of data{closest(spec['dataset'], data)}; have: {', '.join(data)}")
+        protocols = data[spec["dataset"]].get("protocols") or {}
+        if spec["protocol"] not in protocols:
+            raise ConfigError(f"{where}.protocol: {spec['protocol']!r} is not one of data.{spec['dataset']}.protocols{closest(spec['protocol'], protocols)}; have: {', '.join(protocols)}")
+        size = (protocols[spec["protocol"]] or {}).get("image_size")
+        if spec["model"]["name"] == "unet" and size is not None and size % UNET_DIVISOR:
+            raise ConfigError(
+                f"{source}: data.{spec['dataset']}.protocols.{spec['protocol']}.image_size: {size} is not a multiple of {UNET_DIVISOR}, "
+                f"which the UNet of task {name!r} needs (it halves the resolution 4 times)"
+            )
+    for name, spec in config["experiments"].items():
+        where = f"{source}: experiments.{name}"
+        for task in ([spec["task"]] if "task" in spec else []) + list(spec.get("tasks", [])):
+            if task not in tasks:
+                raise ConfigError(f"{where}: task {task!r} is not a section of tasks{closest(task, tasks)}; have: {', '.join(tasks)}")
+        runs = list(spec.get("runs", [])) + [run for series in (spec.get("series") or {}).values() for run in series.values()]
+        for run in runs:
+            method, variant = split_run(run)
+            if method not in methods:
+                raise ConfigError(f"{where}: run {run!r}: method {method!r} has no section under methods{closest(method, methods)}")
+            variants = (methods[method] or {}).get("variants") or {}
+            if variant is not None and variant not in variants:
+                raise ConfigError(f"{where}: run {run!r}: no variant {variant!r} under methods.{method}.variants{closest(variant, variants)}; have: {', '.join(variants) or 'none'}")
+    for name in config.get("selected_experiments") or []:
+        if name not in config["experiments"]:
+            raise ConfigError(f"{source}: selected_experiments: {name!r} is not an experiment{closest(name, config['experiments'])}")
+
+
+def read_yaml(path: str | Path) -> dict:
+    """A YAML config file as a mapping; a syntax error is one line with file, line and column."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            loaded = yaml.load(handle, Loader=YAML_LOADER)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: YAML syntax error: {err.problem or err.context}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: YAML error: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level, got a {type(loaded).__name__}")
+    return loaded
 
 
 def load_config(*paths: Path) -> dict:
     config: dict = {}
     for path in paths:
-        with open(path) as handle:
-            config = deep_merge(config, yaml.safe_load(handle) or {})
+        config = deep_merge(config, read_yaml(path))
     validate(config, " + ".join(str(p) for p in paths))
     return config
 
 
 def results_root(config: dict) -> Path:
     return Path(config.get("results_dir", "results")) / config["run_name"]
+
+
+def checkpoint_every(config: dict, task: str) -> int:
+    """How often a task's jobs checkpoint (every round by default). Not part of the run config: it
+    cannot change a number, so changing it re-runs nothing and keeps a killed job's checkpoint."""
+    return config["tasks"][task].get("checkpoint_every", 1)
 
 
 def task_data_dir(config: dict, task: str) -> Path:

@@ -88,7 +88,28 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
             os._exit(code)
 
 
-def serve(path: str) -> None:
+def die_with_parent(lifeline: int, path: str) -> None:
+    """End the server when the process that started it ends, however it ends (``kill``, SIGKILL,
+    a supervisor): that process holds the only write end of the ``lifeline`` pipe, so a read
+    returns end-of-file exactly then. The socket and its folder go too (no ~700 MB server left
+    blocked in ``accept`` forever, no folder left in /tmp)."""
+
+    def watch() -> None:
+        while os.read(lifeline, 1):
+            pass
+        Path(path).unlink(missing_ok=True)
+        try:
+            os.rmdir(Path(path).parent)
+        except OSError:
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def serve(path: str, lifeline: int | None = None) -> None:
+    if lifeline is not None:
+        die_with_parent(lifeline, path)
     warm_up()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -99,6 +120,8 @@ def serve(path: str) -> None:
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         if os.fork() == 0:
             server.close()
+            if lifeline is not None:
+                os.close(lifeline)  # a job outlives the server if it must
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _child(conn, json.loads(message), fds)
         for fd in fds:
@@ -131,12 +154,17 @@ def with_jobserver(command: list[str]) -> int:
     """Run ``command`` with a job server for its training jobs."""
     folder = tempfile.mkdtemp(prefix="fedmedbench-jobserver-")
     path = str(Path(folder) / "socket")
+    lifeline, keepalive = os.pipe()  # not inherited by `command` (non-inheritable fds)
     pid = os.fork()
     if pid == 0:
         try:
-            serve(path)
+            os.close(keepalive)
+            serve(path, lifeline)
         finally:
             os._exit(1)
+    os.close(lifeline)
+    # `kill <pid>` of this process: stop the command as well, then clean up below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for _ in range(600):  # the warm-up takes a few seconds
             if Path(path).exists():
@@ -145,9 +173,17 @@ def with_jobserver(command: list[str]) -> int:
                 log.warning("the job server did not start; jobs run without it")
                 break
             threading.Event().wait(0.05)
-        return subprocess.call(command, env={**os.environ, SOCKET_ENV: path})
+        child = subprocess.Popen(command, env={**os.environ, SOCKET_ENV: path})
+        try:
+            return child.wait()
+        except BaseException:
+            child.terminate()  # Snakemake stops its jobs on SIGTERM
+            child.wait()
+            raise
     finally:
+        os.close(keepalive)
         os.kill(pid, signal.SIGTERM)
         os.waitpid(pid, 0)
         Path(path).unlink(missing_ok=True)
-        os.rmdir(folder)
+        if Path(folder).exists():
+            os.rmdir(folder)

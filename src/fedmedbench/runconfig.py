@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -89,7 +90,6 @@ class RunConfig(Strict):
     truncate_to_smallest: bool = False
     aggregation: AggregationConfig = AggregationConfig()
     reset_optimizer_each_round: bool = False
-    checkpoint_every: int = 1
     qualitative_samples: int = 4
     local_epoch_curve: bool = False  # also evaluate test after receiving and after every local epoch
     precision: str = "fp32"  # fp32 (the papers) | bf16 (autocast + channels_last; faster on GPUs)
@@ -149,11 +149,31 @@ def _build(cls, values: dict, where: str):
 
 
 def _convert(hint, value, where: str):
+    """``value`` as the field's type; a value of another type is a ConfigError naming ``where``
+    (a string is never read as a boolean or a number, a boolean never as a number)."""
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
-    origin = typing.get_origin(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, where)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return tuple(value)
+            raise _wrong_type(where, "a list", value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # JSON Schema's integer admits 2.0; the run config stores 2
+    expected = {bool: (bool,), int: (int,), float: (int, float), str: (str,), dict: (dict,)}.get(origin or hint)
+    if expected is not None and (not isinstance(value, expected) or (hint is not bool and isinstance(value, bool))):
+        raise _wrong_type(where, {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}[origin or hint], value)
     return value
+
+
+def _wrong_type(where: str, expected: str, value) -> ConfigError:
+    return ConfigError(f"{where}: expected {expected}, got {json.dumps(value)} ({type(value).__name__})")

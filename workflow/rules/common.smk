@@ -1,6 +1,7 @@
 # All Python helpers of the workflow: config validation, paths, target lists, params.
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -10,6 +11,14 @@ sys.path.insert(0, str(SRC))
 from fedmedbench import config as fmb  # noqa: E402  (light: no torch)
 from fedmedbench.data import is_archive, load_family  # noqa: E402
 
+# Read by our reader first, so a YAML syntax error is one line with file, line and column
+# (Snakemake's own message names neither).
+fmb.read_yaml("config.yaml")
+
+
+configfile: "config.yaml"
+
+
 # A typo names the key and its closest valid spelling.
 fmb.validate(config, "config")
 
@@ -18,7 +27,7 @@ RESOURCES = str(Path(workflow.basedir) / "resources")
 # Jobs run `python -m fedmedbench` from this checkout, so neither the venv nor a conda env needs the
 # package installed.
 # (The prefix is formatted once more per job, hence the doubled braces.)
-shell.prefix(f"export PYTHONPATH='{SRC}'${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+shell.prefix(f"export PYTHONPATH={shlex.quote(str(SRC))}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
 wildcard_constraints:
@@ -93,7 +102,7 @@ def preprocess_inputs(wildcards):
 
 
 def raw_arguments(wildcards, input):
-    return " ".join(f"{name}={input[name]}" for name in raw_files(wildcards.dataset))
+    return " ".join(shlex.quote(f"{name}={input[name]}") for name in raw_files(wildcards.dataset))
 
 
 def protocol_spec(wildcards):
@@ -135,6 +144,10 @@ def train_inputs(wildcards):
 
 def run_dir(wildcards, output):
     return str(Path(output.final).parent)
+
+
+def checkpoint_every(wildcards):
+    return fmb.checkpoint_every(config, wildcards.task)
 
 
 def run_config_json(wildcards):

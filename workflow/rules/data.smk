@@ -13,8 +13,8 @@ rule synthesize:
         options=synthetic_options,
         seed=synthetic_seed,
     shell:
-        "python -m fedmedbench synthesize {wildcards.dataset} --out {output} --seed {params.seed} "
-        "--options {params.options:q} &> {log}"
+        "python -m fedmedbench synthesize {wildcards.dataset} --out {output:q} --seed {params.seed} "
+        "--options {params.options:q} &> {log:q}"
 
 
 rule download:
@@ -32,7 +32,7 @@ rule download:
         sha256=sha256_option,
     shell:
         "python -m fedmedbench fetch --dataset {wildcards.dataset} --source {params.source:q} "
-        "--dest {output.file} {params.sha256} &> {log}"
+        "--dest {output.file:q} {params.sha256} &> {log:q}"
 
 
 rule extract:
@@ -45,7 +45,7 @@ rule extract:
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m fedmedbench extract --archive {input} --out {output} &> {log}"
+        "python -m fedmedbench extract --archive {input:q} --out {output:q} &> {log:q}"
 
 
 rule preprocess:
@@ -63,7 +63,7 @@ rule preprocess:
         options=preprocess_options,
     shell:
         "python -m fedmedbench preprocess {wildcards.dataset} --protocol {wildcards.protocol} "
-        "--raw {params.raw} --out {output.store} --counts {output.counts} {params.options} &> {log}"
+        "--raw {params.raw} --out {output.store:q} --counts {output.counts:q} {params.options} &> {log:q}"
 
 
 rule split:
@@ -79,4 +79,4 @@ rule split:
         options=split_options,
     shell:
         "python -m fedmedbench split {wildcards.dataset} --protocol {wildcards.protocol} "
-        "--store {input} --out {output} {params.options} &> {log}"
+        "--store {input:q} --out {output:q} {params.options} &> {log:q}"

@@ -13,4 +13,4 @@ rule collect_metrics:
     conda:
         "../../envs/report.yaml"
     shell:
-        "python -m fedmedbench collect --out {output} {input} &> {log}"
+        "python -m fedmedbench collect --out {output:q} {input:q} &> {log:q}"

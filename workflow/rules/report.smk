@@ -22,8 +22,8 @@ rule table:
         experiment=experiment_json,
         prefix=f"{ROOT}/tables/{{experiment}}",
     shell:
-        "python -m fedmedbench table --experiment {params.experiment:q} --out-prefix {params.prefix} "
-        "{input} &> {log}"
+        "python -m fedmedbench table --experiment {params.experiment:q} --out-prefix {params.prefix:q} "
+        "{input:q} &> {log:q}"
 
 
 rule convergence_figure:
@@ -47,8 +47,8 @@ rule convergence_figure:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}_convergence",
     shell:
-        "python -m fedmedbench figure --experiment {params.experiment:q} --out-prefix {params.prefix} "
-        "{input.histories} &> {log}"
+        "python -m fedmedbench figure --experiment {params.experiment:q} --out-prefix {params.prefix:q} "
+        "{input.histories:q} &> {log:q}"
 
 
 rule reproduction_report:
@@ -65,8 +65,8 @@ rule reproduction_report:
     params:
         experiments=experiments_json,
     shell:
-        "python -m fedmedbench report --experiments {params.experiments:q} --paper-tables {input.paper_tables} "
-        "--out {output} {input.finals} &> {log}"
+        "python -m fedmedbench report --experiments {params.experiments:q} --paper-tables {input.paper_tables:q} "
+        "--out {output:q} {input.finals:q} &> {log:q}"
 
 
 rule sweep_figure:
@@ -90,7 +90,7 @@ rule sweep_figure:
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench sweep-figure --experiment {params.experiment:q} "
-        "--out-prefix {params.prefix} {input} &> {log}"
+        "--out-prefix {params.prefix:q} {input:q} &> {log:q}"
 
 
 rule qualitative_figure:
@@ -114,7 +114,7 @@ rule qualitative_figure:
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench qualitative-figure --experiment {params.experiment:q} "
-        "--out-prefix {params.prefix} {input} &> {log}"
+        "--out-prefix {params.prefix:q} {input:q} &> {log:q}"
 
 
 rule ampnorm_figure:
@@ -139,7 +139,7 @@ rule ampnorm_figure:
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench ampnorm-figure --experiment {params.experiment:q} "
-        "--out-prefix {params.prefix} {input.stores} &> {log}"
+        "--out-prefix {params.prefix:q} {input.stores:q} &> {log:q}"
 
 
 rule layer_cka_figure:
@@ -163,7 +163,7 @@ rule layer_cka_figure:
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench layer-cka-figure --experiment {params.experiment:q} "
-        "--out-prefix {params.prefix} {input} &> {log}"
+        "--out-prefix {params.prefix:q} {input:q} &> {log:q}"
 
 
 rule fairness_curves_figure:
@@ -188,7 +188,7 @@ rule fairness_curves_figure:
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench fairness-curves --experiment {params.experiment:q} "
-        "--out-prefix {params.prefix} {input.histories} &> {log}"
+        "--out-prefix {params.prefix:q} {input.histories:q} &> {log:q}"
 
 
 rule fairness_bars_figure:
@@ -212,7 +212,7 @@ rule fairness_bars_figure:
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench fairness-bars --experiment {params.experiment:q} "
-        "--out-prefix {params.prefix} {input} &> {log}"
+        "--out-prefix {params.prefix:q} {input:q} &> {log:q}"
 
 
 rule ood_table:
@@ -243,8 +243,8 @@ rule ood_table:
         prefix=f"{ROOT}/tables/{{experiment}}",
         figure_prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
-        "python -m fedmedbench ood-table --experiment {params.experiment:q} --out-prefix {params.prefix} "
-        "--figure-prefix {params.figure_prefix} {input} &> {log}"
+        "python -m fedmedbench ood-table --experiment {params.experiment:q} --out-prefix {params.prefix:q} "
+        "--figure-prefix {params.figure_prefix:q} {input:q} &> {log:q}"
 
 
 rule retrogress_figure:
@@ -268,4 +268,4 @@ rule retrogress_figure:
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench retrogress-figure --experiment {params.experiment:q} "
-        "--out-prefix {params.prefix} {input} &> {log}"
+        "--out-prefix {params.prefix:q} {input:q} &> {log:q}"

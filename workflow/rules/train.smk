@@ -19,11 +19,14 @@ rule train:
     conda:
         "../../envs/torch.yaml"
     threads: 1
+    # checkpoint_every is a resource, not a param: it cannot change any number, so changing it must
+    # neither re-run finished jobs nor discard a killed job's checkpoint.
     resources:
         gpu=1,
+        checkpoint_every=checkpoint_every,
     params:
         run_config=run_config_json,
         out_dir=run_dir,
     shell:
-        "python -m fedmedbench train --run-config {params.run_config:q} --out {params.out_dir} "
-        "--threads {threads} &> {log}"
+        "python -m fedmedbench train --run-config {params.run_config:q} --out {params.out_dir:q} "
+        "--threads {threads} --checkpoint-every {resources.checkpoint_every} &> {log:q}"

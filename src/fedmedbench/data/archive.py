@@ -12,7 +12,8 @@ naming the archive and the member.
 Extraction goes into a temporary folder beside the target; the marker file
 ``.complete`` is written last and the folder renamed onto the target, so a
 target that exists with its marker is a finished extraction and a second
-call returns at once.
+call returns at once. The temporary folder of an extraction that was killed
+(OOM killer, SLURM time limit) is removed when the extraction runs again.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import re
 import shutil
 import stat
 import tarfile
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedmedbench.errors import DataError
-from fedmedbench.files import atomic_path, new_folder, public_mode
+from fedmedbench.files import atomic_path, new_folder
+from fedmedbench.fl import faults
+
+from .staging import remove_stale, staging_folder
 
 __all__ = ["UnsafeArchiveError", "safe_extract", "COMPLETE_MARKER"]
 
@@ -169,6 +172,7 @@ def _extract_zip(zf: zipfile.ZipFile, entries: list[_Entry], root: Path, cursor:
     # names and never creates symlinks; we have validated every name already.
     for e in entries:
         cursor.member = e.name
+        faults.reached("extract_member")
         dest = root.joinpath(*e.parts)
         if e.kind == "dir":
             dest.mkdir(parents=True, exist_ok=True)
@@ -184,6 +188,7 @@ def _extract_zip(zf: zipfile.ZipFile, entries: list[_Entry], root: Path, cursor:
 def _extract_tar(archive: Path, tf: tarfile.TarFile, entries: list[_Entry], root: Path, cursor: _Cursor) -> None:
     def data_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
         cursor.member = member.name  # called just before each member is extracted
+        faults.reached("extract_member")
         return tarfile.data_filter(member, path)
 
     try:
@@ -238,6 +243,8 @@ def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> Path:
     """
     archive = Path(archive)
     target = Path(target)
+    faults.arm()  # test hook (FEDMEDBENCH_KILL_AT=extract_member:<n>); unset, it does nothing
+    remove_stale(target)  # what a killed extraction of this target left behind (GBs for Camelyon17)
     if (target / COMPLETE_MARKER).is_file():
         return target
     # An empty folder (some workflow engines pre-create outputs) is replaced by the rename.
@@ -251,6 +258,14 @@ def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> Path:
     cursor = _Cursor()
     try:
         return _extract(archive, target, cursor)
+    except UnicodeDecodeError as exc:
+        # A zip that sets the UTF-8 flag (bit 11) on a name in another encoding (Latin-1 é = 0xe9):
+        # zipfile fails while reading the directory. The raw bytes are shown, not decoded.
+        at = f"member {cursor.member!r} (stored name {exc.object!r})" if cursor.member else f"member stored as {exc.object!r}"
+        raise DataError(
+            f"{archive}: {at} is flagged as UTF-8 but is not valid UTF-8 "
+            f"(byte {exc.object[exc.start:exc.end]!r} at {exc.start}); nothing was extracted"
+        ) from exc
     except (*_DAMAGED, OSError) as exc:
         # One line naming the archive and the member, instead of a traceback from deep in zipfile/tarfile.
         at = f" at member {cursor.member!r}" if cursor.member else ""
@@ -274,8 +289,12 @@ def _extract(archive: Path, target: Path, cursor: _Cursor) -> Path:
 
 
 def _extract_into(archive: Path, kind: str, handle, entries: list[_Entry], target: Path, cursor: _Cursor) -> Path:
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    public_mode(tmp)  # mkdtemp makes it 0700; the extracted folder is for the whole group
+    # Locked while we work, so that a concurrent run does not take it for a killed run's leftover.
+    with staging_folder(target) as tmp:
+        return _fill_and_rename(archive, kind, handle, entries, target, tmp, cursor)
+
+
+def _fill_and_rename(archive: Path, kind: str, handle, entries: list[_Entry], target: Path, tmp: Path, cursor: _Cursor) -> Path:
     try:
         if kind == "zip":
             _extract_zip(handle, entries, tmp, cursor)
@@ -301,6 +320,7 @@ def _extract_into(archive: Path, kind: str, handle, entries: list[_Entry], targe
 def write_zip_atomic(path: Path, members: list[tuple[str, bytes]], date_time=(2020, 1, 1, 0, 0, 0)) -> None:
     """A zip of (name, bytes) members with a fixed timestamp (byte-identical for the same members),
     written to a temp file beside ``path`` and renamed into place (for the synthetic twins)."""
+    remove_stale(path)
     with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
         for name, data in members:
             zf.writestr(zipfile.ZipInfo(name, date_time=date_time), data)

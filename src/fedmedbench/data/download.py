@@ -12,7 +12,8 @@ destination while being hashed, checked (not an HTML page, sha256 if pinned),
 and only then renamed onto the destination. A sidecar ``<dest>.sha256`` in
 ``sha256sum`` format records what was observed, so an unpinned download can
 be pinned in the config afterwards. Every error path removes the temporary
-file: a destination that exists is always a complete, checked download.
+file: a destination that exists is always a complete, checked download. The
+temporary file of a download that was killed is removed when it runs again.
 
 Google Drive is the reason for the HTML check: for large files it answers
 with a "can't scan for viruses" or "quota exceeded" page instead of the file,
@@ -32,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from ..files import atomic_file, new_folder
+from ..files import new_folder
+from .staging import locked_atomic_file, remove_stale
 from .store import atomic_write_text
 
 __all__ = ["DownloadError", "DownloadSpec", "fetch", "fetch_spec", "looks_like_html"]
@@ -215,6 +217,7 @@ def fetch(
 
 
 def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str | None, log, manual_step: str | None) -> str:
+    remove_stale(dest)  # a killed download's partial file, also when the user now gives the file by hand
     if kind == "local":
         src_path = Path(location).expanduser()
         if not src_path.is_file():
@@ -222,8 +225,9 @@ def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str
         if dest.exists() and os.path.samefile(src_path, dest):
             return _verify_in_place(source, dest, expected, log, manual_step)
 
-    # Streamed into a temporary file beside dest; an error (also a failed check) removes it.
-    with atomic_file(dest) as fh:
+    # Streamed into a temporary file beside dest; an error (also a failed check) removes it, and the
+    # one a killed download left (a partial archive, GBs) is removed first.
+    with locked_atomic_file(dest) as fh:
         sink = _HashingSink(fh)
         if kind == "gdrive":
             log(f"downloading Google Drive file {location} -> {dest}")

@@ -49,6 +49,7 @@ import pandas as pd
 from ..errors import DataError
 from .archive import write_zip_atomic
 from .download import DownloadSpec
+from .images import read_mask
 from .store import atomic_write_text, client_rng, grouped_split, list_clients, open_client, staged_dir, write_client, write_split_csv
 
 ARCHIVE = "Fundus.zip"
@@ -281,7 +282,8 @@ def check_mask_encoding(grey: np.ndarray, mask_path: Path) -> int:
 
 def load_pair(image_path: Path, mask_path: Path, size: int, mask_resample: str = "nearest") -> tuple[np.ndarray, np.ndarray, dict]:
     """One image (RGB, bilinear) and its class map (nearest, or Fed-LWR's bilinear + formula)."""
-    image, grey = _read(image_path, "RGB"), _read(mask_path, "L")
+    # Masks through the shared reader: convert("L") would clip a 16-bit mask (rim 32896 -> 255).
+    image, grey = _read(image_path, "RGB"), read_mask(mask_path, error=FundusDataError)
     if image.shape[:2] != grey.shape:
         raise FundusDataError(f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
                               f"{grey.shape[1]}x{grey.shape[0]}")

@@ -67,6 +67,7 @@ import pandas as pd
 from ..errors import DataError
 from ..files import atomic_path
 from .download import DownloadSpec
+from .images import read_mask
 from .prostate import HARMOFL_FRACTIONS, cut_points
 from .store import client_rng, list_clients, open_client, staged_dir, write_client, write_split_csv
 
@@ -306,21 +307,11 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
 
 
 def read_mask_png(path: str | os.PathLike) -> np.ndarray:
-    """A TNBC ground-truth PNG as a uint8 {0,1} mask (any value > 0 is nucleus)."""
-    from PIL import Image
+    """A TNBC ground-truth PNG as a uint8 {0,1} mask (any value > 0 is nucleus).
 
-    path = Path(path)
-    try:
-        with Image.open(path) as img:
-            img.load()
-            array = np.asarray(img)
-    except (OSError, ValueError) as exc:
-        raise NucleiDataError(f"{path}: cannot read the mask ({exc})") from exc
-    if array.ndim == 3:
-        array = array[..., : min(3, array.shape[-1])].max(axis=-1)  # colour-saved masks; alpha ignored
-    if array.ndim != 2:
-        raise NucleiDataError(f"{path}: expected a single-channel mask, got array shape {array.shape}")
-    return (array > 0).astype(np.uint8)
+    Read by the shared mask reader (real bit depth, 16-bit only as exact multiples of 257, float
+    or 32-bit refused); colour-saved masks count any non-zero channel, alpha is ignored."""
+    return (read_mask(path, error=NucleiDataError, colour="max") > 0).astype(np.uint8)
 
 
 def _annotation_name(annotation: ET.Element) -> str:

@@ -249,6 +249,17 @@ def read_volume(path: str | os.PathLike) -> np.ndarray:
     return array
 
 
+def read_label_volume(path: str | os.PathLike) -> np.ndarray:
+    """A segmentation volume, refused (naming the file) unless it holds non-negative integer classes:
+    a soft or negative mask would otherwise be thresholded silently (Fed-LWR's ``label > 0``)."""
+    label = read_volume(path)
+    if label.size and (not np.isfinite(label).all() or label.min() < 0 or not np.array_equal(label, np.round(label))):
+        found = np.unique(label)
+        shown = ", ".join(f"{v:g}" for v in found[:6].tolist()) + (f", ... ({len(found)} distinct)" if len(found) > 6 else "")
+        raise ProstateDataError(f"{path}: a segmentation must hold non-negative integer classes; found {label.dtype} values {shown}")
+    return label
+
+
 # ---------------------------------------------------------------------------
 # HarmoFL slice extraction
 # ---------------------------------------------------------------------------
@@ -365,7 +376,7 @@ def preprocess_harmofl(
             images, labels, rows = [], [], []
             shape = None
             for case, img_path, lab_path in cases:
-                image, label = read_volume(img_path), read_volume(lab_path)
+                image, label = read_volume(img_path), read_label_volume(lab_path)
                 if image.shape != label.shape:
                     raise ProstateDataError(
                         f"{img_path} has shape {image.shape} but its mask {lab_path.name} has {label.shape}"
@@ -719,7 +730,7 @@ def preprocess_fedlwr(
                 problems += _check_against_dir_list(harmofl_name, site_dir, cases, Path(index_dir))
             images, labels, rows, inner = [], [], [], 0
             for case, img_path, lab_path in cases:
-                image, label = read_volume(img_path), read_volume(lab_path)
+                image, label = read_volume(img_path), read_label_volume(lab_path)
                 if image.shape != label.shape:
                     raise ProstateDataError(f"{img_path} has shape {image.shape} but its mask {lab_path.name} has {label.shape}")
                 x, y, idx = fedlwr_slices(image, label, channels)

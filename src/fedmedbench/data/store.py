@@ -35,7 +35,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError, plain
-from ..files import atomic_write_text, new_folder, public_mode  # noqa: F401  (atomic_write_text: re-exported)
+from ..files import new_folder
+from ..fl import faults
+from .staging import locked_atomic_file, staging_folder
 
 __all__ = [
     "SPLITS",
@@ -70,6 +72,15 @@ META_FILE = "meta.csv"
 # ---------------------------------------------------------------------------
 
 
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """``fedmedbench.files.atomic_write_text`` that also removes the temporaries of ``path`` a killed
+    run left behind (split files, info.json, checksum sidecars)."""
+    # newline="" keeps "\n" as written: outputs are byte-identical across platforms.
+    with locked_atomic_file(path, "w", encoding=encoding, newline="") as handle:
+        handle.write(text)
+    return Path(path)
+
+
 def atomic_write_csv(df: pd.DataFrame, path: str | os.PathLike, **to_csv_kwargs) -> Path:
     """Write a DataFrame as CSV atomically (``index=False`` unless told otherwise)."""
     to_csv_kwargs.setdefault("index", False)
@@ -84,28 +95,29 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     On any exception the temporary folder is deleted and ``final`` is left
     untouched. An existing ``final`` is moved aside, the new folder renamed in,
     then the old one deleted: readers never see a partly written folder.
+    Temporaries of ``final`` left by a killed run are removed first.
     """
     final = Path(final)
-    with new_folder(final.parent):  # a failed step leaves no empty parent folders behind
-        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
-        public_mode(tmp)  # mkdtemp makes it 0700; the store is for the whole group
+    # new_folder: a failed step leaves no empty parent folders behind; staging_folder: the stale
+    # temporaries of a killed run are removed, ours is locked until it is renamed.
+    with new_folder(final.parent), staging_folder(final) as tmp:
         try:
             yield tmp
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    old = None
-    try:
-        if final.exists() or final.is_symlink():
-            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
-            os.rmdir(old)  # only the unique name was wanted; rename needs it absent
-            os.rename(final, old)
-        os.rename(tmp, final)
-    except BaseException:
-        if old is not None and old.exists() and not final.exists():
-            os.rename(old, final)  # put the previous version back
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        old = None
+        try:
+            if final.exists() or final.is_symlink():
+                old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+                os.rmdir(old)  # only the unique name was wanted; rename needs it absent
+                os.rename(final, old)
+            os.rename(tmp, final)
+        except BaseException:
+            if old is not None and old.exists() and not final.exists():
+                os.rename(old, final)  # put the previous version back
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     if old is not None:
         if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
@@ -210,6 +222,7 @@ def write_client(
     final = Path(store_dir) / client
     with staged_dir(final) as tmp:
         np.save(tmp / IMAGES_FILE, np.ascontiguousarray(images), allow_pickle=False)
+        faults.reached("store_write")  # test hook: a kill with the client folder half written
         np.save(tmp / LABELS_FILE, np.ascontiguousarray(labels), allow_pickle=False)
         meta.reset_index(drop=True).to_csv(tmp / META_FILE, index=False, lineterminator="\n")
     return final

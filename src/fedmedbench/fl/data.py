@@ -76,6 +76,34 @@ def load_test_only(store_dir: Path, split_csv: Path, clients: list[str]) -> dict
     return result
 
 
+# A store is sampled at this many evenly spaced places per array file for the digest (plus its
+# header, size and meta.csv): a rebuild at another size, seed or preprocessing changes them, while a
+# job's start stays cheap for a 10 GB store.
+DIGEST_SAMPLES = 64
+DIGEST_CHUNK = 4096
+
+
+def data_digest(store_dir: Path, split_csv: Path, clients: list[str]) -> str:
+    """A digest of what a run reads: the split file's bytes and, per client, ``meta.csv``, the
+    arrays' headers (shape, dtype) and sizes and evenly spaced samples of their bytes. A checkpoint
+    records it, so a job never resumes onto data rebuilt since (another image size, split seed...)."""
+    import hashlib
+
+    digest = hashlib.sha256(Path(split_csv).read_bytes())
+    for name in clients:
+        folder = Path(store_dir) / name
+        digest.update(name.encode() + (folder / "meta.csv").read_bytes())
+        for array_file in ("images.npy", "labels.npy"):
+            path = folder / array_file
+            size = path.stat().st_size
+            digest.update(f"{array_file}:{size}".encode())
+            with open(path, "rb") as handle:
+                for offset in sorted({0, *(size * i // DIGEST_SAMPLES for i in range(1, DIGEST_SAMPLES)), max(0, size - DIGEST_CHUNK)}):
+                    handle.seek(offset)
+                    digest.update(handle.read(DIGEST_CHUNK))
+    return digest.hexdigest()[:16]
+
+
 def gather(split: SplitData, rows_idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch as stored: uint8 images (B, C, H, W; a permuted view of the NHWC store) and int64
     labels. Batches travel to the device as uint8 (4x less to copy) and become floats there."""

@@ -8,6 +8,7 @@ and reported at the selected round.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -18,12 +19,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedmedbench.errors import DivergenceError
+from fedmedbench.errors import ConfigError, DataError, DivergenceError
 from fedmedbench.files import atomic_file, atomic_write_text, new_folder
 from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.client import autocast, batch_to_device
-from fedmedbench.fl.data import eval_batches, load_clients, load_test_only
+from fedmedbench.fl.data import data_digest, eval_batches, load_clients, load_test_only
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
 from fedmedbench.losses import build_loss
 from fedmedbench.methods import load_method, merge_params
@@ -87,8 +88,13 @@ class Selection:
         self.best: dict[str, dict] = {}  # client name or "all" -> {"round", "score", "val", "models", "predictions"}
         self.version = 0
 
-    def improved(self, val: dict[str, dict]) -> dict[str, list[str]]:
-        """The choices this round's validation scores improve: {key: the clients it covers}."""
+    def improved(self, val: dict[str, dict], round_index: int) -> dict[str, list[str]]:
+        """The choices this round's validation scores improve: {key: the clients it covers}. An
+        undefined (NaN) score is an error, never a comparison that silently fails every round
+        (``check_selection_defined`` rules out the splits that cannot define the metric)."""
+        undefined = [n for n in self.clients if math.isnan(val[n][self.metric])]
+        if undefined:
+            raise DataError(f"round {round_index}: validation {self.metric} is undefined (NaN) for client(s) {', '.join(undefined)}; model selection cannot compare rounds")
         keys = {name: [name] for name in self.clients} if self.per_client else {"all": self.clients}
         better = {}
         for key, names in keys.items():
@@ -161,9 +167,10 @@ def selection_file(out_dir: Path, version: int) -> Path:
     return out_dir / f"selection-v{version}.pt"
 
 
-def restore(checkpoint_path: Path, fingerprint: str, server, clients, selection: Selection) -> tuple[int, list[dict]]:
+def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, server, clients, selection: Selection) -> tuple[int, list[dict]]:
     """Resume state from the checkpoint (or, if it is damaged, the previous one): (last round, history).
-    (0, []) when there is nothing usable, and training starts from scratch."""
+    (0, []) when there is nothing usable, and training starts from scratch. A checkpoint of another
+    configuration, or of data rebuilt since it was written (``data_digest``), is not used."""
     for candidate in (checkpoint_path, ckpt_io.previous(checkpoint_path)):
         if not candidate.exists():
             continue
@@ -171,6 +178,9 @@ def restore(checkpoint_path: Path, fingerprint: str, server, clients, selection:
             saved = ckpt_io.load_checkpoint(candidate)
             if saved["config_hash"] != fingerprint:
                 log.warning("ignoring %s: it was written for a different configuration", candidate)
+                return 0, []
+            if saved.get("data_digest") != data_fingerprint:
+                log.warning("ignoring %s: the data it was trained on changed since (split file or store rebuilt); training starts afresh", candidate)
                 return 0, []
             version = saved["selection"]["version"]
             heavy = ckpt_io.load_checkpoint(selection_file(candidate.parent, version)) if version else {}
@@ -187,15 +197,39 @@ def restore(checkpoint_path: Path, fingerprint: str, server, clients, selection:
     return 0, []
 
 
-def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprint: str, server, clients, selection: Selection, history: list[dict], previous_version: int) -> int:
+@contextlib.contextmanager
+def writing(path: Path, round_index: int | None):
+    """A failed write (full disk, quota, permissions) as one line naming the file and round."""
+    try:
+        yield
+    except OSError as err:
+        when = f"round {round_index}: " if round_index is not None else ""
+        raise DataError(f"{when}could not write {path}: {err.strerror or err}") from err
+
+
+def remove_stale_files(out_dir: Path, selection_version: int) -> None:
+    """What a killed job (SIGKILL: OOM, a time limit) may have left: temporaries of atomic writes
+    (``.checkpoint.pt.*.tmp``, ``.selection-v*.pt.*.tmp``...) and selection files no checkpoint
+    refers to (newer than the restored one's; all of them on a fresh start)."""
+    for path in out_dir.glob(".*.tmp"):
+        path.unlink(missing_ok=True)
+    for path in out_dir.glob("selection-v*.pt"):
+        version = path.name[len("selection-v") : -len(".pt")]
+        if not version.isdigit() or int(version) > selection_version:
+            path.unlink(missing_ok=True)
+
+
+def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprints: tuple[str, str], server, clients, selection: Selection, history: list[dict], previous_version: int) -> int:
     """The checkpoint of this round. The selected models live in ``selection-v<version>.pt``, written
     only when the selection changed; kept are the files of this checkpoint and of its ``.prev``
     (``previous_version``). Returns this checkpoint's version (the next call's ``previous_version``)."""
     current = selection_file(out_dir, selection.version)
     if selection.version and not current.exists():
-        ckpt_io.save_checkpoint(selection.heavy_state(), current)
+        with writing(current, round_index):
+            ckpt_io.save_checkpoint(selection.heavy_state(), current)
     state = {
-        "config_hash": fingerprint,
+        "config_hash": fingerprints[0],
+        "data_digest": fingerprints[1],
         "round": round_index,
         "server": server.state_dict(),
         "clients": [c.state_dict() for c in clients],
@@ -203,7 +237,13 @@ def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerpri
         "history": history,
         "rng": global_rng_state(),
     }
-    ckpt_io.save_checkpoint(state, checkpoint_path)
+    try:
+        with writing(checkpoint_path, round_index):
+            ckpt_io.save_checkpoint(state, checkpoint_path)
+    except DataError:
+        if selection.version != previous_version:
+            current.unlink(missing_ok=True)  # no checkpoint refers to it
+        raise
     keep = {current, selection_file(out_dir, previous_version)}
     for path in out_dir.glob("selection-v*.pt"):
         if path not in keep:
@@ -277,14 +317,51 @@ def curve_every(cfg: RunConfig) -> int:
     return cfg.curve_every or max(1, cfg.rounds // 50)
 
 
-def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True) -> dict:
+def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True, checkpoint_every: int = 1) -> dict:
     """Train one run into ``out_dir``. A folder this call created is removed again if it fails
-    before writing anything (no empty output folders)."""
+    before writing anything (no empty output folders). ``device``, ``threads``, ``progress`` and
+    ``checkpoint_every`` say how to run, not what: they are not part of the run config, its
+    fingerprint or final.json (changing them re-runs nothing and keeps a checkpoint usable)."""
+    if checkpoint_every < 1:
+        raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
     with new_folder(out_dir) as out_dir:
-        return _run_training(cfg, out_dir, device, threads, progress)
+        return _run_training(cfg, out_dir, device, threads, progress, checkpoint_every)
 
 
-def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool) -> dict:
+def check_selection_defined(clients, cfg: RunConfig) -> None:
+    """Before training: every client's validation split must define the selection metric (e.g.
+    ``auc_macro`` needs two classes, ``dice_fg`` some foreground). Scored on the truth itself, so
+    whatever a model predicts later, its score is a number."""
+    for client in clients:
+        split = client.data.val
+        meter = METERS[cfg.kind](cfg.model.num_classes)
+        for start in range(0, len(split), cfg.eval_batch):
+            rows = split.rows[start : start + cfg.eval_batch]
+            target = torch.from_numpy(np.asarray(split.labels[rows]).astype(np.int64))
+            perfect = torch.nn.functional.one_hot(target, cfg.model.num_classes).movedim(-1, 1).float()
+            meter.update(perfect, target, split.groups[start : start + cfg.eval_batch], 0.0)
+        if math.isnan(meter.compute().get(cfg.selection_metric, 0.0)):
+            classes = sorted(np.unique(np.asarray(split.labels[split.rows])).tolist())
+            raise ConfigError(
+                f"client {client.name}: its validation split ({len(split)} samples, classes {classes}) cannot define "
+                f"selection_metric {cfg.selection_metric!r}; choose another selection_metric or a split with every class in validation"
+            )
+
+
+def check_batch_norm_batches(model: torch.nn.Module, clients, cfg: RunConfig) -> None:
+    """BatchNorm1d cannot normalise a batch of one sample: refuse a train split whose last batch
+    would hold one, naming the client (instead of a shape error in the middle of round 1)."""
+    if not any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules()):
+        return
+    for client in clients:
+        if len(client.data.train) % cfg.batch_size == 1:
+            raise ConfigError(
+                f"client {client.name}: its train split has {len(client.data.train)} samples, so with batch_size {cfg.batch_size} "
+                f"the last batch of every epoch holds 1 sample, which the model's BatchNorm1d cannot train on; change batch_size"
+            )
+
+
+def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool, checkpoint_every: int) -> dict:
     cfg = RunConfig.from_dict(cfg)
     method = load_method(cfg.method)
     # The method's declared defaults fill any hyperparameter the config leaves out; unknown ones fail.
@@ -304,10 +381,13 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device) for i, d in enumerate(data)]
     metric = cfg.selection_metric
     selection = Selection(names, metric, per_client=method.PERSONALIZED and not cfg.selection_pooled)
-    fingerprint = cfg.fingerprint()
+    check_selection_defined(clients, cfg)
+    check_batch_norm_batches(model, clients, cfg)
+    fingerprints = (cfg.fingerprint(), data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients]))
 
-    last_round, history = restore(checkpoint_path, fingerprint, server, clients, selection)
+    last_round, history = restore(checkpoint_path, *fingerprints, server, clients, selection)
     saved_version = selection.version  # the selection file the last checkpoint refers to
+    remove_stale_files(out_dir, saved_version)
     if last_round == 0:
         for client in clients:
             client.receive(server.package(client.index, 0))
@@ -346,7 +426,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
             for split_name, scores in (("val", val), ("test", test)):
                 for metric_name, value in scores.get(client.name, {}).items():
                     history.append({"round": round_index, "client": client.name, "split": split_name, "metric": metric_name, "value": value})
-        for key, covered in (selection.improved(val) if selection_open(cfg, round_index) else {}).items():
+        for key, covered in (selection.improved(val, round_index) if selection_open(cfg, round_index) else {}).items():
             models = {n: {k: v.detach().cpu().clone() for k, v in clients[names.index(n)].eval_model().state_dict().items()} for n in covered}
             predictions = {n: predict_samples(clients[names.index(n)].eval_model(), clients[names.index(n)].data.test, cfg, device) for n in covered}
             selection.record(key, round_index, val, models, predictions)
@@ -354,8 +434,8 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
         mean_test = f", mean test {sum(t[metric] for t in test.values()) / len(test):.4f}" if test else ""
         bar.update(1, f"mean val {metric} {mean_val:.4f}{mean_test}")
 
-        if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
-            saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprint, server, clients, selection, history, saved_version)
+        if round_index % checkpoint_every == 0 or round_index == rounds:
+            saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprints, server, clients, selection, history, saved_version)
             faults.reached("round_end")
     bar.close()
     test = final_test(selection, clients, cfg, device)
@@ -373,10 +453,13 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
-    ckpt_io.save_atomic({"clients": names, "models": compact_models({n: best_models[n] for n in names})}, out_dir / "model_best.pt")
+    with writing(out_dir / "model_best.pt", None):
+        ckpt_io.save_atomic({"clients": names, "models": compact_models({n: best_models[n] for n in names})}, out_dir / "model_best.pt")
     predictions = {f"{n}|{k}": v.numpy() for entry in selection.best.values() for n, preds in entry["predictions"].items() for k, v in preds.items()}
-    save_npz_atomic(predictions, out_dir / "predictions.npz")
-    atomic_write_text(out_dir / "history.csv", pd.DataFrame(history).to_csv(index=False))
+    with writing(out_dir / "predictions.npz", None):
+        save_npz_atomic(predictions, out_dir / "predictions.npz")
+    with writing(out_dir / "history.csv", None):
+        atomic_write_text(out_dir / "history.csv", pd.DataFrame(history).to_csv(index=False))
     rounds_selected = {key: entry["round"] for key, entry in selection.best.items()}
     final = {
         "task": cfg.task,
@@ -401,8 +484,10 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
     }
     if ood is not None:
         final["ood"] = ood  # {cohort: {"mean", "ensemble", "per_model": {client: scores}}}
-    atomic_write_text(out_dir / "final.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
+    with writing(out_dir / "final.json", None):
+        atomic_write_text(out_dir / "final.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
     # Finished: the outputs above replace the checkpoints.
-    for path in (checkpoint_path, ckpt_io.previous(checkpoint_path), *out_dir.glob("selection-v*.pt")):
+    for path in (checkpoint_path, ckpt_io.previous(checkpoint_path)):
         path.unlink(missing_ok=True)
+    remove_stale_files(out_dir, selection_version=0)
     return final

@@ -3,7 +3,9 @@ to prove that a job resumes from anywhere with the same numbers.
 
 ``FEDMEDBENCH_KILL_AT=<point>:<n>`` kills at the n-th time ``point`` is reached. Points:
 ``round_end`` (after round n's checkpoint), ``train_step``, ``eval_batch`` and ``checkpoint_write``
-(half of the checkpoint written, before the rename). Unset: every call is one dict lookup.
+(half of the checkpoint written, before the rename); for the data steps ``extract_member`` (before
+the n-th archive member is written; ``safe_extract`` arms itself) and ``store_write`` (a store
+client folder half written: images saved, labels not yet). Unset: every call is one dict lookup.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import signal
 
 KILL_AT_ENV = "FEDMEDBENCH_KILL_AT"
-POINTS = ("round_end", "train_step", "eval_batch", "checkpoint_write")
+POINTS = ("round_end", "train_step", "eval_batch", "checkpoint_write", "extract_member", "store_write")
 _armed: dict = {}
 
 

@@ -3,25 +3,40 @@
 Per round (reference Federated_Learner.py, ../specs/methods.md §2.12), on trainable parameters:
 
 1. participant i trains its own persistent model: Δ_i, clipped elementwise to [-clip, clip]
-   (``clip``: null = no clipping); the clipped update is applied to its model;
+   (``clip``: null = no clipping, the default, see below); the clipped update is applied to its model;
 2. upload: the ``upload_fraction`` (θ_u) largest-magnitude entries of the clipped Δ_i over the whole
    model ('all' criterion), the rest zero;
 3. validation of "federated model + upload_i". **Adaptation** (no public server data in medical
    silos): the server sends every candidate to every client (``Server.query``), each client returns
-   the candidates' validation metric (the run's selection metric) on its own validation split, and
-   acc_i is the mean over clients: a pooled validation set without moving data (K² evaluations a
-   round);
-4. reputations over the reputable set R: r_i <- fade·r_i + (1 - fade)·acc_i/Σ_R acc; r <- sinh(α r),
-   normalised; participants with r_i < threshold_coef/|R| leave R for good (they then train alone:
-   Solo); r renormalised over R;
+   the candidate's validation score on its own validation split (the candidate's parameters with the
+   client's own BN statistics, which never travel), and acc_i is the mean over clients: a pooled
+   validation set without moving data (K² evaluations a round). ``score``: ``metric`` = the run's
+   selection metric (Dice, the reference's validation accuracy); ``loss`` = exp(-validation loss);
+4. reputations over the reputable set R, from r = 0 (the reference's ``torch.zeros``):
+   r_i <- fade·r_i + (1 - fade)·acc_i/Σ_R acc; r <- sinh(α r), normalised; participants with
+   r_i < threshold_coef/|R| leave R for good (they then train alone: Solo); r renormalised over R;
 5. U = Σ_{i∈R} (n_i/Σ_R n) upload_i ('mean'); the federated model += U;
 6. download: i ∈ R adds the top-k entries of U by magnitude, k = (r_i / max r)(n_i / max n)·D
    (``download: reputation``; ``full``: all of U), then subtracts its own upload × n_i / max n.
 
 With θ_u = 1, no clipping, equal shards, everyone reputable and ``download: full`` every model
 becomes before + mean_j Δ_j: FedAvg in delta form (tests check it). BN statistics never travel.
-Each participant is evaluated with its own model. Defaults are the reference's (θ_u = 0.1,
-clip 0.01, α = 5, fade 0.8, threshold 1/3); they were not tuned for UNet/Adam.
+Each participant is evaluated with its own model. θ_u = 0.1, α = 5, fade 0.8 and threshold 1/3 are
+the reference's.
+
+**clip**: the reference's elementwise bound is an absolute, per-dataset value for its SGD models
+(1e-3 MNIST at lr 0.1, 0.1 Adult at lr 0.01, 0.01 in later configs); with Adam each coordinate moves
+~η per step, so an absolute bound below η·steps truncates every participant's own training (the
+clipped update is what it keeps). No source gives one for UNet/Adam: null (no clipping), checked on
+the demo's validation Dice against the reference's 0.01 (decisions.md).
+
+**Why the demo's reputations never separated**: the candidates are the *federated* model plus one
+upload, and the federated model only ever receives the mean of the uploads (top 10 % of updates
+clipped at 0.01): it stays at its initialisation, whose argmax prediction is one class everywhere; a
+small upload does not flip a single pixel, so every candidate had the same Dice in every round and
+acc_i / Σ acc = 1/K exactly. ``score: loss`` (default) is continuous in the parameters, so candidates
+are ranked even while the federated model is weak; ``metric`` keeps the reference's accuracy-like
+score for comparison.
 """
 
 from __future__ import annotations
@@ -36,11 +51,21 @@ from fedmedbench.ops.aggregate import add_to_parameters, parameter_keys
 
 DEFAULTS = {
     "upload_fraction": 0.1,
-    "clip": 0.01,
+    "clip": None,
     "alpha": 5.0,
     "fade": 0.8,
     "threshold_coef": 0.3333333333333333,
-    "download": "reputation",  # reputation | full
+    "download": "reputation",
+    "score": "loss",
+}
+PARAM_SCHEMA = {
+    "upload_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "clip": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    "alpha": {"type": "number", "exclusiveMinimum": 0},
+    "fade": {"type": "number", "minimum": 0, "maximum": 1},
+    "threshold_coef": {"type": "number", "minimum": 0, "maximum": 1},
+    "download": {"enum": ["reputation", "full"]},
+    "score": {"enum": ["loss", "metric"]},
 }
 PERSONALIZED = True
 
@@ -61,6 +86,15 @@ def top_fraction(update: dict[str, torch.Tensor], fraction: float) -> dict[str, 
         out[key] = torch.where(mask[start : start + n].view_as(update[key]), update[key], torch.zeros_like(update[key]))
         start += n
     return out
+
+
+def candidate_score(metrics: dict[str, float], score: str, selection_metric: str) -> float:
+    """A candidate's validation score (higher is better, > 0 so that acc_i / Σ acc is a share)."""
+    if score == "loss":
+        return math.exp(-metrics["loss"])
+    if score == "metric":
+        return metrics[selection_metric]
+    raise ValueError(f"cffl: score must be 'loss' or 'metric', got {score!r}")
 
 
 class Client(client.Client):
@@ -90,7 +124,7 @@ class Client(client.Client):
                 scores.append(None)
                 continue
             self.model.load_state_dict(candidate, strict=False)
-            scores.append(evaluate(self.model, self.data.val, self.cfg, self.device)[self.cfg.selection_metric])
+            scores.append(candidate_score(evaluate(self.model, self.data.val, self.cfg, self.device), self.params["score"], self.cfg.selection_metric))
         self.model.load_state_dict(backup)
         return {"scores": scores}
 
@@ -107,7 +141,7 @@ class Server(server.Server):
     def __init__(self, cfg, model, num_clients):
         super().__init__(cfg, model, num_clients)
         self.param_keys = sorted(parameter_keys(model))
-        self.reputation = [1.0 / num_clients] * num_clients
+        self.reputation = [0.0] * num_clients  # the reference's torch.zeros: round 1 ranks by acc alone
         self.reputable = [True] * num_clients
         self.downloads: list[dict | None] = [None] * num_clients
         self.last_log = {}
@@ -181,4 +215,4 @@ class Server(server.Server):
         self.reputation, self.reputable, self.downloads = state["reputation"], state["reputable"], state["downloads"]
 
 
-__all__ = ["Client", "Server", "DEFAULTS", "PERSONALIZED", "top_fraction"]
+__all__ = ["Client", "Server", "DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED", "candidate_score", "top_fraction"]

@@ -7,14 +7,24 @@ Per round (reference main.py L220-292, ../specs/methods.md §2.13):
    applied; BN running statistics, which never travel, keep their update);
 2. u_i = Γ Δ_i / (||Δ_i|| + 1e-7) (one norm over all parameters);
 3. u_N = Σ_i w_i u_i, w = n_i/Σn in round 1 and the reputations r afterwards; the server model += u_N;
-4. ψ_i = cos(u_i, u_N); r_i <- α r_i + (1 - α) ψ_i, clamped at >= 1e-3, normalised to sum 1;
+4. ψ_i = cos(u_i, u_N); r_i <- α r_i + (1 - α) ψ_i from r = 0 (the reference's ``rs = torch.zeros(N)``,
+   so round 1 gives r ∝ ψ), clamped at >= 1e-3, normalised to sum 1;
 5. q_i = tanh(β r_i) / max_j tanh(β r_j); agent i adds, per parameter tensor, the ⌈q_i·numel⌉
    largest-magnitude entries of u_N to its model (q_i = 1: all of them; the reference keeps numel - 1
    there, a quirk not reproduced).
 
-Each agent is evaluated with its own model (``PERSONALIZED``). Γ (``gamma``) acts as the server
-learning rate and is not given for UNet/Adam by any source: 1.0 is an untuned default. β = 1 is
-the middle of the reference's sweep {0.5, 1, 1.2, 1.5, 2, 1e7}; α = 0.95 as the reference.
+Each agent is evaluated with its own model (``PERSONALIZED``).
+
+**Γ** (``gamma``) is the server's step length: ||u_N|| <= Γ. The reference sets it per dataset for its
+SGD models (0.5 MNIST, 0.15 CIFAR-10, 1 text) and no source gives it for a UNet trained with Adam,
+whose round updates are ~η·steps per coordinate (||Δ|| ~ 23 at Fed-LWR's size, so Γ = 1 made the step
+0.043 of FedAvg's). ``gamma: null`` (default) sets Γ_t = Σ_i w_i ||Δ_i|| each round, the
+aggregation-weighted mean length of this round's updates: normalisation still removes the magnitude
+differences between agents (a large update buys no influence, CGSV's point), and when the agents'
+updates are equally long u_N = Σ_i w_i Δ_i, FedAvg's step with CGSV's weights. A number fixes Γ (the
+reference's behaviour). β = 1 is inside the reference's sweep {0.5, 1, 1.2, 1.5, 2, 1e7}: with
+r ~ 1/K, tanh(β r) is nearly linear, so q_i ≈ r_i / max r (a reward proportional to reputation);
+α = 0.95 as the reference.
 """
 
 from __future__ import annotations
@@ -26,7 +36,12 @@ import torch
 from fedmedbench.fl import client, server
 from fedmedbench.ops.aggregate import add_to_parameters, parameter_keys
 
-DEFAULTS = {"gamma": 1.0, "alpha": 0.95, "beta": 1.0}
+DEFAULTS = {"gamma": None, "alpha": 0.95, "beta": 1.0}
+PARAM_SCHEMA = {
+    "gamma": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    "alpha": {"type": "number", "minimum": 0, "maximum": 1},
+    "beta": {"type": "number", "exclusiveMinimum": 0},
+}
 PERSONALIZED = True
 
 
@@ -77,17 +92,18 @@ class Server(server.Server):
         return {"reward": self.rewards[client_index]}
 
     def aggregate(self, round_index, replies):
-        gamma, alpha, beta = self.params["gamma"], self.params["alpha"], self.params["beta"]
+        alpha, beta = self.params["alpha"], self.params["beta"]
         updates = [r["update"] for r in replies]
-        normalised = []
-        for u in updates:
-            norm = math.sqrt(math.fsum(float((v.double() ** 2).sum()) for v in u.values()))
-            normalised.append({k: gamma * v / (norm + 1e-7) for k, v in u.items()})
-        if self.reputation is None:
+        norms = [math.sqrt(math.fsum(float((v.double() ** 2).sum()) for v in u.values())) for u in updates]
+        if self.reputation is None:  # round 1: FedAvg's weights (the reference's shard sizes)
             total = float(sum(r["num_samples"] for r in replies))
             weights = [r["num_samples"] / total for r in replies]
         else:
             weights = self.reputation
+        gamma = self.params["gamma"]
+        if gamma is None:  # Γ_t: the weighted mean update length (module docstring)
+            gamma = math.fsum(w * n for w, n in zip(weights, norms))
+        normalised = [{k: gamma * v / (norm + 1e-7) for k, v in u.items()} for u, norm in zip(updates, norms)]
         agg = {}
         for k in self.param_keys:
             total = normalised[0][k] * weights[0]
@@ -102,14 +118,14 @@ class Server(server.Server):
             flat = torch.cat([u[k].flatten().double() for k in self.param_keys])
             denom = float(flat.norm()) * float(flat_agg.norm())
             psi.append(float(flat @ flat_agg) / denom if denom > 0 else 0.0)
-        previous = self.reputation if self.reputation is not None else weights
+        previous = self.reputation if self.reputation is not None else [0.0] * len(replies)  # reference: rs = 0
         r = [max(alpha * p + (1 - alpha) * s, 1e-3) for p, s in zip(previous, psi)]
         total = math.fsum(r)
         self.reputation = [x / total for x in r]
         tanhs = [math.tanh(beta * x) for x in self.reputation]
         q = [t / max(tanhs) for t in tanhs]
         self.rewards = [{k: top_magnitude(agg[k], q_i) for k in self.param_keys} for q_i in q]
-        self.last_log = {i: {"reputation": self.reputation[i], "psi": psi[i], "reward_fraction": q[i]} for i in range(len(replies))}
+        self.last_log = {i: {"reputation": self.reputation[i], "psi": psi[i], "reward_fraction": q[i], "gamma": gamma} for i in range(len(replies))}
 
     def round_log(self, round_index):
         return self.last_log
@@ -122,4 +138,4 @@ class Server(server.Server):
         self.reputation, self.rewards = state["reputation"], state["rewards"]
 
 
-__all__ = ["Client", "Server", "DEFAULTS", "PERSONALIZED", "top_magnitude"]
+__all__ = ["Client", "Server", "DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED", "top_magnitude"]

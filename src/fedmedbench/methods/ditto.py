@@ -23,6 +23,8 @@ from fedmedbench.fl.client import build_optimizer
 from fedmedbench.fl.server import Server
 
 DEFAULTS = {"lam": 1.0}
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {"lam": {"type": "number", "minimum": 0}}
 PERSONALIZED = True
 
 

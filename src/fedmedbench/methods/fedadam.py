@@ -29,6 +29,13 @@ from fedmedbench.fl.client import Client
 from fedmedbench.ops.aggregate import aggregation_weights, parameter_keys, weighted_average
 
 DEFAULTS = {"server_lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {
+    "server_lr": {"type": "number", "exclusiveMinimum": 0},
+    "beta1": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    "beta2": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    "tau": {"type": "number", "exclusiveMinimum": 0},
+}
 PERSONALIZED = False
 
 

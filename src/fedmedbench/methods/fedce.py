@@ -32,6 +32,8 @@ from fedmedbench.fl.engine import evaluate
 from fedmedbench.ops.aggregate import parameter_keys
 
 DEFAULTS = {"combine": "sum", "min_weight": 1.0e-3}
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {"combine": {"enum": ["sum", "multi"]}, "min_weight": {"type": "number", "minimum": 0, "maximum": 1}}
 PERSONALIZED = False
 
 

@@ -49,6 +49,13 @@ DEFAULTS = {
     "clip_high": 0.99,
     "log_layers": True,  # per-client per-layer δ and ρ in history.csv (Fig. 1b)
 }
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {
+    "measure": {"enum": ["cka", "cosine"]},
+    "scope": {"enum": ["layerwise", "last_layer"]},
+    "clip_low": {"type": "number", "minimum": 0, "maximum": 1},
+    "clip_high": {"type": "number", "minimum": 0, "maximum": 1},
+}
 PERSONALIZED = False
 
 

@@ -11,6 +11,8 @@ from fedmedbench.fl import client
 from fedmedbench.fl.server import Server
 
 DEFAULTS = {"mu": 1e-2}
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {"mu": {"type": "number", "minimum": 0}}
 PERSONALIZED = False
 
 

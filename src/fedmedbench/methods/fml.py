@@ -25,6 +25,8 @@ from fedmedbench.fl.server import Server
 from fedmedbench.ops.distill import kl_to_teacher
 
 DEFAULTS = {"alpha": 0.5, "beta": 0.5}
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {"alpha": {"type": "number", "minimum": 0, "maximum": 1}, "beta": {"type": "number", "minimum": 0, "maximum": 1}}
 PERSONALIZED = True
 
 

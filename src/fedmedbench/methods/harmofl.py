@@ -57,6 +57,13 @@ DEFAULTS = {
     "amplitude_init": "first_batch",
     "official_code": False,
 }
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {
+    "perturbation_radius": {"type": "number", "minimum": 0},
+    "amplitude_mode": {"enum": ["full", "dc"]},
+    "amplitude_decay": {"type": "number", "minimum": 0, "maximum": 1},
+    "amplitude_init": {"enum": ["zero", "first_batch"]},
+}
 PERSONALIZED = False
 
 

@@ -16,6 +16,8 @@ from fedmedbench.fl.client import Client
 from fedmedbench.ops.aggregate import parameter_keys, weighted_average
 
 DEFAULTS = {"eps": 1e-12}
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {"eps": {"type": "number", "exclusiveMinimum": 0}}
 PERSONALIZED = False
 
 

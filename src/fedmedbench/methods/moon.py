@@ -43,6 +43,8 @@ from fedmedbench.fl.client import build_optimizer
 from fedmedbench.ops.perturb import frozen_norm_statistics
 
 DEFAULTS = {"mu": 1.0, "temperature": 0.5, "projection_dim": 256}
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {"mu": {"type": "number", "minimum": 0}, "temperature": {"type": "number", "exclusiveMinimum": 0}, "projection_dim": {"type": "integer", "minimum": 1}}
 PERSONALIZED = False
 
 HEAD_PREFIX = "moon_head."

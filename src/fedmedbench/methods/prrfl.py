@@ -48,6 +48,16 @@ DEFAULTS = {
     "phi_metric": "f1_macro",
     "reset_stage_each_round": False,
 }
+# Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
+PARAM_SCHEMA = {
+    "radius_start": {"type": "number", "minimum": 0, "maximum": 1},
+    "radius_end": {"type": "number", "minimum": 0, "maximum": 1},
+    "fourier_mode": {"enum": ["paper", "official"]},
+    "recover_threshold": {"type": "number", "minimum": 0, "maximum": 1},
+    "sublimate_threshold": {"type": "number", "minimum": 0, "maximum": 1},
+    "phi_split": {"enum": ["val", "train"]},
+    "phi_metric": {"enum": ["f1_macro", "auc_macro", "accuracy"]},
+}
 PERSONALIZED = True
 
 

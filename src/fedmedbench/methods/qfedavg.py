@@ -2,18 +2,32 @@
 
 Client k, round t: F_k = its task loss of the received w^t on its **whole train split**, before
 training, in eval mode (+1e-10 as the reference code), then ordinary local training to w̄_k.
-Server, on trainable parameters, in float64, with L = 1/η (``lipschitz``: null) or a given L:
+Server, on trainable parameters, in float64:
 
     Δw_k = L (w^t - w̄_k),   Δ_k = F_k^q Δw_k,   h_k = q F_k^(q-1) ||Δw_k||² + L F_k^q,
     w^{t+1} = w^t - Σ_k Δ_k / Σ_k h_k.
 
 With full participation the reference averages uniformly, so q = 0 gives exactly the uniform mean of
-the local models, whatever η (tests check it); ``aggregation.weighting`` is not applied to Δ_k, h_k.
+the local models, whatever L (tests check it); ``aggregation.weighting`` is not applied to Δ_k, h_k.
 Buffers (BN running statistics) are averaged with the run's weights, num_batches_tracked takes the max.
 
-Caveat (../specs/methods.md §2.11): L = 1/η assumes plain SGD. With Adam (Fed-LWR's setting) Δw_k is
-not on a gradient scale and the q F^(q-1)||Δw||² term can dominate h and shrink the step. q is not
-given by Fed-LWR; the default 0.1 is an untuned choice from the suggested grid {0.1, 0.5, 1, 2}.
+**L** (``lipschitz``: a number fixes it; null applies ``lipschitz_rule``):
+
+- ``inverse_lr``: L = 1/η, the reference's value. It reads the local update as one plain-SGD step of
+  length 1/L, so Δw_k = L(w^t - w̄_k) stands for ∇F_k(w^t). With Adam every coordinate moves ~η per
+  step, Δw_k is far larger than any gradient, the q F^(q-1)||Δw||² term exceeds L F^q by ~1e5 at
+  paper size and the global model moves ~1e-5 of FedAvg's step (docs/decisions.md, issue 16).
+- ``smoothness_cap`` (default): L = min(1/η, min_k 2 F_k / ||w^t - w̄_k||²). The reference's own model
+  bounds its gradient estimate: for a loss F >= 0 with L-Lipschitz gradient, ||∇F||² <= 2 L F, i.e.
+  L ||w^t - w̄_k||² <= 2 F_k with ∇F_k ≈ L(w^t - w̄_k). The cap is the largest L for which every
+  client's update is such a gradient step. Then q L ||w^t - w̄_k||² / F_k <= 2q, so
+  h_k ∈ [1, 1 + 2q] · L F_k^q and the step is c · Σ F_k^q (w^t - w̄_k) / Σ F_k^q with c ∈ [1/(1+2q), 1]:
+  the F^q-reweighted mean of the local updates on FedAvg's scale (q = 0: FedAvg's uniform mean;
+  q = 1: at least a third of it). Where 1/η already satisfies the bound (plain SGD with a small step)
+  it is the reference's L unchanged.
+
+q is not given by Fed-LWR (nor by the q-FFL paper for this task); 0.1 is the low end of the grid
+{0.1, 0.5, 1, 2} of ../specs/methods.md §2.11, chosen on the demo's validation Dice (decisions.md).
 """
 
 from __future__ import annotations
@@ -26,7 +40,12 @@ from fedmedbench.fl import client, server
 from fedmedbench.fl.data import eval_batches
 from fedmedbench.ops.aggregate import aggregation_weights, parameter_keys, weighted_average
 
-DEFAULTS = {"q": 0.1, "lipschitz": None}
+DEFAULTS = {"q": 0.1, "lipschitz": None, "lipschitz_rule": "smoothness_cap"}
+PARAM_SCHEMA = {
+    "q": {"type": "number", "minimum": 0, "maximum": 100},
+    "lipschitz": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    "lipschitz_rule": {"enum": ["smoothness_cap", "inverse_lr"]},
+}
 PERSONALIZED = False
 
 
@@ -58,9 +77,21 @@ class Server(server.Server):
         self.param_keys = parameter_keys(model)
         self.last_log = {}
 
+    def lipschitz(self, losses: list[float], sq_distances: list[float]) -> float:
+        """L for this round (see the module docstring); ``sq_distances`` = ||w^t - w̄_k||²."""
+        if self.params["lipschitz"] is not None:
+            return float(self.params["lipschitz"])
+        rule = self.params["lipschitz_rule"]
+        inverse_lr = 1.0 / self.cfg.optimizer.lr
+        if rule == "inverse_lr":
+            return inverse_lr
+        if rule == "smoothness_cap":
+            caps = [2.0 * f / d for f, d in zip(losses, sq_distances) if d > 0]
+            return min([inverse_lr, *caps])
+        raise ValueError(f"qfedavg: lipschitz_rule must be 'smoothness_cap' or 'inverse_lr', got {rule!r}")
+
     def aggregate(self, round_index, replies):
         q = float(self.params["q"])
-        L = float(self.params["lipschitz"] or 1.0 / self.cfg.optimizer.lr)
         states = [r["state"] for r in replies]
         keys = set.intersection(*(set(s) for s in states))
         params = sorted(keys & self.param_keys)
@@ -69,19 +100,21 @@ class Server(server.Server):
         self.global_state.update(weighted_average(states, p, buffers))
 
         w = {k: self.global_state[k].to(states[0][k].device, torch.float64) for k in params}
+        diffs = [{k: w[k] - state[k].to(torch.float64) for k in params} for state in states]  # w^t - w̄_k
+        sq_distances = [math.fsum(float((d * d).sum()) for d in diff.values()) for diff in diffs]
+        losses = [float(r["loss"]) + 1e-10 for r in replies]
+        L = self.lipschitz(losses, sq_distances)
         numerator = {k: torch.zeros_like(w[k]) for k in params}
         h_total = 0.0
         self.last_log = {}
-        for i, (state, reply) in enumerate(zip(states, replies)):
-            loss = float(reply["loss"]) + 1e-10
-            delta = {k: L * (w[k] - state[k].to(torch.float64)) for k in params}
-            norm_sq = math.fsum(float((d * d).sum()) for d in delta.values())
+        for i, (diff, sq, loss) in enumerate(zip(diffs, sq_distances, losses)):
             scale = loss**q
             for k in params:
-                numerator[k] += scale * delta[k]
-            h = (q * loss ** (q - 1) * norm_sq if q else 0.0) + L * scale
+                numerator[k] += (scale * L) * diff[k]
+            # ||Δw_k||² = L² ||w^t - w̄_k||²
+            h = (q * loss ** (q - 1) * L * L * sq if q else 0.0) + L * scale
             h_total += h
-            self.last_log[i] = {"loss": loss, "h": h}
+            self.last_log[i] = {"loss": loss, "h": h, "lipschitz": L}
         for k in params:
             self.global_state[k] = (w[k] - numerator[k] / h_total).to(self.global_state[k].dtype)
 
@@ -89,4 +122,4 @@ class Server(server.Server):
         return self.last_log
 
 
-__all__ = ["Client", "Server", "DEFAULTS", "PERSONALIZED"]
+__all__ = ["Client", "Server", "DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED"]

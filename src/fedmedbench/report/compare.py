@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedmedbench.errors import DataError
+
 from .tables import AGGREGATE_LABELS, AVG, NO_RESULT, STD, atomic_write_text, format_cell
 
 PAPER_COLUMNS = ["paper", "table", "task", "method", "method_id", "client", "metric", "mean", "std"]
@@ -34,18 +36,44 @@ def _decimals(text: str) -> int:
     return len(text.split(".", 1)[1]) if "." in text else 0
 
 
+def _check_numbers(csv_path: Path | str, raw: pd.DataFrame) -> None:
+    """Every ``mean`` a number, every ``std`` a number or empty (a hand-transcribed table may carry
+    a footnote mark like ``90.04*``); names the file, line, column and the cell."""
+    for column, may_be_empty in (("mean", False), ("std", True)):
+        text = raw[column].str.strip()
+        empty = text == ""
+        bad = pd.to_numeric(text.mask(empty), errors="coerce").isna()
+        if may_be_empty:
+            bad &= ~empty
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            row = raw.iloc[i]
+            what = "is empty" if text.iloc[i] == "" else "is not a number"
+            raise DataError(
+                f"{csv_path}: line {i + 2} (method_id {row['method_id']!r}, client {row['client']!r}), "
+                f"column {column!r}: {raw[column].iloc[i]!r} {what}"
+            )
+
+
 def load_paper_table(csv_path: Path | str) -> pd.DataFrame:
     """Read one ``resources/paper_tables/*.csv`` result table.
 
     Returns the columns ``paper, table, task, method, method_id, client, metric, mean, std``
     (``mean``/``std`` as floats in percent, ``std`` NaN where the paper prints none) plus
-    ``decimals``, the number of decimals the paper printed. Raises ValueError for a file that is
-    not a result table (e.g. the PRR-FL dataset table).
+    ``decimals``, the number of decimals the paper printed. Raises DataError (a ValueError) naming
+    the file for a file that is not a result table (e.g. the PRR-FL dataset table), and its line and
+    column for a cell that is not a number. The one reader of these tables: every report uses it.
     """
-    raw = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+    try:
+        raw = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{csv_path}: empty file; expected a paper result table with columns {PAPER_COLUMNS}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise DataError(f"{csv_path}: not a readable CSV ({' '.join(str(err).split())})") from None
     missing = [c for c in PAPER_COLUMNS if c not in raw.columns]
     if missing:
-        raise ValueError(f"{csv_path}: not a paper result table, lacks columns {missing}")
+        raise DataError(f"{csv_path}: not a paper result table, lacks columns {missing}")
+    _check_numbers(csv_path, raw)
     out = raw[PAPER_COLUMNS].copy()
     out["decimals"] = out["mean"].map(_decimals)
     for col in ("mean", "std"):

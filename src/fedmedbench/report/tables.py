@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from fedmedbench.data.store import atomic_write_text
+from fedmedbench.errors import DataError
 
 AVG = "Avg"
 STD = "Std"
@@ -33,8 +34,9 @@ NO_RESULT = "n/a"  # shown for a run (or cell) that has no result
 SUMMARY_COLUMNS = ["run", "method", "client", "client_label", "mean", "std", "n_seeds"]
 
 
-class ReportInputError(ValueError):
-    """The final.json files cannot be summarised (inconsistent clients, missing metric, ...)."""
+class ReportInputError(DataError):
+    """The final.json files cannot be summarised (inconsistent clients, missing metric, ...).
+    A DataError (and so a ValueError): the CLI reports it as one line."""
 
 
 # --------------------------------------------------------------------------------------------
