@@ -172,7 +172,7 @@ def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path):
     )  # fmt: skip
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"{bad}:5:6: YAML syntax error: expected ',' or ']', but got ':'" in lines[0], result.stderr
+    assert len(lines) == 1 and f"{bad}:5:6: YAML syntax error: " in lines[0], result.stderr
 
 
 def test_checkpoint_cadence_is_not_part_of_the_run_config():

@@ -42,8 +42,8 @@ def probe_method():
 
 def test_query_answer_round_log_epochs_and_lr_decay(tmp_path, tiny_task, monkeypatch):
     module, seen = probe_method()
-    monkeypatch.setattr(engine, "load_method", lambda name: module)
-    monkeypatch.setattr(engine, "merge_params", lambda name, given, where: given)
+    monkeypatch.setattr(engine, "load_method", lambda name, module_path=None: module)
+    monkeypatch.setattr(engine, "merge_params", lambda name, given, where, module=None: given)
     store, split = tiny_task
     optimizer = {"name": "sgd", "lr": 0.1, "lr_decay_every_rounds": 2, "lr_decay_factor": 0.5}
     cfg = tiny_run_config(store, split, "fedavg", rounds=5, local_epochs=2, optimizer=optimizer, local_epoch_curve=True)

@@ -161,3 +161,19 @@ def test_changing_checkpoint_every_keeps_a_killed_runs_checkpoint(tmp_path, tiny
     assert "after round 2" in caplog.text
     assert (tmp_path / "run" / "final.json").read_text() == (tmp_path / "straight" / "final.json").read_text()
     assert straight["config"] == json.loads((tmp_path / "run" / "final.json").read_text())["config"]
+
+
+def test_a_global_method_can_be_selected_per_client(tmp_path, tiny_task):
+    """PRR-FL's tables: every row selected per client (client k picks the round whose global model
+    scores best on its own validation split), so rows differ by method, not by selection rule."""
+    store, split = tiny_task
+    final = engine.run_training(tiny_run_config(store, split, "fedavg", rounds=4, selection_scope="per_client"), tmp_path / "run", progress=False)
+    assert final["selection"]["per_client"] is True
+    history = pd.read_csv(tmp_path / "run" / "history.csv")
+    val = history[(history["split"] == "val") & (history["metric"] == "dice_paper")]
+    for client, rounds in final["selection"]["best_round"].items():
+        scores = val[val["client"] == client].set_index("round")["value"]
+        assert rounds == int(scores.idxmax()), client  # first best round of its own validation curve
+        assert final["val"][client]["dice_paper"] == scores.max()
+    pooled = engine.run_training(tiny_run_config(store, split, "fedavg", rounds=4), tmp_path / "pooled", progress=False)
+    assert isinstance(pooled["selection"]["best_round"], int)

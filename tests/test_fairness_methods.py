@@ -160,7 +160,8 @@ def test_qfedavg_two_clients_by_hand():
     from fedmedbench.runconfig import RunConfig
     from tests.conftest import toy_run_config
 
-    cfg = toy_run_config(method_params={"q": 2.0, "lipschitz": None}, optimizer={"name": "sgd", "lr": 0.5})
+    # 2F/||w - w̄||² (100 and 20) exceeds 1/η = 2 for both clients: the smoothness cap leaves L = 1/η.
+    cfg = toy_run_config(method_params={**qfedavg.DEFAULTS, "q": 2.0}, optimizer={"name": "sgd", "lr": 0.5})
     assert isinstance(cfg, RunConfig)
     model = torch.nn.Linear(2, 1)
     with torch.no_grad():

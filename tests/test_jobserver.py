@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import tiny_run_config
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -53,3 +55,33 @@ print("killed", p.returncode)
     time.sleep(2.0)
     after = checkpoint.stat().st_mtime_ns if checkpoint.exists() else None
     assert before == after
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_server_dies_with_the_process_that_started_it(tmp_path, sig):
+    """`kill PID` (or SIGKILL) of the top `with-jobserver` process: its forked server (~700 MB) must
+    not stay blocked forever, and its /tmp folder goes with it."""
+    import psutil
+
+    script = "import os, sys, time; print(os.environ['FEDMEDBENCH_JOBSERVER'], flush=True); time.sleep(120)"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    top = subprocess.Popen([sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    socket_path = Path(top.stdout.readline().strip())
+    deadline = time.monotonic() + 120
+    while not socket_path.exists() and time.monotonic() < deadline:  # the server is warm
+        time.sleep(0.2)
+    assert socket_path.exists()
+    parent = psutil.Process(top.pid)
+    children = parent.children()
+    server = next(c for c in children if c.cmdline() == parent.cmdline())
+    command = next(c for c in children if c.pid != server.pid)
+    top.send_signal(sig)
+    top.wait(timeout=30)
+    gone, alive = psutil.wait_procs([server], timeout=30)
+    assert not alive, "the job server outlived its parent"
+    assert not socket_path.parent.exists()
+    if sig == signal.SIGTERM:  # a plain `kill` also stops the command it ran (e.g. snakemake)
+        psutil.wait_procs([command], timeout=30)
+        assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
+    else:
+        command.kill()

@@ -315,7 +315,7 @@ def test_flip_rotate_keeps_shape_and_labels_and_is_seeded():
 # --- engine: OOD cohort, selection window, end to end + resume --------------------------------------------
 def test_ood_cohort_is_scored_per_model_as_their_mean_and_as_an_ensemble(tmp_path, skin_task):
     store, split = skin_task
-    cfg = skin_config(store, split, "fedbn", rounds=2, local_epochs=1, batch_size=8, ood_clients=["OOD"], selection_window=0.5, selection_pooled=True)
+    cfg = skin_config(store, split, "fedbn", rounds=2, local_epochs=1, batch_size=8, ood_clients=["OOD"], selection_window=0.5, selection_scope="pooled")
     final = run_training(cfg, tmp_path / "run", progress=False)
     ood = final["ood"]["OOD"]
     assert set(ood) == {"mean", "ensemble", "per_model"} and set(ood["per_model"]) == {"A", "B", "C"}

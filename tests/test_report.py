@@ -85,12 +85,16 @@ def test_seed_summary_hand_computed(finals):
     assert math.isclose(math.sqrt(111), 10.535653752852738)
 
 
-def test_seed_summary_std_row_is_population_std(finals):
+def test_seed_summary_std_row_is_the_seed_mean_of_each_runs_population_std(finals):
     s = seed_summary(finals, "dice_paper", std_row=True)
     row = cell(s, "fedavg", "Std")
-    # population std of 91, 82, 70: sqrt(222/3) = sqrt(74)
-    assert row["mean"] == pytest.approx(math.sqrt(74))
-    assert math.isnan(row["std"])
+    # seed 0: 90, 80, 70 -> sqrt(200/3); seed 1: 92, 84, 70 -> mean 82, deviations 10, 2, -12 ->
+    # sqrt(248/3); the Std row is their mean (not the std of the seed means 91, 82, 70: sqrt(74)),
+    # its spread their sample std over seeds.
+    a, b = math.sqrt(200 / 3), math.sqrt(248 / 3)
+    assert row["mean"] == pytest.approx((a + b) / 2)
+    assert row["std"] == pytest.approx(abs(a - b) / math.sqrt(2))
+    assert row["mean"] > math.sqrt(74)  # the std of seed means is biased low
 
 
 def test_one_seed_std_is_nan_and_shown_as_dash(tmp_path):

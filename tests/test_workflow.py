@@ -34,6 +34,9 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(tmp_path):
+    # Every path of the run holds a space: each one is quoted in the rules' shell commands.
+    tmp_path = tmp_path / "with space"
+    tmp_path.mkdir()
     shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")  # the Snakefile's default configfile
 
     run = snakemake(tmp_path)
@@ -56,6 +59,11 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
 
     again = snakemake(tmp_path, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    # The checkpoint cadence cannot change a number: changing it re-runs nothing.
+    (tmp_path / "cadence.yaml").write_text(yaml.safe_dump({"tasks": {"prostate": {"checkpoint_every": 2}}}))
+    cadence = snakemake(tmp_path, "cadence.yaml", "-n")
+    assert "Nothing to be done" in cadence.stdout + cadence.stderr
+    assert not list(tmp_path.parent.glob("*.log")), "a log was written outside the workdir"
 
     (tmp_path / "mu.yaml").write_text(yaml.safe_dump({"methods": {"fedprox": {"mu": 0.1}}}))
     changed = planned_jobs(snakemake(tmp_path, "mu.yaml", "-n"))
@@ -73,6 +81,8 @@ def test_real_config_plans_every_download_and_preprocessing(tmp_path):
     assert jobs["download"] == 13 and jobs["preprocess"] == 6 and jobs["split"] == 6
     assert "gdrive:1TtrjnlnJ1yqr5m4LUGMelKTQXtvZaru-" in dry.stdout  # the real sources, not synthetic twins
     assert "synthesize" not in jobs
+    # A plain `snakemake` uses the default profile (rerun-incomplete, show-failed-logs).
+    assert f"workflow specific profile {ROOT / 'profiles' / 'default'}" in dry.stdout + dry.stderr
 
 
 def test_lint_and_format_are_clean():

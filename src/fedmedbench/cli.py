@@ -77,6 +77,30 @@ def cmd_with_jobserver(args) -> None:
     raise SystemExit(with_jobserver(args.cmd))
 
 
+def cmd_methods(args) -> None:
+    """Every method: built in, installed plug-ins (entry points) and the config's `module:` plug-ins."""
+    from fedmedbench import config as cfgmod
+    from fedmedbench.methods import available_methods, find_method, is_personalized, method_defaults
+
+    configured = {}
+    if args.config:
+        config = cfgmod.load_config(*args.config)
+        configured = {name: section["module"] for name, section in config["methods"].items() if (section or {}).get("module")}
+    rows = [find_method(name) for name in available_methods()] + [find_method(name, module) for name, module in configured.items()]
+    width = max(len(ref.name) for ref in rows)
+    for ref in rows:
+        params = ", ".join(f"{k}={v!r}" for k, v in method_defaults(ref.name, None if ref.builtin else ref.module).items()) or "-"
+        personalized = "personalized" if is_personalized(ref.name, None if ref.builtin else ref.module) else "global"
+        print(f"{ref.name:<{width}}  {personalized:<12}  {ref.origin}  ({ref.path})\n{'':<{width}}  parameters: {params}")
+
+
+def cmd_new_method(args) -> None:
+    from fedmedbench.scaffold import new_method
+
+    written = new_method(args.name, Path(args.out))
+    print(f"wrote {len(written)} files into {args.out}: `pip install -e {args.out}` registers {args.name!r}; `pytest {args.out}` trains it for two rounds")
+
+
 def cmd_fetch(args) -> None:
     from fedmedbench.data import load_family
     from fedmedbench.data.download import fetch
@@ -282,7 +306,7 @@ def cmd_report(args) -> None:
     finals = _load_finals(args.finals)
     sections, seeds, rounds = [], set(), set()
     for name, exp in experiments.items():
-        section = {"title": exp.title, "labels": exp.labels, "figure": exp.figure}
+        section = {"title": exp.title, "labels": exp.labels, "figure": exp.figure, "notes": exp.notes}
         if exp.kind == "table":
             runs = set(exp.runs)
             picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp.task and f["run"] in runs and f["seed"] in exp.seeds]
@@ -344,6 +368,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("with-jobserver", help="run a command (e.g. snakemake) whose training jobs start warm (fork of a process with torch imported)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     p.set_defaults(func=cmd_with_jobserver)
+
+    p = sub.add_parser("methods", help="list every method (built in and plug-ins), its origin and parameters")
+    p.add_argument("--config", nargs="*", default=[], help="config.yaml [overlay.yaml ...]: also list its `module:` plug-ins")
+    p.set_defaults(func=cmd_methods)
+
+    p = sub.add_parser("new-method", help="write a pip-installable package with a method of your own (and its test)")
+    p.add_argument("name", help="the method's name (lowercase, e.g. fedxyz)")
+    p.add_argument("--out", required=True, help="the package folder to create")
+    p.set_defaults(func=cmd_new_method)
 
     p = sub.add_parser("fetch", help="download (or copy) a raw file, verify it, move it into place")
     p.add_argument("--dataset", required=True, help="the family whose file this is (for its manual-download advice)")

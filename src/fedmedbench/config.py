@@ -24,7 +24,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 # Run-config keys a task section may set; its other keys (dataset, protocol) say which data to use.
-RUN_IDENTITY_KEYS = ("task", "method", "variant", "run", "seed", "data", "method_params")
+RUN_IDENTITY_KEYS = ("task", "method", "variant", "run", "seed", "data", "method_params", "method_module", "method_digest")
 TRAINING_KEYS = tuple(k for k in field_names(RunConfig) if k not in RUN_IDENTITY_KEYS)
 
 
@@ -81,14 +81,15 @@ def check_method_section(method: str, section: dict, where: str) -> None:
     or a task key (typed by the task schema, as a partial override)."""
     from fedmedbench.methods import check_param, merge_params
 
-    merge_params(method, {k: v for k, v in section.items() if k != "variants"}, where)
+    module = section.get("module")
+    merge_params(method, method_section_params(section), where, module)
     task_keys = _relaxed(schema()["properties"]["tasks"]["additionalProperties"])["properties"]
-    params = set(merge_params(method, {}, where))
+    params = set(merge_params(method, {}, where, module))
     for variant, changes in (section.get("variants") or {}).items():
         place = f"{where}.variants.{variant} (run {method}-{variant})"
         for key, value in changes.items():
             if key in params:
-                check_param(method, key, value, place)
+                check_param(method, key, value, place, module)
             elif key in TRAINING_KEYS and key in task_keys:
                 values.check(value, task_keys[key], f"{place}.{key}")
             else:
@@ -183,6 +184,14 @@ def split_run(run: str) -> tuple[str, str | None]:
     return method, (variant or None)
 
 
+# Keys of a `methods.<name>` section that are not hyperparameters of the method.
+SECTION_KEYS = ("variants", "module")
+
+
+def method_section_params(section: dict) -> dict:
+    return {k: v for k, v in section.items() if k not in SECTION_KEYS}
+
+
 def method_params(config: dict, run: str) -> tuple[dict, dict]:
     """(method hyperparameters, run-config overrides) of a run. A variant's keys that name a method
     hyperparameter change it; any other key overrides the run config (e.g. ``local_epochs``)."""
@@ -192,7 +201,7 @@ def method_params(config: dict, run: str) -> tuple[dict, dict]:
         raise ValueError(f"run {run!r}: method {method!r} has no section under 'methods' in the config")
     from fedmedbench.methods import merge_params
 
-    params = merge_params(method, {k: v for k, v in section.items() if k != "variants"}, f"methods.{method}")
+    params = merge_params(method, method_section_params(section), f"methods.{method}", section.get("module"))
     overrides: dict = {}
     if variant is not None:
         variants = section.get("variants", {})
@@ -211,14 +220,20 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
     defaults included (read strictly through RunConfig, so a wrong key fails here, at DAG time)."""
     if task not in config["tasks"]:
         raise ConfigError(f"unknown task {task!r}; tasks in the config: {', '.join(config['tasks'])}")
+    from fedmedbench.methods import find_method
+
     spec = config["tasks"][task]
     method, variant = split_run(run)
     params, overrides = method_params(config, run)
     data_dir = task_data_dir(config, task)
     cfg = {key: copy.deepcopy(spec[key]) for key in TRAINING_KEYS if key in spec}
+    ref = find_method(method, (config["methods"].get(method) or {}).get("module"))
     cfg.update(
         task=task,
         method=method,
+        # A plug-in's module and a digest of its source: editing it re-runs exactly its jobs.
+        method_module=None if ref.builtin else ref.module,
+        method_digest=None if ref.builtin else ref.digest(),
         variant=variant,
         run=run,
         seed=int(seed),
@@ -259,6 +274,7 @@ class Experiment(Strict):
     log_x: bool = False
     per_client: int = 1  # qualitative: rows per client
     clients: dict = field(default_factory=dict)  # qualitative: task -> clients shown
+    notes: tuple[str, ...] = ()  # lines the report prints under the table (e.g. what a "(paper)" and an "(official code)" row differ in)
     # Added by the workflow for the jobs that draw and report (workflow/rules/common.smk).
     task_specs: dict = field(default_factory=dict)
     figure: str | None = None

@@ -46,7 +46,7 @@ def warm_up() -> None:
     import fedmedbench.fl.engine  # noqa: F401
     import fedmedbench.methods as methods
 
-    for name in methods.available_methods():
+    for name in methods.builtin_methods():  # plug-ins are imported by each job: their edits count
         methods.load_method(name)
     torch.optim.SGD([torch.nn.Parameter(torch.empty(0))], lr=0.1)  # caches the optimizer's dynamo wrappers
 
@@ -110,10 +110,12 @@ def die_with_parent(lifeline: int, path: str) -> None:
 def serve(path: str, lifeline: int | None = None) -> None:
     if lifeline is not None:
         die_with_parent(lifeline, path)
-    warm_up()
+    # Listen first, warm up second: the command starts at once (a Snakemake call with nothing to do
+    # never waits for torch to import) and early jobs queue in the backlog until the server is warm.
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(64)
+    warm_up()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     while True:
         conn, _ = server.accept()
@@ -166,7 +168,7 @@ def with_jobserver(command: list[str]) -> int:
     # `kill <pid>` of this process: stop the command as well, then clean up below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        for _ in range(600):  # the warm-up takes a few seconds
+        for _ in range(600):  # the socket appears within milliseconds
             if Path(path).exists():
                 break
             if os.waitpid(pid, os.WNOHANG)[0]:

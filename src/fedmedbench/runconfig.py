@@ -95,10 +95,12 @@ class RunConfig(Strict):
     precision: str = "fp32"  # fp32 (the papers) | bf16 (autocast + channels_last; faster on GPUs)
     curve_every: int = 0  # test curves every this many rounds (0: ~50 points per run); reported test scores are always the selected models'
     selection_window: float = 1.0  # model selection only in the last this fraction of rounds (PRR-FL's official code: 0.2)
-    selection_pooled: bool = False  # true: one round for all clients by the mean validation metric, even for personalized methods
+    selection_scope: str = "auto"  # auto: per client for personalized methods, else one round by the mean; per_client | pooled: for every method (PRR-FL's tables: per_client)
     ood_clients: tuple[str, ...] = ()  # test-only clients (e.g. skin's OOD cohort), scored at the end with the selected models
     # the method's hyperparameters (checked against its DEFAULTS when the run starts)
     method_params: dict = field(default_factory=dict)
+    method_module: str | None = None  # a plug-in's module (None: built in)
+    method_digest: str | None = None  # a digest of the plug-in's source (its edits re-run its jobs)
 
     @classmethod
     def from_dict(cls, values: dict, where: str = "run config") -> RunConfig:

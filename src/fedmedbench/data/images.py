@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import DataError
 
-__all__ = ["read_mask"]
+__all__ = ["read_mask", "deep_rawmode"]
 
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 _COLOUR = ("RGB", "RGBA", "LA", "P", "PA")
@@ -43,6 +43,12 @@ def _rawmodes(img) -> list[str]:
         raw = args if isinstance(args, str) else (args[0] if isinstance(args, tuple) and args and isinstance(args[0], str) else "")
         modes.append(raw)
     return modes
+
+
+def deep_rawmode(img) -> str:
+    """For an opened, not yet loaded Pillow image: the raw mode (e.g. ``RGB;16B``) under which Pillow
+    decodes 16- or 32-bit samples into an 8-bit mode, dropping their low bytes; ``""`` if none."""
+    return next((r for r in _rawmodes(img) if _DEEP_RAWMODE.search(r)), "")
 
 
 def _values(array: np.ndarray, limit: int = 6) -> str:

@@ -363,9 +363,9 @@ def check_batch_norm_batches(model: torch.nn.Module, clients, cfg: RunConfig) ->
 
 def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool, checkpoint_every: int) -> dict:
     cfg = RunConfig.from_dict(cfg)
-    method = load_method(cfg.method)
+    method = load_method(cfg.method, cfg.method_module)
     # The method's declared defaults fill any hyperparameter the config leaves out; unknown ones fail.
-    cfg = cfg.replace(method_params=merge_params(cfg.method, cfg.method_params, f"run config of {cfg.run}: method_params"))
+    cfg = cfg.replace(method_params=merge_params(cfg.method, cfg.method_params, f"run config of {cfg.run}: method_params", cfg.method_module))
     checkpoint_path = out_dir / "checkpoint.pt"
     if threads:
         torch.set_num_threads(threads)
@@ -380,7 +380,8 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     server = method.Server(cfg, model, len(data))
     clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device) for i, d in enumerate(data)]
     metric = cfg.selection_metric
-    selection = Selection(names, metric, per_client=method.PERSONALIZED and not cfg.selection_pooled)
+    per_client = {"auto": method.PERSONALIZED, "per_client": True, "pooled": False}[cfg.selection_scope]
+    selection = Selection(names, metric, per_client=per_client)
     check_selection_defined(clients, cfg)
     check_batch_norm_batches(model, clients, cfg)
     fingerprints = (cfg.fingerprint(), data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients]))

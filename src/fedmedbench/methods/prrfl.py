@@ -1,26 +1,33 @@
 """PRR-FL (Chen, Zhu, Yang, Yuan, MICCAI 2021): Progressive Fourier Aggregation + Deputy-Enhanced Transfer.
 
-Each client holds a personalized model p (``self.model``: trained, uploaded, evaluated) and a deputy d.
+Each client holds a personalized model p (``self.model``: trained, evaluated) and a deputy d.
 
-Server (PFA, ``ops.fourier.fourier_aggregate``): the uploaded personalized weights of every conv and
-linear layer are aggregated in the frequency domain, each client getting **its own** result (its
-phase and high-frequency amplitude, the clients' mean low-frequency amplitude) as its package; the
-box radius grows linearly from ``radius_start`` to ``radius_end`` over the rounds (official scale:
-0.7 -> 0.95, the paper's r0 = 0.35, r1 = 0.48 of the half-width). BN layers (found by module type)
-never leave the client; every other shared tensor (biases) is averaged with the run's weights.
+Upload (``upload``): ``personalized`` (paper, Sec. 2.1: "the personalized model p_k ... is uploaded")
+sends p; ``deputy`` (official code: ``main.py`` hands the deputies to ``communication``) sends d, so
+the federated model is d and p learns from it only through DET's KL. Without DET (``det: false``)
+there is no deputy and p is sent either way.
+
+Server (PFA, ``ops.fourier.fourier_aggregate``): the uploaded weights of every conv and linear layer
+are aggregated in the frequency domain, each client getting **its own** result (its phase and
+high-frequency amplitude, the clients' mean low-frequency amplitude) as its package; the box radius
+grows linearly from ``radius_start`` to ``radius_end`` over the rounds (official scale: 0.7 -> 0.95,
+the paper's r0 = 0.35, r1 = 0.48 of the axis). BN layers (found by module type) never leave the
+client; every other shared tensor (biases) is averaged with the run's weights.
 
 Client (DET, ``ops.distill``): the package goes into the deputy (its BN stays its own). Before every
 local epoch the stage is chosen from phi = macro F1 of d and p (``det_stage``; lambda1 = 0.7,
 lambda2 = 0.9): Recover (p: CE; d: CE + KL(p || d)), Exchange (both CE + KL toward the other),
-Sublimate (d: CE; p: CE + KL(d || p)). The teacher is detached and both models step on every batch.
-``phi_split: val`` (paper: the client's validation set) or ``train`` (official: the training data,
-scored here without augmentation); ``reset_stage_each_round`` (official: true, so every round starts
-with Recover; paper: the stage carries over and only phi moves it).
+Sublimate (d: CE; p: CE + KL(d || p)). KL(teacher || student) as the official code (Eqs. 4-5 read
+literally give the reverse; docs/decisions.md). The teacher is detached and both models step on
+every batch. ``phi_split: val`` (paper: the client's validation set) or ``train`` (official: the
+training data, scored here without augmentation); ``reset_stage_each_round`` (default true, paper
+and official: every round starts with Recover after the deputy was overwritten; false: the stage
+carries over and only phi moves it).
 
 Ablations: ``det: false`` (w/o DET) loads the package into p, FedBN-style, no deputy;
 ``pfa: false`` (w/o PFA) sends everyone the element-wise average (FedBN's aggregation).
-``fourier_mode``: ``paper`` (box symmetric about DC, weighted mean) or ``official`` (half-open box,
-unweighted mean, real part); see ``ops.fourier``.
+``fourier_mode``: ``paper`` (closed box |f| <= r*dim of Eq. 2, weighted mean) or ``official``
+(half-open box, unweighted mean, real part); see ``ops.fourier``.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ DEFAULTS = {
     "sublimate_threshold": 0.9,
     "phi_split": "val",
     "phi_metric": "f1_macro",
-    "reset_stage_each_round": False,
+    "reset_stage_each_round": True,
+    "upload": "personalized",
 }
 # Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
 PARAM_SCHEMA = {
@@ -57,6 +65,7 @@ PARAM_SCHEMA = {
     "sublimate_threshold": {"type": "number", "minimum": 0, "maximum": 1},
     "phi_split": {"enum": ["val", "train"]},
     "phi_metric": {"enum": ["f1_macro", "auc_macro", "accuracy"]},
+    "upload": {"enum": ["personalized", "deputy"]},
 }
 PERSONALIZED = True
 
@@ -164,7 +173,11 @@ class Client(client.Client):
         return loss_p.detach()
 
     def reply(self):
-        return {**super().reply(), "stages": list(self.stages)}
+        out = {**super().reply(), "stages": list(self.stages)}
+        if self.params["det"] and self.params["upload"] == "deputy":
+            # The official code aggregates the deputies; p never leaves the client.
+            out["state"] = {k: v for k, v in self.deputy.state_dict().items() if k not in self.local_keys}
+        return out
 
     def state_dict(self):
         return {

@@ -222,6 +222,8 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
         lines += [f"Published numbers: {section['paper_source']}.", ""]
     if section.get("metric_note"):
         lines += [f"Metric: {section['metric_note']}", ""]
+    for note in section.get("notes") or ():
+        lines += [f"Note: {note}", ""]
 
     if comp is None:
         pass

@@ -86,8 +86,9 @@ def seed_summary(
     n_seeds``: one row per (run, client), with the mean and sample std (ddof=1) over seeds
     (std is NaN for a single seed), then one ``Avg`` row per run (mean over clients of the
     seed means; std = sample std across clients of the seed means, ddof=1), and, when
-    ``std_row`` is True, one ``Std`` row per run (population std across clients, ddof=0,
-    Fed-LWR's fairness measure; its ``std`` is NaN). Runs keep the order in which they first
+    ``std_row`` is True, one ``Std`` row per run (Fed-LWR's fairness measure: per seed the
+    population std across clients, ddof=0, then the mean over seeds; its ``std`` is the sample
+    std of those over seeds). Runs keep the order in which they first
     appear in ``finals``; clients keep the order of ``final["clients"]``.
 
     ``sources`` (optional, same length as ``finals``) names the file each dict came from, for
@@ -168,9 +169,13 @@ def seed_summary(
                  mean=float(client_means.mean()), std=avg_std, n_seeds=n_seeds)
         )
         if std_row:
+            # One convention everywhere (this table, Fig. 2, the fairness bars): each run's
+            # population std across sites (the paper's single-run figure), then its mean over
+            # seeds; the std of the seed means would be biased low against the paper's.
+            per_seed = values.std(axis=1, ddof=0)
             rows.append(
-                dict(run=run, method=method, client=STD, client_label=STD,
-                     mean=float(client_means.std(ddof=0)), std=math.nan, n_seeds=n_seeds)
+                dict(run=run, method=method, client=STD, client_label=STD, mean=float(per_seed.mean()),
+                     std=float(per_seed.std(ddof=1)) if n_seeds > 1 else math.nan, n_seeds=n_seeds)
             )
 
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
