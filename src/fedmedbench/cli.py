@@ -129,7 +129,8 @@ def cmd_preprocess(args) -> None:
 
     raw = dict(item.split("=", 1) for item in args.raw)
     log = logging.getLogger(f"fedmedbench.{args.dataset}").info
-    counts = load_family(args.dataset).preprocess(raw, Path(args.out), args.protocol, expect_real_counts=args.expect_real_counts, size=args.size, log=log)
+    options = {"options": json.loads(args.options)} if args.options else {}  # a user's own data (folders)
+    counts = load_family(args.dataset).preprocess(raw, Path(args.out), args.protocol, expect_real_counts=args.expect_real_counts, size=args.size, log=log, **options)
     if args.counts:
         atomic_write_text(Path(args.counts), json.dumps(counts, indent=2) + "\n")
 
@@ -137,7 +138,10 @@ def cmd_preprocess(args) -> None:
 def cmd_split(args) -> None:
     from fedmedbench.data import load_family
 
-    load_family(args.dataset).split(Path(args.store), Path(args.out), args.protocol, permutation=args.permutation, seed=args.seed)
+    if args.options:  # a user's own data (folders): seed and fractions are its options
+        load_family(args.dataset).split(Path(args.store), Path(args.out), args.protocol, options=json.loads(args.options), log=logging.getLogger("fedmedbench.split").info)
+    else:
+        load_family(args.dataset).split(Path(args.store), Path(args.out), args.protocol, permutation=args.permutation, seed=args.seed)
 
 
 def _load_finals(paths: list[str]) -> list[dict]:
@@ -400,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("preprocess", help="raw files -> canonical store")
     p.add_argument("dataset")
     p.add_argument("--protocol", required=True)
-    p.add_argument("--raw", nargs="+", required=True, metavar="FILENAME=PATH", help="each raw file and its extracted folder / path")
+    p.add_argument("--raw", nargs="*", default=[], metavar="FILENAME=PATH", help="each raw file and its extracted folder / path")
+    p.add_argument("--options", default=None, help="a user's own data (family folders): its data section as JSON")
     p.add_argument("--out", required=True, help="store folder")
     p.add_argument("--counts", help="write per-client sample counts here (JSON)")
     p.add_argument("--size", type=int, default=None, help="image size in pixels")
@@ -414,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--permutation", default="default", help="family-specific: e.g. harmofl (the paper's files) or seeded")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--options", default=None, help="a user's own data (family folders): its data section as JSON")
     p.set_defaults(func=cmd_split)
 
     p = sub.add_parser("collect", help="per-client metrics of many runs -> one long CSV")

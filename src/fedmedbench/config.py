@@ -53,6 +53,70 @@ def _relaxed(node):
     return node
 
 
+BUILTIN_FAMILIES = ("prostate", "camelyon17", "nuclei", "skin", "fundus")
+USER_PROTOCOL = "default"  # the one protocol of a user's own data (`family: folders`)
+
+# A task on a user's own data needs only `dataset` and `kind`: the rest comes from here (and its
+# `clients` from the sites found). Any key the task sets wins.
+KIND_DEFAULTS = {
+    "segmentation": {
+        "model": {"name": "unet", "init_features": 32, "in_channels": 3},
+        "loss": "dice_ce",
+        "optimizer": {"name": "adam", "lr": 1.0e-3, "betas": [0.9, 0.99], "weight_decay": 1.0e-4},
+        "rounds": 100, "local_epochs": 1, "batch_size": 8, "augment": "none",
+        "intensity_scale": 1 / 255, "aggregation": {"weighting": "uniform", "bn_buffers": "average"},
+        "selection_metric": "dice_paper",
+    },
+    "classification": {
+        "model": {"name": "densenet", "growth_rate": 32, "block_config": [6, 12, 24, 16], "num_init_features": 64},
+        "loss": "ce",
+        "optimizer": {"name": "sgd", "lr": 1.0e-3, "momentum": 0.9, "weight_decay": 1.0e-4},
+        "rounds": 100, "local_epochs": 1, "batch_size": 32, "augment": "none",
+        "intensity_scale": 1 / 255, "aggregation": {"weighting": "uniform", "bn_buffers": "average"},
+        "selection_metric": "accuracy",
+    },
+}  # fmt: skip
+
+
+def family_of(config: dict, dataset: str) -> str:
+    """A data section's family: its `family` key, else its name (`prostate:` is the prostate family)."""
+    return (config["data"].get(dataset) or {}).get("family", dataset)
+
+
+def folders_options(config: dict, dataset: str) -> dict:
+    """The `folders` options of a user's data section (what `fedmedbench preprocess --options` reads)."""
+    return {k: v for k, v in config["data"][dataset].items() if k not in ("family", "protocols")}
+
+
+def complete_user_data(config: dict, source: str = "config") -> None:
+    """In place: a `family: folders` data section gets its one protocol, and a task on it the per-kind
+    defaults, `num_classes` from the declared classes and `clients` = the sites found on disk."""
+    data = config.get("data")
+    if not isinstance(data, dict) or not any(isinstance(s, dict) and s.get("family") == "folders" for s in data.values()):
+        return
+    from fedmedbench.data import folders
+
+    options = {}
+    for name, section in data.items():
+        if isinstance(section, dict) and section.get("family") == "folders":
+            section.setdefault("protocols", {USER_PROTOCOL: {}})
+            options[name] = folders.FoldersOptions.from_dict(folders_options(config, name), where=f"{source}: data.{name}")
+    for name, spec in (config.get("tasks") or {}).items():
+        if not isinstance(spec, dict) or spec.get("dataset") not in options:
+            continue
+        found = options[spec["dataset"]]
+        kind = spec.get("kind", found.kind)
+        if kind != found.kind:
+            raise ConfigError(f"{source}: tasks.{name}.kind: {kind!r}, but data.{spec['dataset']} holds {found.kind} data")
+        sites = folders.discover_sites(found.root, found.kind)
+        defaults = {**copy.deepcopy(KIND_DEFAULTS[kind]), "kind": kind, "protocol": USER_PROTOCOL, "clients": sites}
+        defaults["model"]["num_classes"] = found.num_classes
+        completed = deep_merge(defaults, spec)
+        completed.setdefault("client_labels", list(completed["clients"]))
+        spec.clear()
+        spec.update(completed)
+
+
 def validate(config: dict, source: str = "config") -> None:
     """Everything a job will read, checked once before any job runs: the schema (types, ranges, no
     unknown keys at any level); every method parameter and variant override against its declaration
@@ -104,6 +168,12 @@ def check_references(config: dict, source: str) -> None:
     """Names that point to other sections exist, and sizes fit the models (not a shape error at the
     first training step)."""
     tasks, methods, data = config["tasks"], config.get("methods", {}), config["data"]
+    for name in data:
+        if family_of(config, name) not in (*BUILTIN_FAMILIES, "folders"):
+            raise ConfigError(
+                f"{source}: data.{name}: not a built-in dataset family{closest(name, BUILTIN_FAMILIES)} ({', '.join(BUILTIN_FAMILIES)}); "
+                f"for your own multi-site data set `family: folders` and `root:` (docs/extending.md)"
+            )
     for name, spec in tasks.items():
         where = f"{source}: tasks.{name}"
         if spec["dataset"] not in data:
@@ -159,6 +229,7 @@ def load_config(*paths: Path) -> dict:
     config: dict = {}
     for path in paths:
         config = deep_merge(config, read_yaml(path))
+    complete_user_data(config, " + ".join(str(p) for p in paths))
     validate(config, " + ".join(str(p) for p in paths))
     return config
 

@@ -19,6 +19,8 @@ fmb.read_yaml("config.yaml")
 configfile: "config.yaml"
 
 
+# A user's own data (`family: folders`): its protocol, and its tasks' per-kind defaults and sites.
+fmb.complete_user_data(config, "config")
 # A typo names the key and its closest valid spelling.
 fmb.validate(config, "config")
 
@@ -27,7 +29,9 @@ RESOURCES = str(Path(workflow.basedir) / "resources")
 # Jobs run `python -m fedmedbench` from this checkout, so neither the venv nor a conda env needs the
 # package installed.
 # (The prefix is formatted once more per job, hence the doubled braces.)
-shell.prefix(f"export PYTHONPATH={shlex.quote(str(SRC))}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+shell.prefix(
+    f"export PYTHONPATH={shlex.quote(str(SRC))}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
+)
 
 
 wildcard_constraints:
@@ -43,7 +47,32 @@ wildcard_constraints:
 
 # --- data ---------------------------------------------------------------------------------------
 def family(dataset):
-    return load_family(dataset)
+    return load_family(fmb.family_of(config, dataset))
+
+
+def family_name(wildcards):
+    return fmb.family_of(config, wildcards.dataset)
+
+
+def user_data(dataset):
+    return fmb.family_of(config, dataset) == "folders"
+
+
+def user_data_options(wildcards):
+    """`--options JSON` for a user's own data (`family: folders`), else nothing."""
+    if not user_data(wildcards.dataset):
+        return ""
+    options = json.dumps(fmb.folders_options(config, wildcards.dataset), sort_keys=True)
+    return f"--options {shlex.quote(options)}"
+
+
+def user_data_listing(wildcards):
+    """The files of a user's data folder (names, sizes, times): an edit there re-runs preprocessing."""
+    if not user_data(wildcards.dataset):
+        return ""
+    from fedmedbench.data.folders import listing_digest
+
+    return listing_digest(config["data"][wildcards.dataset]["root"])
 
 
 def raw_files(dataset):
@@ -102,7 +131,9 @@ def preprocess_inputs(wildcards):
 
 
 def raw_arguments(wildcards, input):
-    return " ".join(shlex.quote(f"{name}={input[name]}") for name in raw_files(wildcards.dataset))
+    return " ".join(
+        shlex.quote(f"{name}={input[name]}") for name in raw_files(wildcards.dataset)
+    )
 
 
 def protocol_spec(wildcards):
@@ -115,6 +146,8 @@ def protocol_spec(wildcards):
 
 
 def preprocess_options(wildcards):
+    if user_data(wildcards.dataset):
+        return user_data_options(wildcards)
     spec = protocol_spec(wildcards)
     options = f"--size {spec['image_size']}" if spec.get("image_size") else ""
     if spec.get("expect_real_counts"):
@@ -123,17 +156,19 @@ def preprocess_options(wildcards):
 
 
 def split_options(wildcards):
+    if user_data(wildcards.dataset):
+        return user_data_options(
+            wildcards
+        )  # its seed and fractions are options of the data section
     split = protocol_spec(wildcards).get("split", {})
     return f"--permutation {split.get('permutation', 'default')} --seed {split.get('seed', 0)}"
 
 
 def prepared_datasets():
-    """The split file of every configured (dataset, protocol): all data the config asks for."""
-    return [
-        f"{ROOT}/data/{dataset}/{protocol}/split.csv"
-        for dataset, spec in config["data"].items()
-        for protocol in spec.get("protocols", {})
-    ]
+    """The split file of every (dataset, protocol) a selected experiment's task reads (a config that
+    selects only its own experiments never downloads the papers' data)."""
+    tasks = {t for exp in SELECTED for t in fmb.experiment(config, exp).task_names()}
+    return sorted({str(fmb.task_data_dir(config, t) / "split.csv") for t in tasks})
 
 
 # --- training -----------------------------------------------------------------------------------

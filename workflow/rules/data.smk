@@ -10,10 +10,11 @@ rule synthesize:
     conda:
         "../../envs/data.yaml"
     params:
+        family=family_name,
         options=synthetic_options,
         seed=synthetic_seed,
     shell:
-        "python -m fedmedbench synthesize {wildcards.dataset} --out {output:q} --seed {params.seed} "
+        "python -m fedmedbench synthesize {params.family} --out {output:q} --seed {params.seed} "
         "--options {params.options:q} &> {log:q}"
 
 
@@ -59,10 +60,12 @@ rule preprocess:
     conda:
         "../../envs/data.yaml"
     params:
+        family=family_name,
         raw=raw_arguments,
         options=preprocess_options,
+        listing=user_data_listing,  # a user's own data: its files' names, sizes and times
     shell:
-        "python -m fedmedbench preprocess {wildcards.dataset} --protocol {wildcards.protocol} "
+        "python -m fedmedbench preprocess {params.family} --protocol {wildcards.protocol} "
         "--raw {params.raw} --out {output.store:q} --counts {output.counts:q} {params.options} &> {log:q}"
 
 
@@ -76,7 +79,8 @@ rule split:
     conda:
         "../../envs/data.yaml"
     params:
+        family=family_name,
         options=split_options,
     shell:
-        "python -m fedmedbench split {wildcards.dataset} --protocol {wildcards.protocol} "
+        "python -m fedmedbench split {params.family} --protocol {wildcards.protocol} "
         "--store {input:q} --out {output:q} {params.options} &> {log:q}"

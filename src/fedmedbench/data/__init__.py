@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-FAMILIES = ("prostate", "camelyon17", "nuclei", "skin", "fundus")
+FAMILIES = ("prostate", "camelyon17", "nuclei", "skin", "fundus", "folders")  # folders: a user's own data
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 
 

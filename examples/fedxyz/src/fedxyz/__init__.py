@@ -1,0 +1,1 @@
+"""fedxyz: a fedmedbench method (see method.py)."""
