@@ -17,13 +17,24 @@ def clients(shape, count=4, seed=0):
 SHAPES = [(8, 4, 3, 3), (6, 5), (16, 3, 3, 3), (3, 7)]
 
 
-@pytest.mark.parametrize("mode", ["paper", "official"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_radius_zero_leaves_every_client_unchanged(shape, mode):
+def test_radius_zero_leaves_every_client_unchanged_in_official_mode(shape):
     ws = clients(shape)
-    for w, out in zip(ws, fourier_aggregate(ws, 0.0, mode=mode)):
+    for w, out in zip(ws, fourier_aggregate(ws, 0.0, mode="official")):
         assert out.shape == w.shape and out.dtype == w.dtype
         assert torch.allclose(out, w, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_radius_zero_in_paper_mode_shares_only_the_dc_amplitude(shape):
+    # Eq. 2's closed box |f| <= 0 still holds f = 0: each client's |DC| becomes the mean |DC|.
+    ws = clients(shape)
+    mean_dc = sum(weight_as_matrix(w).double().sum().abs() for w in ws) / len(ws)
+    for w, out in zip(ws, fourier_aggregate(ws, 0.0, mode="paper")):
+        before, after = torch.fft.fft2(weight_as_matrix(w).double()), torch.fft.fft2(weight_as_matrix(out).double())
+        assert after[0, 0].abs() == pytest.approx(float(mean_dc), rel=1e-5)
+        assert torch.sign(after[0, 0].real) == torch.sign(before[0, 0].real)
+        assert torch.allclose(after.flatten()[1:], before.flatten()[1:], atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["paper", "official"])
@@ -73,11 +84,45 @@ def test_shapes_round_trip(shape):
         assert torch.equal(weight_as_matrix(w), w)
 
 
-def test_paper_box_is_symmetric_about_dc_and_official_half_open():
-    # size 8, radius 0.6: b = floor(8 * 0.6 / 2) = 2, centre 4
-    assert low_frequency_mask(8, 0.6, "official").nonzero().flatten().tolist() == [2, 3, 4, 5]
-    assert low_frequency_mask(8, 0.6, "paper").nonzero().flatten().tolist() == [3, 4, 5]
-    assert not low_frequency_mask(8, 0.1, "paper").any() and not low_frequency_mask(8, 0.1, "official").any()
+def bins(size, radius, mode):
+    return low_frequency_mask(size, radius, mode).nonzero().flatten().tolist()
+
+
+def test_box_masks_by_hand():
+    # paper: |index - size//2| <= size * radius / 2 (Eq. 2, r = radius / 2, closed);
+    # official: [c - b, c + b) with c = size // 2, b = floor(size * radius / 2).
+    # size 8, radius 0.6: bound 2.4, c = 4, b = 2
+    assert bins(8, 0.6, "paper") == [2, 3, 4, 5, 6]
+    assert bins(8, 0.6, "official") == [2, 3, 4, 5]
+    # size 8, radius 0.1: bound 0.4, b = 0 -> the paper box is the DC bin, the official one empty
+    assert bins(8, 0.1, "paper") == [4] and bins(8, 0.1, "official") == []
+    # the 3 rows of a 3-class classifier at radius 0.7: bound 1.05, c = 1, b = 1
+    assert bins(3, 0.7, "paper") == [0, 1, 2]
+    assert bins(3, 0.7, "official") == [0, 1]
+    # its 64 columns: bound 22.4, c = 32, b = 22
+    assert bins(64, 0.7, "paper") == list(range(10, 55))  # 45 bins
+    assert bins(64, 0.7, "official") == list(range(10, 54))  # 44 bins
+    # odd axis, 9 = 3 x 3 (a conv's C_in * k with C_in = 3), radius 0.7: bound 3.15, c = 4, b = 3
+    assert bins(9, 0.7, "paper") == [1, 2, 3, 4, 5, 6, 7]
+    assert bins(9, 0.7, "official") == [1, 2, 3, 4, 5, 6]
+    # a bound that is an integer on paper but not in floating point (100 * 0.58 = 57.99999999999999)
+    assert bins(100, 0.58, "paper") == list(range(21, 80))  # |f| <= 29
+    assert bins(100, 0.58, "official") == list(range(22, 78))  # b = floor(28.999999999999996) = 28
+
+
+def test_paper_mode_shares_the_mean_amplitude_exactly_in_the_hand_box():
+    """A (3, 8) linear weight at radius 0.7: rows |f| <= 1.05 -> all 3, columns |f| <= 2.8 -> 2..6
+    (after fftshift, centre (1, 4)); 15 of 24 bins take the mean amplitude, the rest stay the client's."""
+    ws = clients((3, 8), count=3, seed=5)
+    box = torch.zeros(3, 8, dtype=torch.bool)
+    box[:, 2:7] = True
+    amps = [torch.fft.fftshift(torch.fft.fft2(w.double()).abs()) for w in ws]
+    mean = sum(amps) / 3
+    for a, out in zip(amps, fourier_aggregate(ws, 0.7, mode="paper")):
+        got = torch.fft.fftshift(torch.fft.fft2(out.double()).abs())
+        assert torch.allclose(got[box], mean[box], atol=1e-5)
+        assert torch.allclose(got[~box], a[~box], atol=1e-5)
+        assert not torch.allclose(got[box], a[box], atol=1e-3)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -160,6 +160,18 @@ def test_det_stage_follows_phi_and_resets_only_when_asked(skin_task, monkeypatch
         assert server.round_log(2)[0] == {"det_recover_epochs": expected[1].count(RECOVER), "det_exchange_epochs": expected[1].count(EXCHANGE), "det_sublimate_epochs": expected[1].count(SUBLIMATE)}
 
 
+def test_det_stage_resets_to_recover_each_round_by_default(skin_task, monkeypatch):
+    """Issue 16 §2b: the default (paper and official rows) starts every round in Recover, even when
+    the deputy scores as well as p; carry-over is only the switch."""
+    assert prrfl.DEFAULTS["reset_stage_each_round"] is True
+    store, split = skin_task
+    cfg = skin_config(store, split, "prrfl", clients=("A", "B"), local_epochs=3, batch_size=8)
+    _, _, server, clients = build_federation(prrfl, cfg)
+    monkeypatch.setattr(prrfl.Client, "phi", lambda self, model: 1.0)
+    seen = [run_rounds(server, clients, 1, first=r)[0]["stages"] for r in (1, 2)]
+    assert seen == [[RECOVER, EXCHANGE, SUBLIMATE], [RECOVER, EXCHANGE, SUBLIMATE]]
+
+
 # --- PRR-FL server ----------------------------------------------------------------------------------
 def test_prrfl_sends_each_client_its_own_pfa_result_keeps_bn_local_and_averages_biases(skin_task):
     store, split = skin_task
@@ -185,6 +197,42 @@ def test_prrfl_sends_each_client_its_own_pfa_result_keeps_bn_local_and_averages_
     assert torch.equal(clients[0].deputy.state_dict()[conv], packages[0][conv])
     assert torch.equal(clients[0].deputy.state_dict()["1.running_mean"], before["1.running_mean"])
     assert torch.equal(clients[0].deputy.state_dict()["1.weight"], before["1.weight"])
+
+
+@pytest.mark.parametrize("upload", ["personalized", "deputy"])
+def test_prrfl_uploads_p_by_default_and_the_deputy_when_asked(skin_task, upload):
+    """Issue 16 §2a: ``upload: deputy`` (official) sends d, and every deputy then receives PFA of the
+    deputies; ``personalized`` (paper) sends p. p is never overwritten after round 0 either way."""
+    from fedmedbench.ops.fourier import fourier_aggregate
+
+    store, split = skin_task
+    cfg = skin_config(store, split, "prrfl", clients=("A", "B"), local_epochs=2, batch_size=8, method_params={"upload": upload, "fourier_mode": "official"})
+    _, _, server, clients = build_federation(prrfl, cfg)
+    assert prrfl.DEFAULTS["upload"] == "personalized"
+    # Round 1 starts from p = d and keeps them equal up to rounding (the KL gradient vanishes between
+    # equal models); they part when the deputy receives its PFA result, so compare round 2's upload.
+    run_rounds(server, clients, 1)
+    replies = []
+    for c in clients:
+        c.round_index = 2
+        c.train(2)
+        replies.append(c.reply())
+    sent = [c.deputy if upload == "deputy" else c.model for c in clients]
+    other = [c.model if upload == "deputy" else c.deputy for c in clients]
+    bn = batchnorm_keys(clients[0].model)
+    key = "fc2.weight"
+    for reply, model, not_sent in zip(replies, sent, other):
+        assert set(reply["state"]) == set(model.state_dict()) - bn
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in reply["state"].items())
+        assert not torch.allclose(reply["state"][key], not_sent.state_dict()[key])
+    personal, uploaded = [state_of(c.model) for c in clients], [m.state_dict()[key].clone() for m in sent]
+    server.aggregate(2, replies)
+    for c in clients:
+        c.receive(server.package(c.index, 2))
+    expected = fourier_aggregate(uploaded, 0.7 + 0.25 / 2, mode="official")  # round 2 of 2
+    for c, want, before in zip(clients, expected, personal):
+        assert torch.allclose(c.deputy.state_dict()[key], want, atol=1e-6)
+        assert all(torch.equal(v, before[k]) for k, v in c.model.state_dict().items())
 
 
 def test_prrfl_without_pfa_is_the_elementwise_average_and_without_det_loads_p(skin_task):
@@ -339,7 +387,7 @@ def test_prrfl_runs_end_to_end_with_the_local_epoch_curve(tmp_path, skin_task):
 
 @pytest.mark.parametrize(
     "run, params",
-    [("prrfl", {"fourier_mode": "official", "phi_split": "train", "reset_stage_each_round": True}), ("prrfl", {"det": False}), ("silobn", {}), ("ida", {}), ("fml", {})],
+    [("prrfl", {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}), ("prrfl", {"reset_stage_each_round": False}), ("prrfl", {"det": False}), ("silobn", {}), ("ida", {}), ("fml", {})],
 )
 def test_resume_gives_the_same_run(tmp_path, skin_task, monkeypatch, run, params):
     store, split = skin_task

@@ -155,18 +155,23 @@ def matrix_as_weight(matrix: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 def low_frequency_mask(size: int, radius: float, mode: str, device=None) -> torch.Tensor:
     """Which bins of one fftshifted axis of length ``size`` lie in the averaged box.
 
-    Centre ``c = size // 2`` (the zero frequency after fftshift), half-width ``b = floor(size * radius / 2)``.
-    ``official``: the half-open index range ``[c - b, c + b)`` (2b bins, asymmetric about DC, clipped
-    to the axis). ``paper``: the frequencies ``|f| < b`` (2b - 1 bins, symmetric about DC, so the
-    aggregate of real weights is real; empty at b = 0, like the official box).
+    Centre ``c = size // 2`` (the zero frequency after fftshift), frequency ``f = index - c``.
+    ``official``: half-width ``b = floor(size * radius / 2)``, the half-open index range ``[c - b, c + b)``
+    (2b bins, asymmetric about DC, clipped to the axis; empty at b = 0). ``paper``: Eq. 2's closed
+    interval ``|f| <= r * size`` with the paper's ``r = radius / 2`` (symmetric about DC, so the
+    aggregate of real weights is real; always holds the DC bin, even at radius 0). E.g. the 3 rows of
+    a 3-class classifier at radius 0.7: paper all 3 (|f| <= 1.05), official rows c-1 and c.
     """
     if mode not in PFA_MODES:
         raise ValueError(f"unknown PFA mode {mode!r}; expected one of {PFA_MODES}")
-    centre, half = size // 2, int(size * radius // 2)
+    centre = size // 2
     offset = torch.arange(size, device=device) - centre
     if mode == "official":
+        half = int(size * radius // 2)
         return (offset >= -half) & (offset < half)
-    return offset.abs() < half
+    # The tolerance keeps a bound that is an integer on paper (e.g. 100 * 0.58 / 2 = 29) from
+    # losing its edge bins to floating point (100 * 0.58 = 57.99999999999999).
+    return offset.abs() <= size * radius / 2 + 1e-9
 
 
 def fourier_aggregate(tensors: list[torch.Tensor], radius: float, weights: list[float] | None = None, mode: str = "paper") -> list[torch.Tensor]:
@@ -177,11 +182,13 @@ def fourier_aggregate(tensors: list[torch.Tensor], radius: float, weights: list[
     axes) the amplitude is replaced by the clients' mean amplitude; the phase and the amplitude
     outside the box stay the client's own; the inverse FFT's real part goes back to the weight's shape.
 
-    ``paper``: weighted mean amplitude (``weights``, default uniform, normalised to sum 1) over a box
-    symmetric about DC, so the imaginary part dropped is rounding only. ``official``: the official
-    code's half-open box and unweighted mean (``weights`` ignored); its imaginary part is not zero.
+    ``paper``: weighted mean amplitude (``weights``, default uniform, normalised to sum 1) over Eq. 2's
+    closed box ``|f| <= (radius / 2) * dim``, symmetric about DC, so the imaginary part dropped is
+    rounding only. ``official``: the official code's half-open box and unweighted mean (``weights``
+    ignored); its imaginary part is not zero.
     ``radius`` is on the official code's scale (the box side is about ``radius`` x the axis length;
     the paper's threshold r is radius / 2). Computed in float64; one client gives its tensor back.
+    At radius 0 the official box is empty (the identity); the paper box still shares the DC bin.
     """
     if mode not in PFA_MODES:
         raise ValueError(f"unknown PFA mode {mode!r}; expected one of {PFA_MODES}")
