@@ -177,3 +177,15 @@ def test_a_global_method_can_be_selected_per_client(tmp_path, tiny_task):
         assert final["val"][client]["dice_paper"] == scores.max()
     pooled = engine.run_training(tiny_run_config(store, split, "fedavg", rounds=4), tmp_path / "pooled", progress=False)
     assert isinstance(pooled["selection"]["best_round"], int)
+
+
+def test_drop_last_drops_the_last_partial_batch_only():
+    import torch
+
+    from fedmedbench.fl.data import SplitData, train_batches
+
+    split = SplitData(np.zeros((10, 4, 4, 3), np.uint8), np.zeros((10, 4, 4), np.uint8), np.arange(10), np.zeros(10))
+    sizes = lambda drop: [len(y) for _, y in train_batches(split, 4, torch.Generator().manual_seed(0), "none", 1.0, drop_last=drop)]  # noqa: E731
+    assert sizes(False) == [4, 4, 2] and sizes(True) == [4, 4]
+    small = SplitData(split.images, split.labels, np.arange(3), np.zeros(3))
+    assert [len(y) for _, y in train_batches(small, 4, torch.Generator(), "none", 1.0, drop_last=True)] == [3]  # never an empty epoch

@@ -88,6 +88,7 @@ class RunConfig(Strict):
     augment: str = "none"
     intensity_scale: float = 1.0
     truncate_to_smallest: bool = False
+    drop_last: bool = False  # drop each epoch's last partial training batch (the official Fed-LWR RIF loader)
     aggregation: AggregationConfig = AggregationConfig()
     reset_optimizer_each_round: bool = False
     qualitative_samples: int = 4

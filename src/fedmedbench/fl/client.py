@@ -103,7 +103,7 @@ class Client:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for epoch in range(epochs):
             self.before_epoch(epoch)
-            for x, y in train_batches(self.data.train, self.cfg.batch_size, self.generator, self.cfg.augment, self.cfg.intensity_scale, self.device):
+            for x, y in train_batches(self.data.train, self.cfg.batch_size, self.generator, self.cfg.augment, self.cfg.intensity_scale, self.device, self.cfg.drop_last):
                 faults.reached("train_step")
                 # Every method's step (HarmoFL's perturbed step, MOON's extra forwards, two-model
                 # steps) runs under the run's precision.

@@ -214,12 +214,14 @@ def _batches(split: SplitData, starts: list[np.ndarray], device: torch.device) -
         yield prefetch.ready(pending)
 
 
-def train_batches(split: SplitData, batch_size: int, generator: torch.Generator, augment: str, intensity_scale: float, device: torch.device | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def train_batches(split: SplitData, batch_size: int, generator: torch.Generator, augment: str, intensity_scale: float, device: torch.device | None = None, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One shuffled epoch on ``device`` (last partial batch kept, as torch's DataLoader does by
-    default): uint8 to the device, augmented and converted to float there."""
+    default; ``drop_last``: dropped, as the official Fed-LWR RIF loader): uint8 to the device,
+    augmented and converted to float there."""
     augment_fn = AUGMENTATIONS[augment]
     order = torch.randperm(len(split), generator=generator).numpy()
-    chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    end = len(order) - len(order) % batch_size if drop_last and len(order) >= batch_size else len(order)
+    chunks = [order[start : start + batch_size] for start in range(0, end, batch_size)]
     for x, y in _batches(split, chunks, device or torch.device("cpu")):
         if augment_fn is not None:
             x, y = augment_fn(x, y, generator)

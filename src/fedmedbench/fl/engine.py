@@ -354,7 +354,7 @@ def check_batch_norm_batches(model: torch.nn.Module, clients, cfg: RunConfig) ->
     if not any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules()):
         return
     for client in clients:
-        if len(client.data.train) % cfg.batch_size == 1:
+        if len(client.data.train) % cfg.batch_size == 1 and not cfg.drop_last:
             raise ConfigError(
                 f"client {client.name}: its train split has {len(client.data.train)} samples, so with batch_size {cfg.batch_size} "
                 f"the last batch of every epoch holds 1 sample, which the model's BatchNorm1d cannot train on; change batch_size"
