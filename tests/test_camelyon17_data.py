@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from PIL import Image
 
 from fedmedbench.data import camelyon17 as C
 from fedmedbench.data.archive import safe_extract
 from fedmedbench.data.store import list_clients, open_client, read_split_csv
+from fedmedbench.ops.fourier import amplitude_normalize, amplitude_spectrum, batch_mean_amplitude
 
 # (patient, node, x, y, tumor, slide, center): slide // 10 == center, patient // 20 == center.
 FIXTURE_ROWS = [
@@ -163,12 +165,95 @@ def test_synthetic_twin_round_trip(synthetic_store, tmp_path):
         data = open_client(root / "store", client)
         assert int(data.labels.sum()) == info["tumor"][client]
         assert data.meta["group"].nunique() == 4
-        # Learnable label: within a hospital, every tumour patch (dense dark nuclei) is darker than every normal one.
+        # Learnable label: within a hospital, every tumour patch (a crowded sheet of nuclei) is darker than every normal one.
         brightness = np.asarray(data.images, np.float32).mean(axis=(1, 2, 3))
         assert brightness[data.labels == 1].max() + 10 < brightness[data.labels == 0].min()
     # Deterministic: the same seed gives the same bytes.
     C.write_synthetic(tmp_path, seed=3, patches_per_center=20, slides_per_center=4)
     assert (tmp_path / C.ARCHIVE).read_bytes() == (root / "synthetic" / C.ARCHIVE).read_bytes()
+
+
+# --- Where the twin's signals live (issue 16 §3) -------------------------------------------------
+# Real tumour patches differ from normal ones in structure (nuclear density, size, arrangement:
+# Fourier phase) and hospitals differ in stain and scanner (colour, contrast, blur: Fourier
+# amplitude). HarmoFL's full AmpNorm (paper Eq. 4) gives every image the same amplitude spectrum, so
+# the twin must keep its label in the phase, or the paper's method cannot learn on it at all.
+
+
+def _auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """ROC AUC of ``score`` for the positive class (Mann-Whitney; scores are continuous, no ties)."""
+    ranks = np.argsort(np.argsort(score)) + 1.0
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    return float((ranks[positive == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_neg * n_pos))
+
+
+def _skewness(images: torch.Tensor) -> np.ndarray:
+    """Per-image skewness of the grey level: strongly negative for a few isolated dark spots on a
+    light ground (normal: sparse nuclei in stroma and fat), near 0 for a dense texture (tumour: a
+    confluent sheet of nuclei). A third-order statistic, set by where the nuclei are: Fourier phase,
+    which an amplitude swap keeps."""
+    grey = images.mean(dim=1)
+    centred = grey - grey.mean(dim=(-2, -1), keepdim=True)
+    return ((centred**3).mean(dim=(-2, -1)) / centred.pow(2).mean(dim=(-2, -1)).pow(1.5)).numpy()
+
+
+@pytest.fixture(scope="module", params=[(0, 30, 32), (3, 20, 96)], ids=["demo-32px", "96px"])
+def twin_by_hospital(request, tmp_path_factory):
+    """Per hospital (images as floats in [0, 1], B x 3 x H x W, as training reads them; labels), built
+    through the real archive and preprocessing: the demo's twin (30 patches, 32 px) and a native one."""
+    seed, patches, size = request.param
+    root = tmp_path_factory.mktemp(f"camelyon_twin_{size}")
+    C.write_synthetic(root / "synthetic", seed=seed, patches_per_center=patches, patch_size=size)
+    extracted = safe_extract(root / "synthetic" / C.ARCHIVE, root / "extracted")
+    C.preprocess({C.ARCHIVE: extracted}, root / "store", "harmofl", size=size, log=lambda s: None, progress=False)
+    out = {}
+    for client in C.CLIENTS:
+        data = open_client(root / "store", client)
+        images = torch.from_numpy(np.asarray(data.images)).permute(0, 3, 1, 2).float() / 255.0
+        out[client] = (images, np.asarray(data.labels))
+    return out
+
+
+def test_twin_label_survives_full_amplitude_normalization(twin_by_hospital):
+    """HarmoFL's full AmpNorm (every image gets the clients' average amplitude spectrum, keeps its
+    phase) leaves one simple statistic that separates tumour from normal across all hospitals; so
+    does swapping each hospital's amplitude for another hospital's."""
+    clients = list(twin_by_hospital)
+    images = torch.cat([twin_by_hospital[c][0] for c in clients])
+    labels = np.concatenate([twin_by_hospital[c][1] for c in clients])
+    per_hospital = [batch_mean_amplitude(twin_by_hospital[c][0]) for c in clients]
+    global_amplitude = torch.stack(per_hospital).mean(dim=0)  # the server's uniform average (Alg. 1 l. 17)
+    normalized = amplitude_normalize(images, global_amplitude, "full")
+    swapped = torch.cat([amplitude_normalize(twin_by_hospital[c][0], per_hospital[(k + 1) % len(clients)], "full")
+                         for k, c in enumerate(clients)])
+    # What AmpNorm removes: after it every image has the same mean colour, so darkness (tumour
+    # tissue is denser) is no longer a cue; what is left is structure.
+    means = normalized.mean(dim=(-2, -1))
+    assert float((means - means.mean(dim=0)).abs().max()) < 1e-4
+    assert _auc(-images.mean(dim=(1, 2, 3)).numpy(), labels) > 0.9  # before: darkness is a cue too
+    assert _auc(_skewness(images), labels) > 0.95
+    assert _auc(_skewness(normalized), labels) > 0.95  # measured 0.998 (32 px) and 1.000 (96 px)
+    assert _auc(_skewness(swapped), labels) > 0.95
+
+
+def test_twin_hospitals_differ_in_amplitude(twin_by_hospital):
+    """Each hospital's stain and scanner leave their mark on the amplitude spectrum: among patches of
+    one class, the hospital of a patch is recovered from its log amplitude alone (leave-one-out,
+    nearest hospital mean; chance 0.2). Within a class, because tissue density (the class) changes
+    the spectrum too."""
+    clients = list(twin_by_hospital)
+    features = torch.cat([torch.log(amplitude_spectrum(twin_by_hospital[c][0]) + 1e-3).flatten(1) for c in clients]).numpy()
+    labels = np.concatenate([twin_by_hospital[c][1] for c in clients])
+    hospital = np.concatenate([np.full(len(twin_by_hospital[c][1]), k) for k, c in enumerate(clients)])
+    for label in (0, 1):
+        f, h = features[labels == label], hospital[labels == label]
+        correct = 0
+        for i in range(len(f)):
+            others = np.arange(len(f)) != i
+            centroids = np.stack([f[others & (h == k)].mean(axis=0) for k in range(len(clients))])
+            correct += int(np.argmin(((centroids - f[i]) ** 2).sum(axis=1)) == h[i])
+        assert correct / len(f) > 0.7, (label, correct / len(f))  # measured 0.83-1.00
 
 
 def test_image_level_split_is_disjoint_and_deterministic(synthetic_store, tmp_path):

@@ -302,6 +302,22 @@ def _ood_comparison(exp: Experiment, finals: list[dict], paper_tables: str):
     return pd.concat(parts, ignore_index=True).sort_values("run", key=lambda s: s.map(list(ids).index), kind="stable")
 
 
+def split_counts(final: dict) -> list[str]:
+    """Samples per client and split, from the split file the run trained on (the report says what
+    each site held, built-in or a user's own data); none for a final.json without its run config."""
+    from fedmedbench.data.store import read_split_csv
+
+    if "config" not in final:
+        return []
+    split = read_split_csv(final["config"]["data"]["split"])
+    counts = split.groupby(["client", "split"]).size()
+    parts = [
+        f"{label} {'/'.join(str(int(counts.get((client, part), 0))) for part in ('train', 'val', 'test'))}"
+        for client, label in zip(final["clients"], final["client_labels"])
+    ]
+    return ["samples per client (train/val/test): " + ", ".join(parts)]
+
+
 def cmd_report(args) -> None:
     from fedmedbench.report.compare import compare, load_paper_table, write_report
     from fedmedbench.report.tables import seed_summary
@@ -320,6 +336,7 @@ def cmd_report(args) -> None:
             rounds.update(f["selection"]["rounds"] for f, _ in picked)
             description = picked[0][0]["metric_descriptions"].get(exp.metric, exp.metric)
             section["metric_note"] = f"`{exp.metric}`: {description}"
+            section["notes"] = (*exp.notes, *split_counts(picked[0][0]))
             if exp.paper_table:
                 paper = load_paper_table(Path(args.paper_tables) / exp.paper_table)
                 ids = exp.paper_id_map()

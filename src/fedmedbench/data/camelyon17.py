@@ -452,47 +452,48 @@ def split(
 # ---------------------------------------------------------------------------
 
 # What the twin must show (issue 16): as in real Camelyon17, the label lives in the tissue's
-# STRUCTURE and the hospital in its STAIN and scanner. Normal = pale stroma with sparse small
-# nuclei (dark spots on a light ground); tumour = a crowded sheet of large nuclei with pale lumens
-# (light spots on a dark ground). That polarity, and which stain carries the texture, is phase
-# information: it survives HarmoFL's full amplitude swap (tested). Tumour is also darker on
-# average, as dense tissue is; the hospitals' stain strength and brightness spread over that gap,
-# so brightness alone does not tell the classes apart across hospitals.
+# STRUCTURE and the hospital in its STAIN and scanner. Normal = pale stroma and fat with sparse,
+# small, very dark nuclei (a few isolated dark spots: strongly negative grey-level skewness);
+# tumour = a confluent sheet of large overlapping nuclei (a dense texture: skewness near 0). Where
+# the nuclei are and how they cluster is Fourier phase, so the label survives HarmoFL's full
+# amplitude swap (tested). Tumour is also darker on average, as dense tissue is; that cue is
+# amplitude (the DC term) and AmpNorm removes it.
 #
 # Per-center "staining lab and scanner", applied alike to both classes, so it changes colour and
 # the amplitude spectrum only: stain optical-density vectors (RGB), stain strength, brightness,
-# focus blur (sigma in native 96-px pixels), unsharp masking (a sharpening scanner) and noise.
+# focus blur (sigma in pixels), unsharp masking (a sharpening scanner) and noise.
 _CENTER_STYLE = {
     0: dict(h=(0.65, 0.70, 0.29), e=(0.07, 0.99, 0.11), strength=1.00, brightness=1.00, blur=0.0, sharpen=0, noise=3.0),
-    1: dict(h=(0.50, 0.80, 0.30), e=(0.05, 0.85, 0.30), strength=1.25, brightness=0.92, blur=1.5, sharpen=0, noise=2.0),
-    2: dict(h=(0.75, 0.60, 0.20), e=(0.15, 1.05, 0.05), strength=0.75, brightness=1.05, blur=0.0, sharpen=150, noise=6.0),
-    3: dict(h=(0.60, 0.75, 0.45), e=(0.02, 0.75, 0.15), strength=1.10, brightness=0.97, blur=2.4, sharpen=0, noise=1.5),
-    4: dict(h=(0.70, 0.65, 0.35), e=(0.20, 0.95, 0.20), strength=0.90, brightness=1.08, blur=0.8, sharpen=0, noise=4.0),
+    1: dict(h=(0.45, 0.85, 0.25), e=(0.05, 0.90, 0.35), strength=1.25, brightness=0.92, blur=0.8, sharpen=0, noise=2.0),
+    2: dict(h=(0.80, 0.60, 0.15), e=(0.20, 1.05, 0.02), strength=0.75, brightness=1.05, blur=0.0, sharpen=150, noise=6.0),
+    3: dict(h=(0.55, 0.65, 0.60), e=(0.02, 0.70, 0.20), strength=1.10, brightness=0.97, blur=1.3, sharpen=0, noise=1.5),
+    4: dict(h=(0.75, 0.70, 0.40), e=(0.30, 0.90, 0.25), strength=0.90, brightness=1.08, blur=0.4, sharpen=0, noise=4.0),
 }
-_NATIVE = PATCH_SIZE  # tissue is drawn at >= 96 px and box-downsampled, so small twins look like resized patches
 
 
 def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
-    """Smooth random field in [0, 1]: a coarse random grid upsampled bilinearly."""
+    """Smooth random field in [0, 1]: a coarse random grid upsampled bilinearly. ``cells`` per 96 px,
+    so a smaller twin patch is a crop of the same tissue, not a shrunken one."""
     from PIL import Image
 
+    cells = max(2, round(cells * size / PATCH_SIZE))
     coarse = rng.random((cells, cells)).astype(np.float32)
     return np.asarray(Image.fromarray(coarse, "F").resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32)
 
 
-def _ellipses(layer: np.ndarray, rng: np.random.Generator, count: int, radius: tuple[float, float],
-              level: tuple[float, float], margin: float = 0.0) -> None:
-    """Paint ``count`` randomly placed, oriented ellipses into ``layer`` (max with what is there).
-    ``radius`` is in native 96-px pixels; only each ellipse's bounding box is touched."""
+def _nuclei(layer: np.ndarray, rng: np.random.Generator, per_patch: tuple[int, int], radius: tuple[float, float],
+            level: tuple[float, float]) -> None:
+    """Paint randomly placed, oriented elliptic nuclei into ``layer`` (max with what is there).
+    ``per_patch`` is the count range per 96 x 96 px (scaled to the layer's area); radii in pixels.
+    Only each nucleus' bounding box is touched."""
     size = layer.shape[0]
-    scale = size / _NATIVE
+    count = int(round(rng.uniform(*per_patch) * (size / PATCH_SIZE) ** 2))
     for _ in range(count):
-        cy, cx = rng.uniform(-margin * scale, size + margin * scale, 2)
-        ry, rx = rng.uniform(*radius, 2) * scale
+        cy, cx = rng.uniform(-radius[1], size + radius[1], 2)  # nuclei may be cut by the border
+        ry, rx = rng.uniform(*radius, 2)
         theta, value = rng.uniform(0.0, np.pi), rng.uniform(*level)
-        reach = max(ry, rx)
-        y0, y1 = max(int(cy - reach), 0), min(int(cy + reach) + 2, size)
-        x0, x1 = max(int(cx - reach), 0), min(int(cx + reach) + 2, size)
+        y0, y1 = max(int(cy - max(ry, rx)), 0), min(int(cy + max(ry, rx)) + 2, size)
+        x0, x1 = max(int(cx - max(ry, rx)), 0), min(int(cx + max(ry, rx)) + 2, size)
         if y0 >= y1 or x0 >= x1:
             continue
         yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
@@ -505,36 +506,31 @@ def _ellipses(layer: np.ndarray, rng: np.random.Generator, count: int, radius: t
 
 def _tissue(rng: np.random.Generator, tumor: bool, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Hematoxylin and eosin densities (size x size): the class's structure, no colour yet."""
-    clear = _smooth_noise(rng, size, 5) > 0.8  # fat and lumen: unstained, white
-    eosin = 0.3 + 0.3 * _smooth_noise(rng, size, 7)
+    eosin = 0.25 + 0.25 * _smooth_noise(rng, size, 7)
     hema = 0.05 * _smooth_noise(rng, size, 8)
-    if tumor:  # crowded sheet: dense cytoplasm/chromatin, large pleomorphic nuclei, glandular lumens
-        hema += 0.55 + 0.15 * _smooth_noise(rng, size, 9)
-        _ellipses(hema, rng, int(rng.integers(35, 50)), (4.0, 6.5), (0.9, 1.1), margin=4)
-        lumens = np.zeros_like(hema)
-        _ellipses(lumens, rng, int(rng.integers(5, 9)), (3.0, 6.0), (1.0, 1.0))
-        clear |= lumens > 0.5
-    else:  # pale stroma with sparse small nuclei
-        _ellipses(hema, rng, int(rng.integers(10, 18)), (2.5, 4.0), (0.9, 1.1))
+    if tumor:  # a confluent sheet: dense chromatin, large overlapping pleomorphic nuclei, no gaps
+        clear = np.zeros((size, size), bool)
+        hema += 0.5 + 0.2 * _smooth_noise(rng, size, 9)
+        _nuclei(hema, rng, (110, 160), (3.5, 6.0), (0.9, 1.2))
+    else:  # pale stroma and fat (unstained, white) with sparse, small, very dark nuclei
+        clear = _smooth_noise(rng, size, 5) > 0.75
+        _nuclei(hema, rng, (45, 90), (1.8, 3.0), (1.0, 1.4))
     return hema * ~clear, eosin * ~clear
 
 
 def _synthetic_patch(rng: np.random.Generator, center: int, tumor: bool, size: int) -> np.ndarray:
-    """An H&E-like RGBA patch: the class's tissue structure seen through the center's stain and scanner."""
+    """An H&E-like RGBA patch at native resolution (a smaller ``size`` is a crop, like the real
+    label's central 32 x 32 region): the class's tissue seen through the center's stain and scanner."""
     from PIL import Image, ImageFilter
 
     style = _CENTER_STYLE[center]
-    drawn = max(size, _NATIVE)
-    hema, eosin = _tissue(rng, tumor, drawn)
+    hema, eosin = _tissue(rng, tumor, size)
     od = style["strength"] * (hema[..., None] * np.array(style["h"]) + eosin[..., None] * np.array(style["e"]))
     image = Image.fromarray(np.clip(255.0 * style["brightness"] * np.exp(-od), 0, 255).astype(np.uint8), "RGB")
-    if drawn != size:
-        image = image.resize((size, size), Image.Resampling.BOX)  # area average, as a downscaled scan
-    scale = size / _NATIVE
     if style["blur"] > 0:
-        image = image.filter(ImageFilter.GaussianBlur(style["blur"] * scale))
+        image = image.filter(ImageFilter.GaussianBlur(style["blur"]))
     if style["sharpen"] > 0:
-        image = image.filter(ImageFilter.UnsharpMask(radius=max(1.0, 2.0 * scale), percent=style["sharpen"], threshold=0))
+        image = image.filter(ImageFilter.UnsharpMask(radius=2, percent=style["sharpen"], threshold=0))
     rgb = np.asarray(image, dtype=np.float32) + rng.normal(0.0, style["noise"], (size, size, 3))
     rgba = np.empty((size, size, 4), np.uint8)
     rgba[..., :3] = np.clip(np.round(rgb), 0, 255).astype(np.uint8)
@@ -633,7 +629,8 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dic
     """The synthetic twin: ``<out_dir>/camelyon17_v1.0.tar.gz``.
 
     Options: ``patches_per_center`` (60), ``slides_per_center`` (4, at most
-    10), ``patch_size`` (96), ``top_folder`` (False).
+    10), ``patch_size`` (96; a smaller patch is a crop at native resolution, not a shrunken
+    one), ``top_folder`` (False).
     """
     known = {"patches_per_center", "slides_per_center", "patch_size", "top_folder"}
     unknown = sorted(set(options) - known)
