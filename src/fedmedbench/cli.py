@@ -302,6 +302,14 @@ def _ood_comparison(exp: Experiment, finals: list[dict], paper_tables: str):
     return pd.concat(parts, ignore_index=True).sort_values("run", key=lambda s: s.map(list(ids).index), kind="stable")
 
 
+def no_paper_table():
+    import pandas as pd
+
+    from fedmedbench.report.compare import PAPER_COLUMNS
+
+    return pd.DataFrame(columns=PAPER_COLUMNS)
+
+
 def split_counts(final: dict) -> list[str]:
     """Samples per client and split, from the split file the run trained on (the report says what
     each site held, built-in or a user's own data); none for a final.json without its run config."""
@@ -337,10 +345,9 @@ def cmd_report(args) -> None:
             description = picked[0][0]["metric_descriptions"].get(exp.metric, exp.metric)
             section["metric_note"] = f"`{exp.metric}`: {description}"
             section["notes"] = (*exp.notes, *split_counts(picked[0][0]))
-            if exp.paper_table:
-                paper = load_paper_table(Path(args.paper_tables) / exp.paper_table)
-                ids = exp.paper_id_map()
-                section["comparison"] = compare(summary, paper, ids, metric=exp.paper_metric)
+            # Without a published table (a user's own experiment) our numbers stand alone.
+            paper = load_paper_table(Path(args.paper_tables) / exp.paper_table) if exp.paper_table else no_paper_table()
+            section["comparison"] = compare(summary, paper, exp.paper_id_map(), metric=exp.paper_metric)
         if exp.kind == "ood_table":
             picked = [f for f in finals if f["task"] == exp.task and f["run"] in set(exp.runs) and f["seed"] in exp.seeds]
             seeds.update(f["seed"] for f in picked)
