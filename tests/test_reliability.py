@@ -177,7 +177,7 @@ def config_with(tmp_path, edit):
         (lambda c: c["tasks"]["prostate"]["optimizer"].update(beta=[0.9, 0.9]), r"tasks\.prostate\.optimizer: unknown key 'beta' \(did you mean 'betas'\?\)"),
         (lambda c: c["tasks"]["prostate"]["model"].update(init_feature=8), r"tasks\.prostate\.model: unknown key 'init_feature' \(did you mean 'init_features'\?\)"),
         (lambda c: c["methods"]["fedprox"].update(muu=0.1), r"methods\.fedprox: unknown key 'muu' \(did you mean 'mu'\?\)"),
-        (lambda c: c["methods"]["harmofl"]["variants"]["e2"].update(local_epoch=2), r"methods\.harmofl\.variants\.e2: unknown key 'local_epoch' \(did you mean 'local_epochs'\?\)"),
+        (lambda c: c["methods"]["harmofl"]["variants"]["e2"].update(local_epoch=2), r"methods\.harmofl\.variants\.e2 \(run harmofl-e2\): unknown key 'local_epoch' \(did you mean 'local_epochs'\?\)"),
         (lambda c: c["experiments"]["harmofl_table1_prostate"].update(seed=[0]), r"experiments\.harmofl_table1_prostate: unknown key 'seed' \(did you mean 'seeds'\?\)"),
     ],
 )
