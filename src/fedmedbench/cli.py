@@ -315,9 +315,10 @@ def split_counts(final: dict) -> list[str]:
     each site held, built-in or a user's own data); none for a final.json without its run config."""
     from fedmedbench.data.store import read_split_csv
 
-    if "config" not in final:
+    path = final.get("config", {}).get("data", {}).get("split")
+    if path is None:
         return []
-    split = read_split_csv(final["config"]["data"]["split"])
+    split = read_split_csv(path)
     counts = split.groupby(["client", "split"]).size()
     parts = [
         f"{label} {'/'.join(str(int(counts.get((client, part), 0))) for part in ('train', 'val', 'test'))}"
