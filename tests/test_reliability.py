@@ -82,7 +82,7 @@ def test_a_checkpoint_restores_onto_a_non_cpu_device(tmp_path, tiny_task, monkey
     get their model/optimizer/method tensors there while the data generator keeps its CPU state.
     Loading with map_location=<device>, as before, moved the generator state and raised
     'RNG state must be a torch.ByteTensor' on CUDA."""
-    from fedmedbench.fl.data import load_clients
+    from fedmedbench.fl.data import data_digest, load_clients
     from fedmedbench.fl.seeding import client_generator
     from fedmedbench.methods import fedprox
     from fedmedbench.models import build_model
@@ -101,7 +101,8 @@ def test_a_checkpoint_restores_onto_a_non_cpu_device(tmp_path, tiny_task, monkey
     server = fedprox.Server(run_cfg, model, len(data))
     selection = engine.Selection(list(run_cfg.clients), run_cfg.selection_metric, per_client=False)
     with pytest.warns(UserWarning, match="meta"):  # torch: copying into a meta parameter is a no-op
-        last_round, history = engine.restore(tmp_path / "run" / "checkpoint.pt", run_cfg.fingerprint(), server, clients, selection)
+        digest = data_digest(store, split, list(run_cfg.clients))
+        last_round, history = engine.restore(tmp_path / "run" / "checkpoint.pt", run_cfg.fingerprint(), digest, server, clients, selection)
     assert last_round == 1 and history
     for client, state in zip(clients, saved["clients"]):
         assert all(anchor.device == meta for anchor in client.anchor)
@@ -201,7 +202,8 @@ def test_every_task_key_of_the_schema_is_a_run_config_field():
     """The schema (what config.yaml may say) and RunConfig (what a run reads) cannot drift apart."""
     schema = yaml.safe_load(cfgmod.SCHEMA.read_text())
     task_keys = set(schema["properties"]["tasks"]["additionalProperties"]["properties"])
-    assert task_keys - {"dataset", "protocol"} == set(cfgmod.TRAINING_KEYS)
+    # dataset/protocol say which data; checkpoint_every says how to run, not what (not a run-config field).
+    assert task_keys - {"dataset", "protocol", "checkpoint_every"} == set(cfgmod.TRAINING_KEYS)
 
 
 # --- outputs and logs -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     configs = [*map(str, CONFIGFILES), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
     flags = [a for a in args if not a.endswith(".yaml")]
-    snakemake_cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2", "--configfile", *configs, *flags]
+    snakemake_cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2", *flags, "--configfile", *configs]
     dry = {"-n", "--dry-run"} & set(flags)
     cmd = snakemake_cmd if dry else [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *snakemake_cmd]  # as `make demo`
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}
@@ -39,7 +39,11 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     tmp_path.mkdir()
     shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")  # the Snakefile's default configfile
 
-    run = snakemake(tmp_path)
+    # `all` builds the data the selected experiments read; every family's split is asked for too, so
+    # that each synthetic twin goes through download, extraction, parsing and splitting.
+    families = (("prostate", "harmofl"), ("prostate", "fedlwr"), ("camelyon17", "harmofl"), ("nuclei", "harmofl"), ("skin", "prrfl"), ("fundus", "fedlwr"))
+    splits = [f"results/e2e/data/{dataset}/{protocol}/split.csv" for dataset, protocol in families]
+    run = snakemake(tmp_path, "all", *splits)
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "results" / "e2e"
     table = (out / "tables" / "harmofl_table1_prostate.md").read_text()
@@ -54,7 +58,7 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     assert (out / "logs" / "train" / "prostate" / "fedavg" / "seed0.log").stat().st_size > 0
     assert (out / "benchmarks" / "train" / "prostate" / "fedavg" / "seed0.tsv").exists()
     # Every family's synthetic twin went through download, extraction, parsing and splitting.
-    for dataset, protocol in (("prostate", "harmofl"), ("prostate", "fedlwr"), ("camelyon17", "harmofl"), ("nuclei", "harmofl"), ("skin", "prrfl"), ("fundus", "fedlwr")):
+    for dataset, protocol in families:
         assert (out / "data" / dataset / protocol / "split.csv").stat().st_size > 0, (dataset, protocol)
 
     again = snakemake(tmp_path, "-n")
