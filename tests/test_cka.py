@@ -13,7 +13,10 @@ from fedmedbench.ops.cka import (
     MinibatchCKA,
     MinibatchCosine,
     cka_batches,
+    cka_from_grams,
+    dataset_grams,
     hsic_unbiased,
+    layerwise_cka_weights,
     layerwise_similarity,
     linear_cka,
     matched_layers,
@@ -189,3 +192,64 @@ def test_layerwise_weighted_average_uses_each_layers_weights():
     same = layerwise_weighted_average([s1, s2], {"a": [0.5, 0.5], "b": [0.5, 0.5]}, layers, s1)
     ref = weighted_average([s1, s2], [0.5, 0.5], s1)
     assert all(torch.equal(same[k], ref[k]) for k in s1)
+
+
+# --- Eq. 2 as printed: data-set Grams --------------------------------------------------------------
+def all_outputs(model, x, layer):
+    """The layer's flattened outputs for every sample at once (the definition, no blocks)."""
+    out = {}
+
+    def keep(module, inputs, output):
+        out["x"] = output.detach().flatten(1).clone()
+
+    handle = dict(model.named_modules())[layer].register_forward_hook(keep)
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    return out["x"].double().numpy()
+
+
+def centred_gram(U):
+    n = len(U)
+    H = np.eye(n) - 1 / n
+    return H @ (U @ U.T) @ H
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 50])
+def test_dataset_grams_are_the_centred_grams_of_the_whole_data_set_for_any_block(block):
+    a, _ = pair()
+    a.double()  # float64 forwards: outputs that do not depend on how the samples are batched
+    x = torch.randn(7, 2, 5, 5, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 3.0  # a large mean
+    grams = dataset_grams(a, lambda s, e: x[s:e], len(x), ["conv", "bn", "out"], batch_size=2, block=block, gram_dtype=torch.float64)
+    for layer in ("conv", "bn", "out"):
+        expected = centred_gram(all_outputs(a, x, layer))
+        assert np.allclose(grams[layer].numpy(), expected, rtol=1e-10, atol=1e-10), layer
+    fast = dataset_grams(a, lambda s, e: x[s:e], len(x), ["conv"], batch_size=2, block=block)  # float32 Grams of shifted outputs
+    assert np.allclose(fast["conv"].numpy(), centred_gram(all_outputs(a, x, "conv")), rtol=1e-5, atol=1e-5)
+    assert a.training is False and not any(m._forward_hooks for m in a.modules())
+
+
+def test_cka_from_grams_is_eq2_biased_hsic_of_centred_grams():
+    a, b = pair()
+    a.double()
+    b.double()
+    x = torch.randn(9, 2, 5, 5, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    load = lambda s, e: x[s:e]  # noqa: E731
+    ga = dataset_grams(a, load, 9, ["conv"], batch_size=4, gram_dtype=torch.float64)["conv"]
+    gb = dataset_grams(b, load, 9, ["conv"], batch_size=4, gram_dtype=torch.float64)["conv"]
+    Kc, Lc = centred_gram(all_outputs(a, x, "conv")), centred_gram(all_outputs(b, x, "conv"))
+    hsic = lambda P, Q: P.flatten() @ Q.flatten() / (9 - 1) ** 2  # noqa: E731  vec(K')·vec(L')/(n-1)²
+    expected = hsic(Kc, Lc) / np.sqrt(hsic(Kc, Kc) * hsic(Lc, Lc))
+    assert 0.2 < expected < 0.99
+    assert cka_from_grams(ga, gb) == pytest.approx(expected, rel=1e-10)
+    # the unbiased HSIC on the same Grams is a different number (the official estimator)
+    assert abs(cka_from_grams(ga, gb, unbiased=True) - expected) > 1e-3
+    assert math.isnan(cka_from_grams(ga[:1, :1], gb[:1, :1]))
+
+
+def test_official_weights_add_1e9_to_the_denominator():
+    sims = [{"l": 0.5}, {"l": 0.9}]
+    plain, official = layerwise_cka_weights(sims)["l"], layerwise_cka_weights(sims, eps=1e-9)["l"]
+    assert plain == pytest.approx([0.5 / 0.6, 0.1 / 0.6], rel=1e-14)
+    assert official == pytest.approx([0.5 / (0.6 + 1e-9), 0.1 / (0.6 + 1e-9)], rel=1e-14)
+    assert sum(plain) == pytest.approx(1.0, abs=1e-15) and 1.0 - sum(official) == pytest.approx(1e-9 / 0.6, rel=1e-6)

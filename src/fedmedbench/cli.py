@@ -459,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("sweep-figure", "a hyperparameter sweep figure (png, pdf) from runs' final.json", cmd_sweep_figure, "finals"),
         ("qualitative-figure", "segmentations of every method (png, pdf) from runs' predictions.npz", cmd_qualitative_figure, "predictions"),
         ("ampnorm-figure", "images before/after amplitude normalization (png, pdf); one store per task", cmd_ampnorm_figure, "stores"),
-        ("layer-cka-figure", "Fed-LWR Fig. 1(b): layer-wise CKA to the FedAvg anchor (png, pdf) from a run's history.csv", cmd_layer_cka_figure, "histories"),
+        ("layer-cka-figure", "Fed-LWR Fig. 1(b): layer-wise CKA between pairs of local models, and to the FedAvg anchor (png, pdf) from a run's history.csv", cmd_layer_cka_figure, "histories"),
         ("fairness-curves", "Avg and Std across clients of the test metric vs round (png, pdf) from history.csv", cmd_fairness_curves, "histories"),
         ("fairness-bars", "per-client test metric of every method as bars (png, pdf) from final.json", cmd_fairness_bars, "finals"),
         ("ood-table", "PRR-FL Table 3: an OOD cohort's F1/AUC per method (csv, md, tex + --figure-prefix png, pdf) from final.json", cmd_ood_table, "finals"),

@@ -12,7 +12,14 @@ Client k, round t (our rounds are 1-based; round 1 is NVFlare's t = 0):
   * s_k = 1 - mean_{τ<=t} d_k^τ (the round-1 zero stays in the mean);
   * local training from θ^t, update g_k = θ_k^t - θ^t.
 Server:
-  * G = Σ_j c_j g_j on trainable parameters; cos_k = cos(g_k, G - c_k g_k); a_k = 1 - mean_τ cos_k^τ;
+  * G = Σ_j p_j g_j on trainable parameters; cos_k = cos(g_k, G - p_k g_k); a_k = 1 - mean_τ cos_k^τ.
+    The prior p (``prior``): ``uniform`` (default) p = 1/K in every round, as the 2023 code
+    (``fedce_assembler.py`` sets its coefficient record to 1/K at round 0 and never writes the new
+    coefficients back into it); ``previous``: p = last round's coefficients (uniform in round 1), as
+    the 2026 refactor (NVFlare 2.9, ``nvflare/app_opt/pt/fedce.py``) and methods.md §2.14 step 1. The
+    FedCE paper text is not among this project's sources, so the default is the 2023 official code
+    this module follows; the two priors give coefficients that differ by up to ~2e-3 after 3
+    rounds (an audit's measurement), more with more rounds;
   * a and s each normalised to sum 1 then clipped at >= 1e-3;
   * ``combine: sum`` (FedCE (Sum.), NVFlare "plus"): c ∝ a + s; ``multi`` (FedCE (Multi.), "times"):
     c ∝ a·s; normalised, then clipped at >= 1e-3 without renormalising (as the 2023 code);
@@ -31,9 +38,13 @@ from fedmedbench.fl import client, server
 from fedmedbench.fl.engine import evaluate
 from fedmedbench.ops.aggregate import parameter_keys
 
-DEFAULTS = {"combine": "sum", "min_weight": 1.0e-3}
+DEFAULTS = {"combine": "sum", "min_weight": 1.0e-3, "prior": "uniform"}
 # Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
-PARAM_SCHEMA = {"combine": {"enum": ["sum", "multi"]}, "min_weight": {"type": "number", "minimum": 0, "maximum": 1}}
+PARAM_SCHEMA = {
+    "combine": {"enum": ["sum", "multi"]},
+    "min_weight": {"type": "number", "minimum": 0, "maximum": 1},
+    "prior": {"enum": ["uniform", "previous"]},  # the consensus weights of the cosine (see the docstring)
+}
 PERSONALIZED = False
 
 
@@ -120,7 +131,8 @@ class Server(server.Server):
         updates = [{k: s[k] - base[k] for k in floats} for s in states]
         params = [k for k in floats if k in self.param_keys]
         flat = [torch.cat([u[k].flatten().double() for k in params]) for u in updates]
-        prior = self.coefficients
+        # The consensus direction's weights: 1/K (2023 code) or the coefficients that built θ^t (refactor).
+        prior = [1.0 / len(flat)] * len(flat) if self.params["prior"] == "uniform" else self.coefficients
         consensus = sum(p * f for p, f in zip(prior, flat))
         for i, f in enumerate(flat):
             self.cosine_history[i].append(cosine(f, consensus - prior[i] * f))

@@ -12,6 +12,9 @@
   pass over the data suffices.
 * :class:`MinibatchCosine` — the ``cosine`` ablation of Fed-LWR (v1): mean over samples of the
   cosine similarity of the two layers' flattened outputs.
+* :func:`dataset_grams` + :func:`cka_from_grams` — Fed-LWR's Eq. 2 as printed: one n x n centred
+  Gram per layer over a **whole** data set (exact, built block by block with bounded memory), and the
+  CKA of two such Grams with the biased HSIC vec(K')·vec(L')/(n-1)² (or the unbiased one).
 
 Conventions:
 
@@ -78,16 +81,18 @@ def hsic_biased(K: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
 
 
 def _hsic_official(K: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
-    """The official ``hsic1`` (numpee's minibatch CKA), in the Grams' own dtype (float32 there)."""
+    """The official ``hsic1`` (numpee's minibatch CKA), in the Grams' own dtype (float32 there), with
+    its operations in its order (K L formed once; its trace, its sum and the Grams' sums), so that the
+    rounding of uncentred float32 Grams, which dominates the result, is the official one."""
     n = K.shape[0]
     K, L = K.clone(), L.clone()
     K.fill_diagonal_(0)
     L.fill_diagonal_(0)
-    ones = torch.ones(n, 1, dtype=K.dtype, device=K.device)
-    result = torch.trace(K @ L)
-    result = result + (ones.t() @ K @ ones @ ones.t() @ L @ ones).squeeze() / ((n - 1) * (n - 2))
-    result = result - (ones.t() @ K @ L @ ones).squeeze() * 2 / (n - 2)
-    return result / (n * (n - 3))
+    KL = K @ L
+    trace = KL.diagonal().sum()
+    middle = K.sum() * L.sum() / ((n - 1) * (n - 2))
+    right = KL.sum() * (2 / (n - 2))
+    return (trace + middle - right) / (n**2 - 3 * n)
 
 
 def gram(features: torch.Tensor, centre: bool = True, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -308,20 +313,107 @@ def layerwise_similarity(model_a: nn.Module, model_b: nn.Module, batches, measur
         model_b.train(modes[1])
 
 
+# ------------------------------------------------------------------------------------------
+# Data-set Grams: Eq. 2 of Fed-LWR as printed (one n x n Gram over a client's whole split)
+# ------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def dataset_grams(model: nn.Module, load, n: int, layers: Sequence[str], batch_size: int, block: int = 32, gram_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Per layer, the centred Gram K' = H K H (K = U Uᵀ, U the n x p flattened outputs of the layer
+    over the **whole** data set, H = I - 11ᵀ/n), as an n x n float64 matrix on the model's device.
+
+    ``load(start, stop)`` returns samples [start, stop) as one batch on the model's device; the model
+    runs in eval mode (its mode is restored). Outputs are never kept for more than ``block`` samples:
+    block by block, a block's outputs at every hooked layer are held (about 325 MB per sample for the
+    paper's UNet at 384 px) and the samples after it are streamed past them, so the data are passed
+    about n / (2 block) + 1 times (once when n <= block) and K is exact whatever ``block`` is.
+
+    Numerics: every output is shifted by one common vector per layer (the first minibatch's mean)
+    before its Gram is formed in ``gram_dtype``; H K H does not depend on a common shift, and the
+    shift removes the large mean that made the official uncentred float32 Grams cancel
+    catastrophically. The centring H · H is then applied in float64.
+    """
+    modules = dict(model.named_modules())
+    grams: dict[str, torch.Tensor] = {}
+    shift: dict[str, torch.Tensor] = {}
+    held: dict[str, list[torch.Tensor] | torch.Tensor] = {}
+    where = {"hold": True, "block": (0, 0), "rows": (0, 0)}
+
+    def hook_for(name):
+        def hook(module, inputs, output):
+            x = output.detach().flatten(1).to(gram_dtype)
+            if name not in shift:
+                shift[name] = x.mean(0, keepdim=True)
+                grams[name] = torch.zeros(n, n, dtype=torch.float64, device=x.device)
+            x = x - shift[name]  # a new tensor: an in-place ReLU after this layer cannot change it
+            if where["hold"]:
+                held[name].append(x)
+                return
+            (a0, a1), (b0, b1) = where["block"], where["rows"]
+            cross = (x @ held[name].T).to(torch.float64)
+            grams[name][b0:b1, a0:a1] = cross
+            grams[name][a0:a1, b0:b1] = cross.T
+
+        return hook
+
+    was_training = model.training
+    model.eval()
+    handles = [modules[name].register_forward_hook(hook_for(name)) for name in layers]
+    try:
+        for a0 in range(0, n, block):
+            a1 = min(a0 + block, n)
+            where["hold"], where["block"] = True, (a0, a1)
+            held.update({name: [] for name in layers})
+            for start in range(a0, a1, batch_size):
+                model(load(start, min(start + batch_size, a1)))
+            for name in layers:
+                held[name] = torch.cat(held[name])
+                grams[name][a0:a1, a0:a1] = (held[name] @ held[name].T).to(torch.float64)
+            where["hold"] = False
+            for b0 in range(a1, n, batch_size):
+                where["rows"] = (b0, min(b0 + batch_size, n))
+                model(load(*where["rows"]))
+            held.clear()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    # H K H = K - row means - column means + grand mean, in float64
+    return {name: K - K.mean(0, keepdim=True) - K.mean(1, keepdim=True) + K.mean() for name, K in grams.items()}
+
+
+def cka_from_grams(K: torch.Tensor, L: torch.Tensor, unbiased: bool = False) -> float:
+    """CKA of two n x n centred Grams (:func:`dataset_grams`). ``unbiased=False``: Fed-LWR Eq. 2,
+    HSIC(K, L) = vec(K')·vec(L') / (n-1)², the biased HSIC of centred Grams; ``True``: the unbiased HSIC
+    (n >= 4; it does not depend on the centring). NaN when undefined (n < 2, or n < 4 unbiased, or a
+    layer whose outputs do not vary over the data)."""
+    n = K.shape[0]
+    if n < (MIN_SAMPLES if unbiased else 2):
+        return math.nan
+    if unbiased:
+        kl, kk, ll = hsic_unbiased(K, L), hsic_unbiased(K, K), hsic_unbiased(L, L)
+    else:
+        kl, kk, ll = ((A * B).sum() / (n - 1) ** 2 for A, B in ((K, L), (K, K), (L, L)))
+    denominator = float(torch.sqrt(kk * ll))
+    return float(kl) / denominator if denominator > 0 else math.nan
+
+
 __all__ = [
     "linear_cka", "hsic_unbiased", "hsic_biased", "gram", "MinibatchCKA", "MinibatchCosine",
     "layerwise_similarity", "cka_batches", "hooked_layers", "matched_layers", "HOOKED_TYPES", "MIN_SAMPLES",
+    "dataset_grams", "cka_from_grams", "layerwise_cka_weights",
 ]
 
 
-def layerwise_cka_weights(similarities: Sequence[dict[str, float]], clip: tuple[float, float] = (1e-4, 0.99)) -> dict[str, list[float]]:
-    """Fed-LWR Eq. 5: per layer m, ρ_k^m = (1 - c_k^m) / Σ_i (1 - c_i^m), c = clip(δ, *clip).
+def layerwise_cka_weights(similarities: Sequence[dict[str, float]], clip: tuple[float, float] = (1e-4, 0.99), eps: float = 0.0) -> dict[str, list[float]]:
+    """Fed-LWR Eq. 5: per layer m, ρ_k^m = (1 - c_k^m) / (Σ_i (1 - c_i^m) + eps), c = clip(δ, *clip).
 
     ``similarities[k]`` maps layer -> δ_k^m for client k. Lower similarity to the anchor gives a
-    larger weight. A layer whose δ is NaN for some client (too few validation samples) is left out,
-    so the caller's default weights apply to it. The official code adds 1e-9 to the denominator;
-    with c <= 0.99 the denominator is >= 0.01 K and the term only breaks exact uniformity, so it is
-    left out (identical clients get exactly equal weights).
+    larger weight. A layer whose δ is NaN for some client (too few samples) is left out, so the
+    caller's default weights apply to it. The official code adds eps = 1e-9 to the denominator; with
+    c <= 0.99 the denominator is >= 0.01 K and the term only breaks exact uniformity, so by default
+    it is left out (identical clients get exactly equal weights); ``eps=1e-9`` is the official form.
     """
     low, high = clip
     if not 0 <= low < high < 1:
@@ -333,6 +425,6 @@ def layerwise_cka_weights(similarities: Sequence[dict[str, float]], clip: tuple[
         if any(math.isnan(v) for v in values):
             continue
         gaps = [1.0 - min(max(v, low), high) for v in values]
-        total = math.fsum(gaps)
+        total = math.fsum(gaps) + eps
         weights[layer] = [g / total for g in gaps]
     return weights

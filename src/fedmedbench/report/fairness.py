@@ -1,8 +1,9 @@
 """Fed-LWR's figures and its official select-on-test switch (light: no torch).
 
-* :func:`layer_cka_figure` — Fig. 1(b): layer-wise similarity (CKA) between each client's local model
-  and the FedAvg anchor, per layer, from the ``cka:<layer>`` rows Fed-LWR writes to history.csv
-  (split ``server``): one line per client, one panel per shown round.
+* :func:`layer_cka_figure` — Fig. 1(b): layer-wise CKA between pairs of local models (mean and range
+  over pairs, from the ``pair_cka:<peer>:<layer>`` rows Fed-LWR writes to history.csv, split
+  ``server``), with the mean CKA to the FedAvg anchor (``cka:<layer>``) for reference; one panel per
+  shown round.
 * :func:`fairness_curves` — Fig. 2: Avg and Std (population, ddof=0) across clients of the test
   metric vs round, per method (mean over seeds).
 * :func:`fairness_bars` — per-client test metric of every method as grouped bars (the fairness
@@ -48,24 +49,56 @@ def layer_cka_table(history: pd.DataFrame) -> pd.DataFrame:
 
 
 def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds: list[int] | None = None, labels: dict | None = None) -> list[Path]:
-    table = layer_cka_table(history)
-    available = sorted(table["round"].unique())
+    """Fig. 1(b): per layer, the CKA between **pairs of local models** (the paper's quantity), one
+    panel per shown round (default: the first and last rounds that have it).
+
+    Read from Fed-LWR's ``pair_cka:<peer>:<layer>`` rows (split ``server``, on client k's row: CKA of
+    w_k and w_peer on client k's data). A pair's value is the mean of its two clients' measurements;
+    the line is the mean over pairs, the band their range. The mean CKA of the local models to the
+    FedAvg anchor (``cka:<layer>``, what Fed-LWR weights by) is drawn dashed for reference. A history
+    without pair rows (a run from before they were logged) shows each client's CKA to the anchor.
+    """
+    server = history[history["split"] == "server"]
+    pairs = server[server["metric"].astype(str).str.startswith("pair_cka:")].copy()
+    has_anchor = server["metric"].astype(str).str.startswith(CKA_PREFIX).any()
+    if has_anchor or pairs.empty:  # (no rows at all: layer_cka_table says what is missing)
+        table = layer_cka_table(history)
+        layer_names = table.drop_duplicates("layer_index").sort_values("layer_index")["layer"].tolist()
+    else:  # log_layers: false, pairs only
+        table = pd.DataFrame(columns=["round", "client", "layer_index", "layer", "cka"])
+        layer_names = list(dict.fromkeys(pairs["metric"].str.rpartition(":")[2]))
+    source = pairs if not pairs.empty else table
+    available = sorted(source["round"].unique())
     rounds = [r for r in (rounds or [available[0], available[-1]]) if r in available] or [available[-1]]
     rounds = list(dict.fromkeys(rounds))
     labels = labels or {}
     fig, axes = plt.subplots(1, len(rounds), figsize=(6.5 * len(rounds), 3.6), squeeze=False, sharey=True)
-    layer_names = table.drop_duplicates("layer_index").sort_values("layer_index")["layer"].tolist()
+    if not pairs.empty:
+        peer_layer = pairs["metric"].str[len("pair_cka:") :].str.rpartition(":")
+        pairs["peer"], pairs["layer"] = peer_layer[0], peer_layer[2]
+        pairs["value"] = pd.to_numeric(pairs["value"], errors="coerce")
+        pairs["pair"] = [" | ".join(sorted((str(a), str(b)))) for a, b in zip(pairs["client"], pairs["peer"])]
+        pairs["layer_index"] = pairs["layer"].map({name: i for i, name in enumerate(layer_names)})
     for ax, rnd in zip(axes[0], rounds):
-        sub = table[table["round"] == rnd]
-        for client, rows in sub.groupby("client", sort=False):
-            rows = rows.sort_values("layer_index")
-            ax.plot(rows["layer_index"], rows["cka"], marker="o", ms=3, lw=1.2, label=labels.get(client, client))
+        if pairs.empty:
+            for client, rows in table[table["round"] == rnd].groupby("client", sort=False):
+                rows = rows.sort_values("layer_index")
+                ax.plot(rows["layer_index"], rows["cka"], marker="o", ms=3, lw=1.2, label=labels.get(client, client))
+        else:
+            per_pair = pairs[pairs["round"] == rnd].groupby(["pair", "layer_index"])["value"].mean()
+            stats = per_pair.groupby("layer_index").agg(["mean", "min", "max"]).sort_index()
+            count = per_pair.index.get_level_values("pair").nunique()
+            ax.fill_between(stats.index, stats["min"], stats["max"], color="tab:blue", alpha=0.2, lw=0, label=f"range over {count} pairs")
+            ax.plot(stats.index, stats["mean"], color="tab:blue", marker="o", ms=3, lw=1.4, label="mean over pairs of local models")
+            anchor = table[table["round"] == rnd].groupby("layer_index")["cka"].mean().sort_index()
+            if not anchor.empty:
+                ax.plot(anchor.index, anchor.values, color="0.4", ls="--", lw=1.0, label="mean CKA(local, FedAvg anchor)")
         ax.set_title(f"round {rnd}")
         ax.set_xlabel("layer (Conv / ConvT / BN, forward order)")
         ax.set_xticks(range(len(layer_names)))
         ax.set_xticklabels(layer_names, rotation=90, fontsize=5)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("CKA(local, FedAvg anchor)")
+    axes[0][0].set_ylabel("CKA(local, FedAvg anchor)" if pairs.empty else "CKA between local models")
     axes[0][-1].legend(fontsize=7, loc="lower left")
     fig.suptitle(title, fontsize=10)
     return _save(fig, out_prefix)
