@@ -238,6 +238,15 @@ def results_root(config: dict) -> Path:
     return Path(config.get("results_dir", "results")) / config["run_name"]
 
 
+# Task keys that say how to run, not what: they change no number, so no job's params hold them.
+EXECUTION_KEYS = ("checkpoint_every",)
+
+
+def task_spec_for_params(config: dict, task: str) -> dict:
+    """A task section without its execution keys (what report jobs receive as params)."""
+    return {k: v for k, v in config["tasks"][task].items() if k not in EXECUTION_KEYS}
+
+
 def checkpoint_every(config: dict, task: str) -> int:
     """How often a task's jobs checkpoint (every round by default). Not part of the run config: it
     cannot change a number, so changing it re-runs nothing and keeps a killed job's checkpoint."""

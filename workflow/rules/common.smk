@@ -239,7 +239,7 @@ def experiment_splits(wildcards):
 def experiment_json(wildcards):
     spec = config["experiments"][wildcards.experiment]
     names = fmb.experiment(config, wildcards.experiment).task_names()
-    tasks = {t: config["tasks"][t] for t in names}
+    tasks = {t: fmb.task_spec_for_params(config, t) for t in names}
     return json.dumps({**spec, "task_specs": tasks}, sort_keys=True)
 
 
