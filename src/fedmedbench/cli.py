@@ -485,10 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if args.command == "train":
+    if args.command != "with-jobserver":
         from fedmedbench.jobserver import run_remotely
 
-        code = run_remotely(argv)  # a warm job server, when one runs (make demo)
+        code = run_remotely(argv)  # a warm job server, when one runs (make demo): every step starts warm
         if code is not None:
             return code
     _setup_logging(args.verbose)

@@ -4,7 +4,8 @@ Every Snakemake job is a new process, and a training process spends ~6 s of CPU 
 step: importing torch (~3 s) and ``torch._dynamo`` (~3 s, imported by every torch optimizer). For the
 demo's ~80 tiny jobs that is most of the time. ``python -m fedmedbench with-jobserver <command>``
 starts a server that imports all of that once, runs ``<command>`` (e.g. snakemake) with
-``FEDMEDBENCH_JOBSERVER`` set, and stops the server afterwards. A ``fedmedbench train`` started
+``FEDMEDBENCH_JOBSERVER`` set, and stops the server afterwards. A ``fedmedbench`` command (``train``,
+and the data, table and figure steps, whose Python start-up with pandas is most of their time) started
 under it sends its arguments, working folder, environment and its stdin/stdout/stderr to the server,
 which forks a child that runs the job exactly as the command line would (same code, same output
 files, same exit status) and reports the exit status back.
