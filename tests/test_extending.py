@@ -59,8 +59,8 @@ def test_the_extending_guide_runs_as_written(tmp_path):
         result = run(command, repo)
         assert result.returncode == 0, (command, result.stderr[-3000:])
         if command.lstrip().startswith("PYTHONPATH="):
-            trained = re.search(r"^train\s+(\d+)$", result.stdout, flags=re.MULTILINE)
-            assert trained and trained.group(1) == "1", result.stdout[-2000:]  # only the plug-in trains
+            trained = re.search(r"^train\s+(\d+)$", result.stdout + result.stderr, flags=re.MULTILINE)
+            assert trained and trained.group(1) == "1", result.stderr[-2000:]  # only the plug-in trains
     table = (out / "tables" / "mysites_table.md").read_text()
     rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")]
     assert rows == ["FedAvg", "FedProx", "FedXYZ (yours)"]
