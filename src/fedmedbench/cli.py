@@ -302,14 +302,6 @@ def _ood_comparison(exp: Experiment, finals: list[dict], paper_tables: str):
     return pd.concat(parts, ignore_index=True).sort_values("run", key=lambda s: s.map(list(ids).index), kind="stable")
 
 
-def no_paper_table():
-    import pandas as pd
-
-    from fedmedbench.report.compare import PAPER_COLUMNS
-
-    return pd.DataFrame(columns=PAPER_COLUMNS)
-
-
 def split_counts(final: dict) -> list[str]:
     """Samples per client and split, from the split file the run trained on (the report says what
     each site held, built-in or a user's own data); none for a final.json without its run config."""
@@ -328,7 +320,7 @@ def split_counts(final: dict) -> list[str]:
 
 
 def cmd_report(args) -> None:
-    from fedmedbench.report.compare import compare, load_paper_table, write_report
+    from fedmedbench.report.compare import compare, empty_paper_table, load_paper_table, write_report
     from fedmedbench.report.tables import seed_summary
 
     experiments = {name: Experiment.from_dict(spec, f"experiments.{name}") for name, spec in json.loads(args.experiments).items()}
@@ -347,7 +339,7 @@ def cmd_report(args) -> None:
             section["metric_note"] = f"`{exp.metric}`: {description}"
             section["notes"] = (*exp.notes, *split_counts(picked[0][0]))
             # Without a published table (a user's own experiment) our numbers stand alone.
-            paper = load_paper_table(Path(args.paper_tables) / exp.paper_table) if exp.paper_table else no_paper_table()
+            paper = load_paper_table(Path(args.paper_tables) / exp.paper_table) if exp.paper_table else empty_paper_table()
             section["comparison"] = compare(summary, paper, exp.paper_id_map(), metric=exp.paper_metric)
         if exp.kind == "ood_table":
             picked = [f for f in finals if f["task"] == exp.task and f["run"] in set(exp.runs) and f["seed"] in exp.seeds]

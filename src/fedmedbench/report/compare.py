@@ -55,6 +55,11 @@ def _check_numbers(csv_path: Path | str, raw: pd.DataFrame) -> None:
             )
 
 
+def empty_paper_table() -> pd.DataFrame:
+    """No published numbers (a user's own experiment): :func:`compare` then shows ours alone."""
+    return pd.DataFrame(columns=PAPER_COLUMNS)
+
+
 def load_paper_table(csv_path: Path | str) -> pd.DataFrame:
     """Read one ``resources/paper_tables/*.csv`` result table.
 
