@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from fedmedbench.data import camelyon17 as C
+from fedmedbench.data.camelyon17.splits import _slide_level as slide_level
 from fedmedbench.data.archive import safe_extract
 from fedmedbench.data.store import list_clients, open_client, read_split_csv
 from fedmedbench.ops.fourier import amplitude_normalize, amplitude_spectrum, batch_mean_amplitude
@@ -293,7 +294,7 @@ def test_split_errors_show_plain_values_not_numpy_reprs():
     ids = np.array(["a", "b", "c", "d"])
     groups = np.array(["patient_004_node_4"] * 2 + ["patient_009_node_1"] * 2)
     with pytest.raises(C.CamelyonDataError) as err:
-        C._slide_level(ids, groups, np.random.default_rng(0))
+        slide_level(ids, groups, np.random.default_rng(0))
     assert "['patient_004_node_4', 'patient_009_node_1']" in str(err.value) and "np." not in str(err.value)
 
 

@@ -1,5 +1,5 @@
 # synthesize (demo) | download -> verify -> extract -> preprocess -> split. One set of rules for
-# every dataset family: each family module declares its raw files (fedmedbench.data).
+# every dataset family: each family package declares its raw files (fedmedbench.data).
 
 
 rule synthesize:

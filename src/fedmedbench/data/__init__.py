@@ -1,7 +1,12 @@
-"""Dataset families: one module per family, all with the same interface, so the pipeline handles
+"""Dataset families: one package per family, all with the same interface, so the pipeline handles
 every family with the same rules and commands.
 
-A family module ``fedmedbench.data.<family>`` provides:
+A built-in family is a package ``fedmedbench.data.<family>`` whose files show its parts:
+``sites.py`` (the clients of each protocol, the counts of record, the family's error),
+``download.py`` (the raw files, where they come from, their licences and manual steps), ``raw.py``
+(reading the raw release into the canonical store), ``splits.py`` (the splits of record) and
+``synthetic.py`` (the synthetic twin, in the release's formats). ``folders`` (a user's own data) is
+one module. Every family, through ``load_family``, provides:
 
 - ``DOWNLOADS: list[DownloadSpec]``: the raw files (archives or single files such as a metadata CSV);
   ``spec.filename`` is the name under ``raw/``; ``spec.url == "manual"`` stops with ``spec.manual_step``.

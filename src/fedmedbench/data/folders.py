@@ -467,7 +467,8 @@ def _read_volume(path: Path, nifti_axis: int) -> np.ndarray:
     """A NIfTI volume as (slices, H, W) along the NIfTI voxel axis ``nifti_axis``, in its own dtype."""
     import SimpleITK as sitk  # imported here: only preprocessing needs it
 
-    from .prostate import ProstateDataError, check_nifti_complete
+    from .prostate.raw import check_nifti_complete
+    from .prostate.sites import ProstateDataError
 
     try:
         check_nifti_complete(path)  # SimpleITK reads a cut-short .nii.gz as zeros without complaint

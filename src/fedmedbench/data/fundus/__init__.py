@@ -1,0 +1,96 @@
+"""RIF retinal fundus (DoFE release), Fed-LWR protocol: optic disc rim / cup segmentation, 4 clients.
+
+The release (one Google Drive zip, root folder ``Fundus/``) holds four domains::
+
+    Fundus/Domain{1..4}/{train,test}/ROIs/image/<name>.png   RGB disc-centred crops
+    Fundus/Domain{1..4}/{train,test}/ROIs/mask/<name>.png    grey: 0 = cup, 128 = rim, 255 = background
+
+Domain1 = Drishti-GS (50/51 train/test), Domain2 = RIM-ONE r3 (99/60), Domain3 = REFUGE train
+(320/80), Domain4 = REFUGE val (320/80). Clients are the domains; paper tables call them Site1..4.
+
+Values between the three levels (anti-aliasing, resampling) are **thresholded**, never compared for
+equality, with DoFE's class rule: grey <= 50 -> cup, 50 < grey <= 200 -> rim, grey > 200 ->
+background, on any value including interpolated ones. Stored labels are
+Fed-LWR's three disjoint classes, uint8 0 = background, 1 = rim, 2 = cup. That encoding is
+lossless for the DoFE/FedDG disc-cup convention too: disc = label >= 1 (rim and cup), cup =
+label == 2; ``disc_cup`` returns DoFE's two overlapping channels [cup, disc] from stored labels.
+
+Resize to 384 x 384 (protocols ``fedlwr`` and ``fedlwr_bilinear_masks``):
+
+* images: bilinear with OpenCV ``INTER_LINEAR`` semantics (half-pixel centres, 2 x 2 taps, no
+  antialiasing), re-implemented in numpy (``resize_bilinear``), because that is what Fed-LWR's
+  ``cv2.resize`` call does; results can differ from OpenCV by one grey level (OpenCV rounds its
+  fixed-point weights);
+* masks, ``fedlwr``: nearest neighbour on the class map (our choice: no new values are invented);
+* masks, ``fedlwr_bilinear_masks``: the official code's behaviour. Its ``cv2.resize(mask, (384,
+  384), cv2.INTER_CUBIC)`` passes INTER_CUBIC as ``dst``, so the grey mask is resized bilinearly,
+  then mapped with ``2 - uint8(grey / 127)`` (grey < 127 -> cup, < 254 -> rim, else background).
+
+File lists are sorted by name (the official loader's unsorted ``glob`` is filesystem-dependent).
+Mask paths are built from path components, not by replacing the substring ``image`` (which breaks
+DoFE's loader when the root path contains "image"). The official train folder is split 4:1 into
+train/val per domain (first ``int(0.8 n)`` of a seeded permutation = train, as Fed-LWR's first
+80 % of its list), the official test folder is the test split.
+
+The package's parts: ``sites`` (the clients of each protocol and the counts of record), ``download``
+(the raw files and where they come from), ``raw`` (reading the raw release into the canonical store),
+``splits`` (the splits of record) and ``synthetic`` (the synthetic twin, in the release's formats).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .download import ARCHIVE, DOWNLOAD, DOWNLOADS, DRIVE_ID  # noqa: F401
+from .raw import (  # noqa: F401
+    BACKGROUND,
+    BACKGROUND_ABOVE,
+    CLASSES,
+    CUP,
+    CUP_MAX,
+    DEFAULT_SIZE,
+    IMAGE_SUFFIXES,
+    MASK_RESAMPLE,
+    MAX_OFF_LEVEL_FRACTION,
+    OFFICIAL_SPLITS,
+    RIM,
+    check_mask_encoding,
+    disc_cup,
+    fedlwr_code_mask_to_classes,
+    find_fundus_root,
+    group_of,
+    list_pairs,
+    load_pair,
+    mask_to_classes,
+    preprocess_fedlwr,
+    resize_bilinear,
+    resize_nearest,
+)
+from .sites import DOMAIN_SOURCES, DOMAINS, EXPECTED_COUNTS, FEDLWR_SPLIT_COUNTS, PROTOCOLS, FundusDataError  # noqa: F401
+from .splits import TRAIN_FRACTION, split_fedlwr  # noqa: F401
+from .synthetic import write_synthetic  # noqa: F401
+
+
+# The family interface (see fedmedbench.data): each protocol's reader and split of record.
+def _check_protocol(protocol: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"fundus: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
+
+
+def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
+               log=print) -> dict:
+    """``fedlwr``: nearest-neighbour masks; ``fedlwr_bilinear_masks``: the official bilinear masks."""
+    _check_protocol(protocol)
+    if ARCHIVE not in raw:
+        raise FundusDataError(f"raw input {ARCHIVE!r} not given (got {sorted(raw)})")
+    return preprocess_fedlwr(Path(raw[ARCHIVE]), Path(store_dir), mask_resample=MASK_RESAMPLE[protocol],
+                             expect_real_counts=expect_real_counts, size=size, log=log)
+
+
+def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
+    """``permutation``: ``seeded`` (= ``default``) or ``sorted`` (name order, no shuffle)."""
+    _check_protocol(protocol)
+    permutation = "seeded" if permutation == "default" else permutation
+    return split_fedlwr(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
