@@ -369,6 +369,10 @@ def test_synthetic_release_is_deterministic(tmp_path):
     c, _ = first_volume("c.zip", 2)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
+    # The archive itself is byte-identical: members carry a fixed date, not the time of writing.
+    import zipfile
+    assert {m.date_time for m in zipfile.ZipFile(tmp_path / "a.zip").infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()
 
 
 # ---------------------------------------------------------------------------

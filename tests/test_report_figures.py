@@ -30,6 +30,7 @@ def test_sweep_figure_is_written(tmp_path):
     points = sweep_points(FINALS, {"FedAvg": {"1": "fedavg", "2": "fedavg-e2"}}, "accuracy", "seeds")
     written = sweep_figure(points, tmp_path / "fig5b", "Fig. 5b", "local epochs", "accuracy (%)")
     assert [p.suffix for p in written] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in written)
+    assert b"CreationDate" not in written[1].read_bytes()  # re-running the rule gives the same PDF
 
 
 def test_overlay_tints_only_the_mask():

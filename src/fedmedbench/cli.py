@@ -199,7 +199,7 @@ def cmd_sweep_figure(args) -> None:
     from fedmedbench.report.sweeps import sweep_figure, sweep_points
 
     exp = Experiment.from_dict(json.loads(args.experiment))
-    points = sweep_points(_load_finals(args.finals), exp.series, exp.metric, exp.error)
+    points = sweep_points(_load_finals(args.finals), exp.sweep_series(), exp.metric, exp.error)
     sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, f"{exp.metric} (%)", log_x=exp.log_x)
 
 

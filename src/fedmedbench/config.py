@@ -193,6 +193,10 @@ def check_references(config: dict, source: str) -> None:
             if task not in tasks:
                 raise ConfigError(f"{where}: task {task!r} is not a section of tasks{closest(task, tasks)}; have: {', '.join(tasks)}")
         runs = list(spec.get("runs", [])) + [run for series in (spec.get("series") or {}).values() for run in series.values()]
+        points = {x for series in (spec.get("series") or {}).values() for x in series}
+        unknown = [x for x in spec.get("x_values", []) if x not in points]
+        if unknown:
+            raise ConfigError(f"{where}.x_values: {unknown} are not x values of its series; have: {', '.join(sorted(points))}")
         for run in runs:
             method, variant = split_run(run)
             if method not in methods:
@@ -349,6 +353,7 @@ class Experiment(Strict):
     std_row: bool = False  # table: Fed-LWR's Std column (population std across clients)
     select_on: str = "val"  # table: val | test (the official Fed-LWR selection, a switch)
     series: dict = field(default_factory=dict)  # sweep: legend label -> {x value: run}
+    x_values: tuple[str, ...] = ()  # sweep: draw only these x values (default: all); an overlay narrows a sweep with it
     error: str = "seeds"  # sweep: seeds | clients_sem
     x_label: str = "value"
     log_x: bool = False
@@ -365,8 +370,14 @@ class Experiment(Strict):
     def run_names(self) -> list[str]:
         """Runs in display order (a sweep's runs come from its series)."""
         if self.series:
-            return list(dict.fromkeys(run for runs in self.series.values() for run in runs.values()))
+            return list(dict.fromkeys(run for runs in self.sweep_series().values() for run in runs.values()))
         return list(dict.fromkeys(self.runs))
+
+    def sweep_series(self) -> dict:
+        """The series as drawn: each {x value: run}, narrowed to ``x_values`` when given."""
+        if not self.x_values:
+            return self.series
+        return {name: {x: run for x, run in runs.items() if x in self.x_values} for name, runs in self.series.items()}
 
     def label(self, run: str) -> str:
         return self.labels.get(run, run)

@@ -21,8 +21,11 @@ HISTORY_COLUMNS = ("round", "client", "split", "metric", "value")
 
 
 def _atomic_savefig(fig, path: Path, **kwargs) -> Path:
-    """Save via a temporary file in the same folder and ``os.replace``."""
+    """Save via a temporary file in the same folder and ``os.replace``. A PDF gets no CreationDate,
+    so re-running a rule gives the same bytes."""
     fmt = path.suffix.lstrip(".")
+    if fmt == "pdf":
+        kwargs.setdefault("metadata", {"CreationDate": None})
     with atomic_path(path, suffix=f".tmp.{fmt}") as tmp:
         fig.savefig(tmp, format=fmt, **kwargs)
     return path
@@ -124,8 +127,7 @@ def save_figure(fig, out_prefix: Path | str) -> list[Path]:
     try:
         return [
             _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".png"), dpi=150),
-            # no CreationDate: re-running the rule gives an identical PDF
-            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".pdf"), metadata={"CreationDate": None}),
+            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".pdf")),
         ]
     finally:
         plt.close(fig)

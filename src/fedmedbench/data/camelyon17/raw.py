@@ -27,9 +27,13 @@ from .sites import (
 
 METADATA_COLUMNS = ["patient", "node", "x_coord", "y_coord", "tumor", "slide", "center"]
 
-
 _SEARCH_DEPTH = 3
 _DECODE_BATCH = 2048
+
+
+# ---------------------------------------------------------------------------
+# Finding and reading the release
+# ---------------------------------------------------------------------------
 
 
 def find_release_root(extracted: str | os.PathLike) -> Path:
@@ -152,6 +156,11 @@ def load_patch(path: str | os.PathLike, size: int | None = None) -> np.ndarray:
     elif rgb.size != (size, size):
         rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(rgb, dtype=np.uint8)
+
+
+# ---------------------------------------------------------------------------
+# Preprocessing
+# ---------------------------------------------------------------------------
 
 
 def _real_count_problems(meta: pd.DataFrame) -> list[str]:

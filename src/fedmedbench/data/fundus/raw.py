@@ -19,7 +19,6 @@ from .sites import DOMAIN_SOURCES, DOMAINS, EXPECTED_COUNTS, FundusDataError
 
 MASK_RESAMPLE = {"fedlwr": "nearest", "fedlwr_bilinear_masks": "bilinear"}
 
-
 DEFAULT_SIZE = 384
 
 CLASSES = ("background", "rim", "cup")
@@ -34,6 +33,11 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 _SEARCH_DEPTH = 3
 _EYE_RE = re.compile(r"^(?P<group>.+?)[-_][LR]$")
 _THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+# ---------------------------------------------------------------------------
+# Mask encodings
+# ---------------------------------------------------------------------------
 
 
 def mask_to_classes(grey: np.ndarray, cup_max: float = CUP_MAX, background_above: float = BACKGROUND_ABOVE) -> np.ndarray:
@@ -61,6 +65,11 @@ def disc_cup(labels: np.ndarray) -> np.ndarray:
     """
     labels = np.asarray(labels)
     return np.stack([labels == CUP, labels >= RIM], axis=-3)
+
+
+# ---------------------------------------------------------------------------
+# Resizing
+# ---------------------------------------------------------------------------
 
 
 def _linear_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -97,6 +106,11 @@ def resize_nearest(array: np.ndarray, size: int) -> np.ndarray:
     ys = np.minimum(((np.arange(size) + 0.5) * h / size).astype(np.int64), h - 1)
     xs = np.minimum(((np.arange(size) + 0.5) * w / size).astype(np.int64), w - 1)
     return a[ys][:, xs].copy()
+
+
+# ---------------------------------------------------------------------------
+# Finding the files
+# ---------------------------------------------------------------------------
 
 
 def find_fundus_root(extracted: str | os.PathLike) -> Path:
@@ -215,6 +229,11 @@ def load_pair(image_path: Path, mask_path: Path, size: int, mask_resample: str =
     else:
         raise ValueError(f"mask_resample must be 'nearest' or 'bilinear', got {mask_resample!r}")
     return resize_bilinear(image, size), labels, info
+
+
+# ---------------------------------------------------------------------------
+# Preprocessing
+# ---------------------------------------------------------------------------
 
 
 def preprocess_fedlwr(

@@ -19,7 +19,6 @@ from .sites import CLIENT_LABELS, CLIENTS, ORGAN_CLIENTS, PATIENT_ORGAN, PROTOCO
 
 DEFAULT_SIZE = 256
 
-
 _IMAGE_SUFFIXES = (".tif", ".tiff", ".png")
 _PATIENT_RE = re.compile(r"^(TCGA-[A-Z0-9]{2}-[A-Z0-9]{4})", re.IGNORECASE)
 _SLIDE_RE = re.compile(r"^Slide_(\d+)$")
@@ -49,6 +48,11 @@ class Discovery:
     samples: list[Sample] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # human-readable, logged
     patients: dict[str, set] = field(default_factory=dict)  # "MoNuSAC train" -> patient folders with annotations
+
+
+# ---------------------------------------------------------------------------
+# Reading files
+# ---------------------------------------------------------------------------
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -162,6 +166,11 @@ def xml_to_mask(
             mask[rr, cc] = 1
             stats["regions"] += 1
     return mask, stats
+
+
+# ---------------------------------------------------------------------------
+# Discovery of the raw layouts
+# ---------------------------------------------------------------------------
 
 
 def _rel(raw_name: str, raw_dir: Path, path: Path) -> str:
@@ -330,6 +339,11 @@ def find_tnbc(raw_dir: str | os.PathLike, raw_name: str = TNBC_ZIP) -> Discovery
     return found
 
 
+# ---------------------------------------------------------------------------
+# Resizing and tiling
+# ---------------------------------------------------------------------------
+
+
 def resize_pair(image: np.ndarray, mask: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Whole image to size x size: bilinear for the image, nearest for the mask."""
     from PIL import Image
@@ -366,6 +380,11 @@ def tile_pair(image: np.ndarray, mask: np.ndarray, size: int) -> tuple[np.ndarra
     images = np.stack([image[y : y + size, x : x + size] for y, x in coords])
     masks = np.stack([mask[y : y + size, x : x + size] for y, x in coords])
     return images, masks, coords
+
+
+# ---------------------------------------------------------------------------
+# Preprocessing
+# ---------------------------------------------------------------------------
 
 
 def _discover(raw: dict, log: Callable[[str], object]) -> Discovery:

@@ -30,6 +30,11 @@ _NIFTI_RE = re.compile(r"^(?P<case>.+?)(?P<seg>_segmentation)?\.nii(?:\.gz)?$", 
 _SEARCH_DEPTH = 3
 
 
+# ---------------------------------------------------------------------------
+# Finding and reading the files
+# ---------------------------------------------------------------------------
+
+
 def _subdir_names(folder: Path) -> set[str]:
     try:
         return {p.name for p in folder.iterdir() if p.is_dir()}
@@ -166,6 +171,11 @@ def read_label_volume(path: str | os.PathLike) -> np.ndarray:
         shown = ", ".join(f"{v:g}" for v in found[:6].tolist()) + (f", ... ({len(found)} distinct)" if len(found) > 6 else "")
         raise ProstateDataError(f"{path}: a segmentation must hold non-negative integer classes; found {label.dtype} values {shown}")
     return label
+
+
+# ---------------------------------------------------------------------------
+# HarmoFL protocol: 2.5D slices
+# ---------------------------------------------------------------------------
 
 
 def harmofl_normalize(volume: np.ndarray) -> np.ndarray:
@@ -326,6 +336,11 @@ def preprocess_harmofl(
                     + "\n(for other or synthetic data set expect_real_counts to false and use permutation: seeded)"
                 )
     return counts
+
+
+# ---------------------------------------------------------------------------
+# Fed-LWR protocol
+# ---------------------------------------------------------------------------
 
 
 FEDLWR_SIZE = 384

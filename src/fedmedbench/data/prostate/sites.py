@@ -55,5 +55,4 @@ FEDLWR_CLIENTS = [f"Site{i}" for i in range(1, len(RELEASE_SITES) + 1)]
 FEDLWR_CLIENT_TO_RELEASE = dict(zip(FEDLWR_CLIENTS, RELEASE_SITES))  # Site1 = BIDMC ... Site6 = UCL
 FEDLWR_FRACTIONS = (0.6, 0.2, 0.2)
 
-
 PROTOCOLS = {"harmofl": HARMOFL_CLIENTS, "fedlwr": FEDLWR_CLIENTS, "fedlwr_stack": FEDLWR_CLIENTS}

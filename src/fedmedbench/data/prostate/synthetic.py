@@ -119,7 +119,11 @@ def write_synthetic_release(
                 for array, name in ((image, f"{case}.nii.gz"), (label, f"{case}{seg}.nii.gz")):
                     local = Path(work) / name
                     sitk.WriteImage(sitk.GetImageFromArray(array), str(local), True)
-                    zf.write(local, f"{prefix}{site}/{name}")
+                    # A fixed member date (ZipInfo's 1980-01-01), not the temporary file's: the twin's
+                    # bytes, and so its sha256, are the same on every run.
+                    member = zipfile.ZipInfo(f"{prefix}{site}/{name}")
+                    member.external_attr = 0o644 << 16
+                    zf.writestr(member, local.read_bytes())
             info[site] = {
                 "client": RELEASE_TO_CLIENT[site],
                 "cases": cases,

@@ -31,9 +31,13 @@ HAM_COLUMNS = ("lesion_id", "image_id", "dx", "dx_type", "age", "sex", "localiza
 DEFAULT_SIZE = 128
 RESAMPLE = "bilinear"  # Pillow BILINEAR, antialiased (support scaled by the downscale factor)
 
-
 _IMAGE_RE = re.compile(r"^ISIC_\d{7}\.jpg$")
 _DECODE_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+# ---------------------------------------------------------------------------
+# Metadata and ground truth
+# ---------------------------------------------------------------------------
 
 
 def read_ham_metadata(path: str | os.PathLike) -> pd.DataFrame:
@@ -132,6 +136,11 @@ def class_counts(labels: Iterable[int]) -> tuple[int, int, int]:
     return tuple(int(c) for c in counts[: len(CLASSES)])
 
 
+# ---------------------------------------------------------------------------
+# Images
+# ---------------------------------------------------------------------------
+
+
 def find_images(folders: dict[str, Path]) -> dict[str, tuple[str, Path]]:
     """``image_id -> (raw file name, path)`` for every ``ISIC_<7 digits>.jpg`` under the folders.
 
@@ -177,6 +186,11 @@ def _load_many(paths: list[Path], size: int) -> tuple[np.ndarray, list[tuple[int
     with ThreadPoolExecutor(_DECODE_THREADS) as pool:  # Pillow releases the GIL while decoding
         results = list(pool.map(lambda p: load_square(p, size), paths))
     return np.stack([r[0] for r in results]), [r[1] for r in results]
+
+
+# ---------------------------------------------------------------------------
+# Preprocessing
+# ---------------------------------------------------------------------------
 
 
 def _raw_path(raw: dict, name: str) -> Path:
