@@ -45,6 +45,7 @@ def warm_up() -> None:
 
     import fedmedbench.cli  # noqa: F401
     import fedmedbench.fl.engine  # noqa: F401
+    import fedmedbench.report.figures  # noqa: F401  (matplotlib: ~0.4 s for each of the demo's ~20 figure jobs)
     import fedmedbench.methods as methods
 
     for name in methods.builtin_methods():  # plug-ins are imported by each job: their edits count
