@@ -36,5 +36,11 @@ def load_family(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
+def check_protocol(family: str, protocol: str, protocols: dict) -> None:
+    """Every family's ``preprocess`` and ``split`` refuse a protocol they do not define, naming the known ones."""
+    if protocol not in protocols:
+        raise ValueError(f"{family}: unknown protocol {protocol!r}; known: {sorted(protocols)}")
+
+
 def is_archive(filename: str) -> bool:
     return filename.lower().endswith(ARCHIVE_SUFFIXES)

@@ -50,6 +50,7 @@ __all__ = [
     "write_client",
     "open_client",
     "list_clients",
+    "require_clients",
     "write_split_csv",
     "read_split_csv",
     "split_rows",
@@ -236,6 +237,14 @@ def list_clients(store_dir: str | os.PathLike) -> list[str]:
     return sorted(
         p.name for p in store_dir.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / IMAGES_FILE).is_file()
     )
+
+
+def require_clients(store_dir: str | os.PathLike, clients, error: type[Exception] = ValueError) -> None:
+    """Stop with ``error`` naming the clients of a protocol that the store lacks (a split needs them all)."""
+    present = list_clients(store_dir)
+    missing = [c for c in clients if c not in present]
+    if missing:
+        raise error(f"store {store_dir} lacks client(s) {missing} (found {present})")
 
 
 def open_client(store_dir: str | os.PathLike, client: str) -> ClientData:

@@ -13,17 +13,10 @@ import pandas as pd
 
 from ...errors import plain
 from ...progress import Progress
+from .. import check_protocol
 from ..store import IMAGES_FILE, LABELS_FILE, META_FILE, open_client, staged_dir
 from .download import ARCHIVE
-from .sites import (
-    CENTER_TO_CLIENT,
-    PATCH_SIZE,
-    REAL_COUNTS,
-    REAL_SLIDES_PER_CENTER,
-    REAL_TOTAL,
-    CamelyonDataError,
-    check_protocol,
-)
+from .sites import CENTER_TO_CLIENT, PATCH_SIZE, PROTOCOLS, REAL_COUNTS, REAL_SLIDES_PER_CENTER, REAL_TOTAL, CamelyonDataError
 
 METADATA_COLUMNS = ["patient", "node", "x_coord", "y_coord", "tumor", "slide", "center"]
 
@@ -215,7 +208,7 @@ def preprocess(
     every mismatch is listed in one error before any image is decoded.
     Returns the number of patches per client.
     """
-    check_protocol(protocol)
+    check_protocol("camelyon17", protocol, PROTOCOLS)
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
         raise ValueError(f"size must be a positive integer or None, got {size!r}")
     out_size = PATCH_SIZE if size is None else size

@@ -16,8 +16,3 @@ REAL_SLIDES_PER_CENTER = 10
 
 class CamelyonDataError(DataError):
     """The raw Camelyon17-WILDS files do not have the layout or content we expect."""
-
-
-def check_protocol(protocol: str) -> None:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"camelyon17: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")

@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 
 from ...errors import plain
-from ..store import client_rng, grouped_split, list_clients, open_client, write_split_csv
-from .sites import CLIENTS, CamelyonDataError, check_protocol
+from .. import check_protocol
+from ..store import client_rng, grouped_split, open_client, require_clients, write_split_csv
+from .sites import CLIENTS, PROTOCOLS, CamelyonDataError
 
 TEST_FRACTION = 0.2
 VAL_FRACTION = 0.2  # of what is left after the test split
@@ -62,13 +63,10 @@ def split(
     val, rounded, at least one each). Rows within a split are in seeded
     random order (training may truncate to the first rows).
     """
-    check_protocol(protocol)
+    check_protocol("camelyon17", protocol, PROTOCOLS)
     if permutation not in PERMUTATIONS:
         raise ValueError(f"camelyon17: permutation must be one of {PERMUTATIONS}, got {permutation!r}")
-    present = list_clients(store_dir)
-    missing = [c for c in CLIENTS if c not in present]
-    if missing:
-        raise CamelyonDataError(f"store {store_dir} lacks client(s) {missing} (found {present})")
+    require_clients(store_dir, CLIENTS, CamelyonDataError)
     tables = []
     for client in CLIENTS:
         meta = open_client(store_dir, client).meta

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import check_protocol
 from .download import ARCHIVE, DOWNLOAD, DOWNLOADS, DRIVE_ID  # noqa: F401
 from .raw import (  # noqa: F401
     BACKGROUND,
@@ -74,15 +75,10 @@ from .synthetic import write_synthetic  # noqa: F401
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.
-def _check_protocol(protocol: str) -> None:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"fundus: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-
-
 def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
                log=print) -> dict:
     """``fedlwr``: nearest-neighbour masks; ``fedlwr_bilinear_masks``: the official bilinear masks."""
-    _check_protocol(protocol)
+    check_protocol("fundus", protocol, PROTOCOLS)
     if ARCHIVE not in raw:
         raise FundusDataError(f"raw input {ARCHIVE!r} not given (got {sorted(raw)})")
     return preprocess_fedlwr(Path(raw[ARCHIVE]), Path(store_dir), mask_resample=MASK_RESAMPLE[protocol],
@@ -91,6 +87,6 @@ def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
     """``permutation``: ``seeded`` (= ``default``) or ``sorted`` (name order, no shuffle)."""
-    _check_protocol(protocol)
+    check_protocol("fundus", protocol, PROTOCOLS)
     permutation = "seeded" if permutation == "default" else permutation
     return split_fedlwr(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from ..store import client_rng, grouped_split, list_clients, open_client, write_split_csv
+from ..store import client_rng, grouped_split, open_client, require_clients, write_split_csv
 from .sites import DOMAINS, FundusDataError
 
 TRAIN_FRACTION = 0.8
@@ -30,10 +30,7 @@ def split_fedlwr(
         raise ValueError(f"permutation must be 'seeded' or 'sorted', got {permutation!r}")
     if not 0 < train_fraction < 1:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
-    present = list_clients(store_dir)
-    missing = [d for d in DOMAINS if d not in present]
-    if missing:
-        raise FundusDataError(f"store {store_dir} lacks client(s) {missing} (found {present})")
+    require_clients(store_dir, DOMAINS, FundusDataError)
     tables = []
     for domain in DOMAINS:
         meta = open_client(store_dir, domain).meta

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import check_protocol
 from ..images import read_mask
 from ..store import staged_dir, write_client
 from .download import DOWNLOADS, MONUSAC_TEST, MONUSAC_TRAIN, MONUSEG_TEST, MONUSEG_TRAIN, TNBC_ZIP
@@ -459,8 +460,7 @@ def preprocess(
     equal ``REAL_COUNTS``; all mismatches are listed in one error before any
     image is decoded. Returns the number of store rows (images or tiles) per client.
     """
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"nuclei: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
+    check_protocol("nuclei", protocol, PROTOCOLS)
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
         raise ValueError(f"size must be a positive integer or None, got {size!r}")
     size = size or DEFAULT_SIZE

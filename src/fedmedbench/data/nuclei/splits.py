@@ -7,9 +7,10 @@ import os
 import numpy as np
 import pandas as pd
 
+from .. import check_protocol
 from ..prostate.sites import HARMOFL_FRACTIONS
 from ..prostate.splits import cut_points
-from ..store import client_rng, list_clients, open_client, write_split_csv
+from ..store import client_rng, open_client, require_clients, write_split_csv
 from .sites import PROTOCOLS, NucleiDataError
 
 PERMUTATIONS = ("default", "official", "image", "patient")
@@ -49,14 +50,10 @@ def split(
     sorted, permuted with a generator seeded by (seed, crc32(client)), then cut
     at int(0.64 n) and int(0.8 n) groups. Every split must be non-empty.
     """
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"nuclei: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
+    check_protocol("nuclei", protocol, PROTOCOLS)
     if permutation not in PERMUTATIONS:
         raise ValueError(f"nuclei: permutation must be one of {PERMUTATIONS}, got {permutation!r}")
-    present = list_clients(store_dir)
-    missing = [c for c in PROTOCOLS[protocol] if c not in present]
-    if missing:
-        raise NucleiDataError(f"store {store_dir} lacks client(s) {missing} (found {present})")
+    require_clients(store_dir, PROTOCOLS[protocol], NucleiDataError)
     tables = []
     for client in PROTOCOLS[protocol]:
         meta = open_client(store_dir, client).meta

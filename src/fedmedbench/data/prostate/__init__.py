@@ -44,6 +44,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import check_protocol
 from .download import DOWNLOAD, DOWNLOADS  # noqa: F401
 from .raw import (  # noqa: F401
     FEDLWR_CHANNELS,
@@ -87,14 +88,9 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dic
     return write_synthetic_release(Path(out_dir) / DOWNLOAD.filename, seed=seed, **options)
 
 
-def _check_protocol(protocol: str) -> None:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"prostate: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-
-
 def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print) -> dict:
     """``harmofl``: HarmoFL's 2.5D slices; ``fedlwr`` / ``fedlwr_stack``: Fed-LWR's slices, replicated / stacked."""
-    _check_protocol(protocol)
+    check_protocol("prostate", protocol, PROTOCOLS)
     raw_root = Path(raw[DOWNLOAD.filename])
     if protocol == "harmofl":
         return preprocess_harmofl(raw_root, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
@@ -105,7 +101,7 @@ def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
     """``harmofl``: ``harmofl`` (= ``default``, HarmoFL's index files) or ``seeded``.
     ``fedlwr*``: ``seeded`` (= ``default``, case-level 6:2:2) or ``sorted``."""
-    _check_protocol(protocol)
+    check_protocol("prostate", protocol, PROTOCOLS)
     if protocol == "harmofl":
         permutation = "harmofl" if permutation == "default" else permutation
         return split_harmofl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)

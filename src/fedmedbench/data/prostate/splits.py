@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..store import client_rng, grouped_split, list_clients, open_client, split_groups, write_split_csv
+from ..store import client_rng, grouped_split, open_client, require_clients, split_groups, write_split_csv
 from .sites import DEFAULT_INDEX_DIR, FEDLWR_CLIENTS, FEDLWR_FRACTIONS, HARMOFL_CLIENTS, HARMOFL_FRACTIONS, ProstateDataError
 
 
@@ -60,10 +60,7 @@ def split_harmofl(
     """
     if permutation not in ("harmofl", "seeded"):
         raise ValueError(f"permutation must be 'harmofl' or 'seeded', got {permutation!r}")
-    present = list_clients(store_dir)
-    missing = [c for c in HARMOFL_CLIENTS if c not in present]
-    if missing:
-        raise ProstateDataError(f"store {store_dir} lacks client(s) {missing} (found {present})")
+    require_clients(store_dir, HARMOFL_CLIENTS, ProstateDataError)
     tables = []
     for client in HARMOFL_CLIENTS:
         meta = open_client(store_dir, client).meta
@@ -123,10 +120,7 @@ def split_fedlwr(
     """
     if permutation not in ("seeded", "sorted"):
         raise ValueError(f"permutation must be 'seeded' or 'sorted', got {permutation!r}")
-    present = list_clients(store_dir)
-    missing = [c for c in FEDLWR_CLIENTS if c not in present]
-    if missing:
-        raise ProstateDataError(f"store {store_dir} lacks client(s) {missing} (found {present})")
+    require_clients(store_dir, FEDLWR_CLIENTS, ProstateDataError)
     tables = []
     for client in FEDLWR_CLIENTS:
         meta = open_client(store_dir, client).meta

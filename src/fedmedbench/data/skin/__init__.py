@@ -41,6 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import check_protocol
 from .download import DOWNLOADS, HAM_DOI, HAM_LICENCE, HAM_METADATA, HAM_PART1, HAM_PART2, ISIC_GT, ISIC_IMAGES, ISIC_LICENCE  # noqa: F401
 from .raw import (  # noqa: F401
     DEFAULT_SIZE,
@@ -74,19 +75,14 @@ from .synthetic import write_synthetic  # noqa: F401
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.
-def _check_protocol(protocol: str) -> None:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"skin: unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-
-
 def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
                log=print) -> dict:
-    _check_protocol(protocol)
+    check_protocol("skin", protocol, PROTOCOLS)
     return preprocess_prrfl(raw, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
     """``permutation``: ``prrfl`` (= ``default``, PRR-FL's CSVs) or ``seeded`` (stratified 70/10/20)."""
-    _check_protocol(protocol)
+    check_protocol("skin", protocol, PROTOCOLS)
     permutation = "prrfl" if permutation == "default" else permutation
     return split_prrfl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)

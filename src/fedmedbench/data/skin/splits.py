@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..store import client_rng, grouped_split, list_clients, open_client, write_split_csv
+from ..store import client_rng, grouped_split, open_client, require_clients, write_split_csv
 from .sites import OOD_CLIENT, PRRFL_CLIENTS, PRRFL_FRACTIONS, STORE_CLIENTS, SkinDataError
 
 DEFAULT_SPLIT_DIR = Path(__file__).resolve().parents[4] / "resources" / "skin_prrfl"
@@ -87,10 +87,7 @@ def split_prrfl(
     """
     if permutation not in ("prrfl", "seeded"):
         raise ValueError(f"permutation must be 'prrfl' or 'seeded', got {permutation!r}")
-    present = list_clients(store_dir)
-    missing = [c for c in STORE_CLIENTS if c not in present]
-    if missing:
-        raise SkinDataError(f"store {store_dir} lacks client(s) {missing} (found {present})")
+    require_clients(store_dir, STORE_CLIENTS, SkinDataError)
     prrfl = read_prrfl_split(split_dir) if permutation == "prrfl" else None
     tables = []
     for client in PRRFL_CLIENTS:
