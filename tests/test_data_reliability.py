@@ -81,10 +81,23 @@ def _fundus_cases(tmp_path):
     Image.fromarray(np.full((40, 40, 3), 90, np.uint8)).save(image)
     mask = tmp_path / "mask8.png"
     Image.fromarray(_disc_mask()).save(mask)
-    return [("synthetic", image, mask)]
+    # The name is also the 16-bit copy's file name (16bit_<name>): it needs the .png suffix, or Pillow
+    # cannot tell which format to write (the suite failed in a clone without ../shared).
+    return [("synthetic.png", image, mask)]
 
 
 def test_a_16_bit_fundus_mask_gives_the_same_classes_as_the_8_bit_original(tmp_path):
+    _check_16_bit_fundus_masks(tmp_path)
+
+
+def test_the_16_bit_fundus_check_runs_without_shared_data(tmp_path, monkeypatch):
+    """The synthetic fallback, even where ../shared is present (a clone without it runs only this)."""
+    monkeypatch.setattr(sys.modules[__name__], "REAL_FUNDUS", tmp_path / "no_shared_here")
+    assert [name for name, *_ in _fundus_cases(tmp_path)] == ["synthetic.png"]
+    _check_16_bit_fundus_masks(tmp_path)
+
+
+def _check_16_bit_fundus_masks(tmp_path):
     for name, image, mask8 in _fundus_cases(tmp_path):
         with Image.open(mask8) as img:
             grey8 = np.asarray(img)[..., 0] if img.mode == "RGB" else np.asarray(img)  # real RIF masks: grey as RGB
