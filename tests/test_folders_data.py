@@ -100,7 +100,7 @@ def test_labels_may_be_class_indices_and_groups_may_be_missing(examples, tmp_pat
     assert list(client.meta["group"]) == [f"siteA/{s}" for s in client.meta["source"]]  # each image its own group
 
 
-def test_a_16_bit_image_is_scaled_from_its_real_range_not_clipped(examples, tmp_path):
+def test_a_16_bit_image_is_scaled_from_its_robust_range(examples, tmp_path):
     root, options = _copy(examples["seg3"], tmp_path)
     deep = (1000 + np.arange(32 * 32).reshape(32, 32) * 2).astype(np.uint16)  # 1000 .. 3046, 12-bit-like
     Image.fromarray(deep).save(root / "siteA" / "images" / "siteA_000.png")
@@ -108,8 +108,13 @@ def test_a_16_bit_image_is_scaled_from_its_real_range_not_clipped(examples, tmp_
     client = open_client(store, "siteA")
     stored = client.images[0][..., 0].astype(int)
     assert stored.min() == 0 and stored.max() == 255 and (np.diff(stored.ravel()) >= 0).all()
-    assert client.meta["intensity"][0] == "uint16 1000..3046 scaled to 0..255"
-    assert client.meta["intensity"][1] == "uint8"
+    # p0.5 of the 1024 values 1000 + 2k sits at k = 0.005 * 1023 = 5.115 -> 1010.23; p99.5 at
+    # k = 1017.885 -> 3035.77; the 6 values below / above are clipped.
+    assert client.meta["intensity"][0] == "uint16 1010.23..3035.77 (p0.5..p99.5 of 1000..3046) scaled to 0..255, clipped outside"
+    assert (float(client.meta["intensity_low"][0]), float(client.meta["intensity_high"][0])) == pytest.approx((1010.23, 3035.77))
+    expected = np.floor((np.clip(deep, 1010.23, 3035.77) - 1010.23) / (3035.77 - 1010.23) * 255 + 0.5)
+    assert np.array_equal(stored, expected)
+    assert client.meta["intensity"][1] == "uint8" and client.meta["intensity_low"][1] == ""  # as stored: no range
 
 
 def _png_rgb16(path: Path, array: np.ndarray) -> None:
@@ -132,7 +137,10 @@ def test_a_16_bit_colour_tiff_is_scaled_and_a_16_bit_colour_png_refused(examples
     (root / "siteB/images/siteB_000.png").unlink()
     tifffile.imwrite(root / "siteB/images/siteB_000.tif", deep, photometric="rgb")
     store, _ = _preprocess(options, tmp_path)
-    expected = np.floor((deep - 500.0) / (deep.max() - 500.0) * 255 + 0.5).astype(np.uint8)
+    # One range for the three channels (colour balance kept): p0.5 of the 3072 values 500 + 7k is at
+    # k = 0.005 * 3071 = 15.355 -> 607.485, p99.5 at k = 3055.645 -> 21889.515.
+    low, high = 607.485, 21889.515
+    expected = np.floor((np.clip(deep, low, high) - low) / (high - low) * 255 + 0.5).astype(np.uint8)
     assert np.array_equal(open_client(store, "siteB").images[0], expected)
     shutil.rmtree(tmp_path / "out")
     (root / "siteB/images/siteB_000.tif").unlink()
@@ -177,7 +185,8 @@ def test_nifti_volumes_are_sliced_along_the_axis_with_2_5d_stacks(examples, tmp_
     assert client.meta["group"].value_counts().to_dict() == {f"siteB/vol{k:02d}": per_volume for k in range(4)}
     volume, mask = _volumes(root, "siteB", "vol01")
     volume, mask = np.moveaxis(volume, 2 - axis, 0), np.moveaxis(mask, 2 - axis, 0)  # SimpleITK order is (k, j, i)
-    norm = np.floor((volume - volume.min()) / (volume.max() - volume.min()) * 255 + 0.5).astype(np.uint8)
+    low, high = np.percentile(volume, (0.5, 99.5))  # one range per volume
+    norm = np.floor((np.clip(volume, low, high) - low) / (high - low) * 255 + 0.5).astype(np.uint8)
     rows = np.flatnonzero(client.meta["group"] == "siteB/vol01")
     assert list(client.meta["slice"][rows]) == list(range(per_volume))
     for s, row in enumerate(rows):
@@ -586,8 +595,12 @@ def test_preprocessing_logs_one_line_per_site_and_records_the_options(examples, 
     logged = []
     store = tmp_path / "nifti_store"
     F.preprocess({}, store, "", options={**examples["nifti"]["options"], "stack": 3}, log=logged.append)
-    assert logged == [f"folders {site}: {5 * n} images ({n} NIfTI volumes), 32x36; train/val/test come with the split"
-                      for site, n in zip(SITES, (3, 4, 5))]
+    assert logged[::3] == [f"folders {site}: {5 * n} images ({n} NIfTI volumes), 32x36; train/val/test come with the split"
+                           for site, n in zip(SITES, (3, 4, 5))]
+    assert logged[1::3] == [f"folders {site}: native slice size 36x32 (H x W) in all {n} volume(s)" for site, n in zip(SITES, (3, 4, 5))]
+    assert logged[2].startswith("folders siteA: intensity: 3 int16 volume(s), each scaled from its own p0.5..p99.5 to 0..255 "
+                                "and clipped outside (low ")
+    assert len(logged) == 9  # no warning: the example's slices are near square, alike in every site
     info = json.loads((store / "info.json").read_text())
     assert (info["family"], info["kind"], info["num_classes"], info["stack"], info["nifti_axis"]) == ("folders", "segmentation", 3, 3, 2)
     assert info["classes"] == ["background", "ring", "core"] and info["mask_values"] == {"0": 0, "1": 1, "2": 2}

@@ -160,8 +160,74 @@ def check_method_section(method: str, section: dict, where: str) -> None:
                 raise unknown_key(place, key, params | set(TRAINING_KEYS))
 
 
-# UNet halves the resolution four times and concatenates skip connections of equal size.
-UNET_DIVISOR = 16
+# UNet halves the resolution four times (models/unet.py: four encoders, each followed by a 2x2
+# max-pool) and concatenates skip connections of equal size: each side must divide by 2**4.
+UNET_POOLINGS = 4
+UNET_DIVISOR = 2**UNET_POOLINGS
+MODEL_LABELS = {"unet": "UNet", "densenet": "DenseNet", "vgg16_bn": "VGG-16-BN", "vgg_slim": "slim VGG"}
+
+
+def _model_min_size(model) -> int:
+    """The smallest side a classifier can take (its strided layers must leave at least one pixel);
+    0 where any size works or the model is unknown. Forward passes confirm it (tests/test_folders_geometry.py)."""
+    get = model.get if isinstance(model, dict) else lambda key, default=None: getattr(model, key, default)
+    if get("name") in ("vgg16_bn", "vgg_slim"):
+        return 32  # five 2x2 max-pools, each rounding down
+    if get("name") == "densenet":
+        # conv0 (7x7, stride 2) and pool0 (3x3, stride 2) each take s to ceil(s / 2); HarmoFL's
+        # ZeroPad2d(2) after the first block adds 4 (models/densenet.py); each of the
+        # len(block_config) - 1 transitions halves it (2x2 average pool, rounding down).
+        after_pool0 = max(1, 2 ** (len(get("block_config", (6, 12, 24, 16))) - 1) - 4)
+        return 4 * after_pool0 - 3
+    return 0
+
+
+def model_size_problem(model, height: int, width: int, task: str | None = None) -> str | None:
+    """Why a model (a task's ``model`` mapping or a ``ModelConfig``) cannot take H x W images, or
+    None. The text follows the size, e.g. ``100 is not a multiple of 16, which the UNet needs ...``."""
+    get = model.get if isinstance(model, dict) else lambda key, default=None: getattr(model, key, default)
+    name = get("name")
+    of_task = f" of task {task!r}" if task else ""
+    label = MODEL_LABELS.get(name, name)
+    shown = f"{height}" if height == width else f"{height}x{width} (H x W)"
+    if name == "unet":
+        bad = [(side, n) for side, n in (("H", height), ("W", width)) if n % UNET_DIVISOR]
+        if not bad:
+            return None
+
+        def nearest(n: int) -> str:
+            low = n // UNET_DIVISOR * UNET_DIVISOR
+            return " or ".join(str(v) for v in (low, low + UNET_DIVISOR) if v > 0)
+
+        near = nearest(height) if height == width else ", ".join(f"{nearest(n)} for {side} {n}" for side, n in bad)
+        return (f"{shown} is not a multiple of {UNET_DIVISOR}, which the {label}{of_task} needs (it halves the resolution "
+                f"{UNET_POOLINGS} times); nearest valid sizes: {near}")
+    minimum = _model_min_size(model)
+    if min(height, width) < minimum:
+        return f"{shown} is below {minimum}, the smallest size the {label}{of_task} can take (its strided layers would leave no pixel)"
+    return None
+
+
+def task_image_size(config: dict, task: str, source: str = "config") -> tuple[str, tuple[int, int] | None, str]:
+    """(the config key that sets a task's image size, (H, W) or None where it is unknown before
+    preprocessing, a note on where the size comes from). A user's data without ``image_size`` keeps
+    its native size: the first image's header says it (cheap, read once per DAG build)."""
+    spec = config["tasks"][task]
+    dataset = spec["dataset"]
+    if family_of(config, dataset) == "folders":
+        size = config["data"][dataset].get("image_size")
+        if size is not None:
+            return f"data.{dataset}.image_size", (size, size), ""
+        from fedmedbench.data import folders
+
+        found = folders.native_size(folders_options(config, dataset))
+        if found is None:
+            return f"data.{dataset}.image_size", None, ""
+        height, width, path = found
+        return f"data.{dataset}.image_size", (height, width), f"; it is not set, so the images keep their native size (e.g. {path}): set it to resize them"
+    size = ((config["data"][dataset].get("protocols") or {}).get(spec["protocol"]) or {}).get("image_size")
+    # A built-in protocol without image_size gets its family's default size (all multiples of 16).
+    return f"data.{dataset}.protocols.{spec['protocol']}.image_size", None if size is None else (size, size), ""
 
 
 def check_references(config: dict, source: str) -> None:
@@ -181,12 +247,10 @@ def check_references(config: dict, source: str) -> None:
         protocols = data[spec["dataset"]].get("protocols") or {}
         if spec["protocol"] not in protocols:
             raise ConfigError(f"{where}.protocol: {spec['protocol']!r} is not one of data.{spec['dataset']}.protocols{closest(spec['protocol'], protocols)}; have: {', '.join(protocols)}")
-        size = (protocols[spec["protocol"]] or {}).get("image_size")
-        if spec["model"]["name"] == "unet" and size is not None and size % UNET_DIVISOR:
-            raise ConfigError(
-                f"{source}: data.{spec['dataset']}.protocols.{spec['protocol']}.image_size: {size} is not a multiple of {UNET_DIVISOR}, "
-                f"which the UNet of task {name!r} needs (it halves the resolution 4 times)"
-            )
+        key, size, note = task_image_size(config, name, source)
+        problem = None if size is None else model_size_problem(spec["model"], *size, task=name)
+        if problem:
+            raise ConfigError(f"{source}: {key}: {problem}{note}")
     for name, spec in config["experiments"].items():
         where = f"{source}: experiments.{name}"
         for task in ([spec["task"]] if "task" in spec else []) + list(spec.get("tasks", [])):

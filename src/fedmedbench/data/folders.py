@@ -8,12 +8,15 @@ Segmentation layout (``kind: segmentation``)::
 Every non-hidden sub-folder of ``root`` is a site (``__MACOSX`` and names starting with ``.`` are
 skipped). Masks are read with the project's one mask reader (``images.read_mask``: real bit depth,
 never clipped) or, for NIfTI, with SimpleITK, then every pixel value is mapped to a class index with
-``mask_values``; a value that is not in it stops preprocessing, naming the value and the file.
-Without ``mask_values`` the masks must already hold class indices ``0 .. num_classes - 1``
+``mask_values`` (its class indices must be exactly 0 .. n-1, no gaps); a value that is not in it
+stops preprocessing, naming the value and the file. Without ``mask_values`` the masks must already hold class indices ``0 .. num_classes - 1``
 (``num_classes``: the number of ``classes``, or 2). A NIfTI volume is cut into 2-D slices along
 ``nifti_axis`` (NIfTI voxel axes: 0 = i, 1 = j, 2 = k, usually axial; every slice is kept, empty
 ones too) and its slices are one group, so a volume never spans two splits; ``stack: 3`` gives each
-slice its neighbours as channels [i-1, i, i+1] (2.5-D, edge slices repeated).
+slice its neighbours as channels [i-1, i, i+1] (2.5-D, edge slices repeated). A NIfTI mask must
+lie on its image's voxel grid (direction, origin and spacing, within 1e-3), not only have its shape.
+The log gives each site's native slice size (H x W) and warns when a site's aspect ratio is far from
+the others' (a wrong ``nifti_axis`` shows there).
 
 Classification layout (``kind: classification``)::
 
@@ -21,11 +24,14 @@ Classification layout (``kind: classification``)::
     <root>/<the path in the image column>
 
 ``label`` is one of ``classes`` (or its index); images without a ``group`` are their own group.
+An image file under ``root`` that ``labels.csv`` does not list is an error (nothing is skipped).
 
 Images become uint8 H x W x 3: 8-bit grey is replicated to three channels, colour keeps R, G, B
 (alpha dropped); 16-bit, 32-bit and float images (and NIfTI volumes, per volume) are scaled
-from their real minimum .. maximum to 0 .. 255, never clipped, and the range is kept in the
-store's ``meta.csv`` (column ``intensity``). All images must have one size unless ``image_size``
+from their own 0.5th .. 99.5th percentile to 0 .. 255 and clipped outside (one hot pixel cannot
+darken the rest), and the range is kept in the store's ``meta.csv`` (columns ``intensity``,
+``intensity_low``, ``intensity_high``; ``native_height``, ``native_width``: the size before any
+resize) and summarised per site in the log. All images must have one size unless ``image_size``
 is set (then every image is resized to a square: bilinear images, nearest-neighbour masks). One
 site's images must all be grey or all colour.
 
@@ -94,6 +100,9 @@ DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
 _IGNORED_FILES = {"thumbs.db", "desktop.ini"}  # written by file browsers, never data
 _SEGMENTATION_ONLY = ("mask_values", "nifti_axis", "stack")
 _THREADS = max(1, min(8, os.cpu_count() or 1))
+# Per-row columns of meta.csv besides the ids: how the intensities were scaled (see _to_uint8) and
+# the native size of the image or NIfTI slice before any resize (the log summarises both per site).
+META_DETAILS = ("intensity", "intensity_low", "intensity_high", "native_height", "native_width")
 
 
 class FoldersDataError(DataError):
@@ -199,6 +208,14 @@ class FoldersOptions:
             if classes is not None and max(parsed.values()) >= len(classes):
                 raise ConfigError(f"{where}.mask_values: class index {max(parsed.values())} is out of range for "
                                   f"{len(classes)} classes {list(classes)}")
+            # Class indices are the model's outputs 0 .. n-1: a gap is a class no pixel can have (an
+            # output trained only towards 0, a per-class score of nothing), usually a typo.
+            n_classes = len(classes) if classes is not None else max(parsed.values()) + 1
+            unused = sorted(set(range(n_classes)) - set(parsed.values()))
+            if unused:
+                name = f" ({classes[unused[0]]!r} of classes {list(classes)})" if classes is not None else ""
+                raise ConfigError(f"{where}.mask_values: no pixel value maps to class index {unused[0]}{name}; the class "
+                                  f"indices must be exactly 0 .. {n_classes - 1} without gaps, got {dict(sorted(parsed.items()))}")
             mask_values = parsed
 
         fractions = d.get("fractions", DEFAULT_FRACTIONS)
@@ -302,6 +319,41 @@ def discover_sites(root: str | os.PathLike, kind: str | None = None) -> list[str
     return sites
 
 
+def _header_size(path: Path, nifti_axis: int) -> tuple[int, int]:
+    """(H, W) of a 2-D image or of a NIfTI volume's slices along ``nifti_axis``, from the header only."""
+    if _stem_and_format(path)[1] == "nifti":
+        import SimpleITK as sitk
+
+        reader = sitk.ImageFileReader()
+        reader.SetFileName(str(path))
+        reader.ReadImageInformation()
+        i, j, k = reader.GetSize()
+        shape = [k, j, i]  # array order, as _read_volume slices it
+        del shape[2 - nifti_axis]
+        return shape[0], shape[1]
+    from PIL import Image
+
+    with Image.open(path) as img:  # lazy: reads the header, decodes no pixel
+        return img.height, img.width
+
+
+def native_size(options: Mapping | FoldersOptions) -> tuple[int, int, Path] | None:
+    """(H, W, file) of the first image of the data (the first site's first pair, or labels.csv's
+    first row), from its header: cheap enough for DAG time, where a model's size limits are checked
+    when ``image_size`` is not set (preprocessing then requires one size for all images). None when
+    the layout or the header cannot be read: preprocessing names that problem in its own words."""
+    options = FoldersOptions.from_dict(options)
+    try:
+        root = _check_root(options.root)
+        if options.kind == "classification":
+            path = root / os.path.normpath(_read_labels_csv(root)["image"].iloc[0])
+        else:
+            path = list_pairs(root, discover_sites(root, "segmentation")[0])[0][1]
+        return (*_header_size(path, options.nifti_axis), path)
+    except Exception:  # noqa: BLE001 (any reader error: a hint is skipped, preprocessing reports the error)
+        return None
+
+
 def list_pairs(root: Path, site: str) -> list[tuple[str, Path, Path, str]]:
     """``(stem, image, mask, format)`` of one site, sorted by stem; every image needs its mask and
     every mask its image."""
@@ -373,23 +425,37 @@ def _read_labels_csv(root: Path) -> pd.DataFrame:
 # ---------------------------------------------------------------------------
 
 
-def _to_uint8(array: np.ndarray, path: Path) -> tuple[np.ndarray, str]:
-    """uint8 pixels and how they were obtained: 8-bit as stored, anything deeper scaled from its real
-    min .. max to 0 .. 255 (a fixed 0..65535 range would turn a 12-bit image nearly black)."""
+# Images deeper than 8 bits are scaled from these percentiles of their own pixels (per image, per
+# NIfTI volume) and clipped outside them: one hot pixel at 65535 must not turn the rest of a 12-bit
+# image black, as a min .. max scaling did (docs/decisions.md).
+ROBUST_PERCENTILES = (0.5, 99.5)
+
+
+def _to_uint8(array: np.ndarray, path: Path) -> tuple[np.ndarray, dict]:
+    """uint8 pixels and how they were obtained (the store's ``intensity`` columns): 8-bit as stored,
+    anything deeper scaled from its 0.5th .. 99.5th percentile to 0 .. 255 and clipped outside (a
+    fixed 0..65535 range would turn a 12-bit image nearly black, its min .. max would let one hot
+    pixel do the same). A nearly constant image whose percentiles coincide falls back to min .. max."""
     if array.dtype == np.uint8:
-        return array, "uint8"
+        return array, {"intensity": "uint8", "intensity_low": np.nan, "intensity_high": np.nan}
     if array.dtype == bool:
-        return array.astype(np.uint8) * 255, "bool"
+        return array.astype(np.uint8) * 255, {"intensity": "bool", "intensity_low": 0.0, "intensity_high": 1.0}
     if array.dtype.kind not in "iuf":
         raise FoldersDataError(f"{path}: unsupported pixel type {array.dtype}")
     values = array.astype(np.float64)
     if not np.isfinite(values).all():
         raise FoldersDataError(f"{path}: the image holds NaN or infinite values")
-    low, high = float(values.min()), float(values.max())
+    real_low, real_high = float(values.min()), float(values.max())
+    low, high = (float(v) for v in np.percentile(values, ROBUST_PERCENTILES))
+    how = f"p{ROBUST_PERCENTILES[0]:g}..p{ROBUST_PERCENTILES[1]:g}"
     if high <= low:
-        return np.zeros(array.shape, np.uint8), f"{array.dtype} constant {low:g}"
-    scaled = np.floor((values - low) / (high - low) * 255 + 0.5).astype(np.uint8)
-    return scaled, f"{array.dtype} {low:g}..{high:g} scaled to 0..255"
+        low, high, how = real_low, real_high, "min..max"
+    if high <= low:
+        note = f"{array.dtype} constant {low:g}"
+        return np.zeros(array.shape, np.uint8), {"intensity": note, "intensity_low": low, "intensity_high": high}
+    scaled = np.floor((np.clip(values, low, high) - low) / (high - low) * 255 + 0.5).astype(np.uint8)
+    note = f"{array.dtype} {low:g}..{high:g} ({how} of {real_low:g}..{real_high:g}) scaled to 0..255, clipped outside"
+    return scaled, {"intensity": note, "intensity_low": low, "intensity_high": high}
 
 
 def _decode(path: Path) -> np.ndarray:
@@ -431,8 +497,9 @@ def _decode(path: Path) -> np.ndarray:
     raise FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)})")
 
 
-def read_image(path: str | os.PathLike) -> tuple[np.ndarray, int, str]:
-    """A 2-D image as (uint8 H x W x 3, its colour channels: 1 grey or 3 colour, intensity note)."""
+def read_image(path: str | os.PathLike) -> tuple[np.ndarray, int, dict]:
+    """A 2-D image as (uint8 H x W x 3, its colour channels: 1 grey or 3 colour, its scaling: the
+    store's ``intensity`` columns, see ``_to_uint8``)."""
     path = Path(path)
     array = _decode(path)
     if array.ndim == 3 and array.shape[-1] in (1, 2):
@@ -443,10 +510,10 @@ def read_image(path: str | os.PathLike) -> tuple[np.ndarray, int, str]:
         channels = 1
     else:
         raise FoldersDataError(f"{path}: expected a grey or colour 2-D image, got array shape {array.shape}")
-    pixels, note = _to_uint8(array, path)
+    pixels, scaling = _to_uint8(array, path)
     if channels == 1:
         pixels = np.repeat(pixels[..., None], 3, axis=-1)
-    return np.ascontiguousarray(pixels), channels, note
+    return np.ascontiguousarray(pixels), channels, scaling
 
 
 def _map_mask(values: np.ndarray, mapping: dict[int, int], path: Path) -> np.ndarray:
@@ -463,8 +530,15 @@ def _map_mask(values: np.ndarray, mapping: dict[int, int], path: Path) -> np.nda
     return lut[inverse].reshape(values.shape)
 
 
-def _read_volume(path: Path, nifti_axis: int) -> np.ndarray:
-    """A NIfTI volume as (slices, H, W) along the NIfTI voxel axis ``nifti_axis``, in its own dtype."""
+# A NIfTI mask must lie on its image's voxel grid. Headers store spacing and the affine as float32
+# and converters round them differently, so equal means: direction cosines within 1e-3, spacings
+# within 1e-3 relative, origins within 1e-3 of a voxel.
+GEOMETRY_TOLERANCE = 1e-3
+
+
+def _read_volume(path: Path, nifti_axis: int) -> tuple[np.ndarray, dict]:
+    """A NIfTI volume as (slices, H, W) along the NIfTI voxel axis ``nifti_axis``, in its own dtype,
+    and its geometry (SimpleITK's direction, origin and spacing, in (i, j, k) order)."""
     import SimpleITK as sitk  # imported here: only preprocessing needs it
 
     from .prostate.raw import check_nifti_complete
@@ -475,40 +549,67 @@ def _read_volume(path: Path, nifti_axis: int) -> np.ndarray:
     except ProstateDataError as exc:
         raise FoldersDataError(str(exc)) from exc
     try:
-        array = sitk.GetArrayFromImage(sitk.ReadImage(str(path)))
+        image = sitk.ReadImage(str(path))
+        array = sitk.GetArrayFromImage(image)
     except RuntimeError as exc:
         raise FoldersDataError(f"{path}: cannot read as NIfTI ({str(exc).strip().splitlines()[-1]})") from exc
     if array.ndim != 3:
         raise FoldersDataError(f"{path}: expected a 3-D volume, got array shape {array.shape}")
+    geometry = {"direction": image.GetDirection(), "origin": image.GetOrigin(), "spacing": image.GetSpacing()}
     # SimpleITK's array order is (k, j, i): NIfTI axis a is array axis 2 - a.
-    return np.moveaxis(array, 2 - nifti_axis, 0)
+    return np.moveaxis(array, 2 - nifti_axis, 0), geometry
+
+
+def _geometry_difference(image: dict, mask: dict) -> str | None:
+    """What differs between an image's and its mask's voxel grid (None: the same grid, within
+    ``GEOMETRY_TOLERANCE``)."""
+    a, b = np.asarray(image["spacing"], np.float64), np.asarray(mask["spacing"], np.float64)
+    checks = {
+        "direction": GEOMETRY_TOLERANCE,
+        "spacing": GEOMETRY_TOLERANCE * np.maximum(np.abs(a), np.abs(b)),
+        "origin": GEOMETRY_TOLERANCE * float(np.max(np.abs(a))),
+    }
+    for key, tolerance in checks.items():
+        x, y = np.asarray(image[key], np.float64), np.asarray(mask[key], np.float64)
+        if x.shape != y.shape or (np.abs(x - y) > tolerance).any():
+            shown = [", ".join(f"{v:.6g}" for v in values) for values in (x, y)]
+            return f"{key} ({shown[0]}) vs ({shown[1]})"
+    return None
 
 
 def _volume_samples(image_path: Path, mask_path: Path, options: FoldersOptions) -> list[tuple[np.ndarray, np.ndarray, dict]]:
     """One (image H x W x 3, class map, meta) per slice of a volume pair."""
-    volume, mask = _read_volume(image_path, options.nifti_axis), _read_volume(mask_path, options.nifti_axis)
+    (volume, grid), (mask, mask_grid) = _read_volume(image_path, options.nifti_axis), _read_volume(mask_path, options.nifti_axis)
     if volume.shape != mask.shape:
         raise FoldersDataError(f"{image_path} has shape {volume.shape} (slices, H, W) but its mask {mask_path} "
                                f"has {mask.shape}")
+    # Same array shape is not enough: a mask written with a flipped direction would be scored in
+    # another orientation. Refused, not resampled (docs/decisions.md).
+    differs = _geometry_difference(grid, mask_grid)
+    if differs is not None:
+        raise FoldersDataError(f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
+                               "(image vs mask); resample the mask onto its image (nearest neighbour) or fix its header")
     if mask.dtype.kind == "f" and (not np.isfinite(mask).all() or not np.array_equal(mask, np.round(mask))):
         raise FoldersDataError(f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values")
     classes = _map_mask(mask.astype(np.int64), options.class_of_value, mask_path)
-    norm, note = _to_uint8(volume, image_path)  # one intensity range per volume: slices stay comparable
+    norm, scaling = _to_uint8(volume, image_path)  # one intensity range per volume: slices stay comparable
     last = volume.shape[0] - 1
+    native = {"native_height": volume.shape[1], "native_width": volume.shape[2]}
     samples = []
     for i in range(volume.shape[0]):
         picks = (max(i - 1, 0), i, min(i + 1, last)) if options.stack == 3 else (i, i, i)
-        samples.append((np.stack([norm[j] for j in picks], axis=-1), classes[i], {"slice": i, "intensity": note}))
+        samples.append((np.stack([norm[j] for j in picks], axis=-1), classes[i], {"slice": i, **scaling, **native}))
     return samples
 
 
 def _image_samples(image_path: Path, mask_path: Path, options: FoldersOptions) -> list[tuple[np.ndarray, np.ndarray, dict]]:
-    image, channels, note = read_image(image_path)
+    image, channels, scaling = read_image(image_path)
     grey = read_mask(mask_path, error=FoldersDataError)
     if grey.shape != image.shape[:2]:
         raise FoldersDataError(f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
                                f"{grey.shape[1]}x{grey.shape[0]}")
-    return [(image, _map_mask(grey, options.class_of_value, mask_path), {"slice": -1, "intensity": note, "channels": channels})]
+    info = {"slice": -1, **scaling, "native_height": image.shape[0], "native_width": image.shape[1], "channels": channels}
+    return [(image, _map_mask(grey, options.class_of_value, mask_path), info)]
 
 
 def _resize(image: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -579,7 +680,7 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_chec
                 "source": _relative(image_path, root),
                 "mask_source": _relative(mask_path, root),
                 "slice": info["slice"],
-                "intensity": info["intensity"],
+                **{key: info[key] for key in META_DETAILS},
             })
     _check_channels(site, channels)
     volumes = sum(fmt == "nifti" for *_, fmt in pairs)
@@ -596,8 +697,44 @@ def _label_index(label: str, classes: tuple[str, ...], where: str) -> int:
     raise FoldersDataError(f"{where}: label {label!r} is not one of the classes {list(classes)}{closest(label, classes)}")
 
 
+def _unlisted_images(root: Path, listed: set[str]) -> list[str]:
+    """Image files under ``root`` (a supported suffix, not hidden, not in ``__MACOSX``) whose path
+    relative to the root is not in ``listed``, sorted."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__MACOSX")
+        for name in sorted(files):
+            if name.startswith(".") or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            relative = Path(folder, name).relative_to(root).as_posix()
+            if relative not in listed:
+                found.append(relative)
+    return found
+
+
 def _classification_sites(root: Path, options: FoldersOptions) -> dict[str, pd.DataFrame]:
-    """labels.csv checked completely (labels, files) before any image is decoded; rows per site."""
+    """labels.csv checked completely (labels, files) before any image is decoded; rows per site.
+    An image on disk that labels.csv does not list is an error, as an image without a mask is for
+    segmentation: nothing the user put under the root is skipped silently."""
+    table = _labelled_images(root, options)
+    message = _unlisted_message(root, table)
+    if message:
+        raise FoldersDataError(message)
+    return {site: rows.reset_index(drop=True) for site, rows in table.groupby("site", sort=True)}
+
+
+def _unlisted_message(root: Path, table: pd.DataFrame) -> str | None:
+    """The error for image files under ``root`` that ``table`` (of ``_labelled_images``) does not list."""
+    unlisted = _unlisted_images(root, {p.relative_to(root).as_posix() for p in table["path"]})
+    if not unlisted:
+        return None
+    return (f"{root}: {len(unlisted)} image(s) under the data root are not in {LABELS_FILE}, e.g. "
+            f"{unlisted[0]}; list them in {LABELS_FILE} or move them out of the data root")
+
+
+def _labelled_images(root: Path, options: FoldersOptions) -> pd.DataFrame:
+    """labels.csv with each row's ``label_index``, image ``path`` and ``group`` ("" when none),
+    checked row by row (labels, files inside the root and present)."""
     table = _read_labels_csv(root)
     csv_path = root / LABELS_FILE
     indices, paths = [], []
@@ -614,14 +751,15 @@ def _classification_sites(root: Path, options: FoldersOptions) -> dict[str, pd.D
     table["label_index"], table["path"] = indices, paths
     if "group" not in table.columns:
         table["group"] = ""
-    return {site: rows.reset_index(drop=True) for site, rows in table.groupby("site", sort=True)}
+    return table
 
 
 def _classification_site(root: Path, site: str, table: pd.DataFrame, options: FoldersOptions, size_check: _SizeCheck):
     loaded = _pool_map(read_image, list(table["path"]))
-    images, channels = [], []
+    images, channels, native = [], [], []
     for path, (image, n_channels, _) in zip(table["path"], loaded):
         size_check(image, path)
+        native.append(image.shape[:2])
         channels.append((path, n_channels))
         if options.image_size is not None:
             image, _ = _resize(image, None, options.image_size)
@@ -634,11 +772,86 @@ def _classification_site(root: Path, site: str, table: pd.DataFrame, options: Fo
         "group": [f"{site}/{g}" if g else f"{site}/{s}" for g, s in zip(table["group"], sources)],
         "source": sources,
         "label": [options.classes[k] for k in table["label_index"]],
-        "intensity": [note for *_, note in loaded],
+        **{key: [scaling[key] for *_, scaling in loaded] for key in META_DETAILS if key.startswith("intensity")},
+        "native_height": [h for h, _ in native],
+        "native_width": [w for _, w in native],
     })
     per_class = np.bincount(table["label_index"], minlength=len(options.classes))
     what = ", ".join(f"{name} {n}" for name, n in zip(options.classes, per_class.tolist()))
     return np.stack(images), table["label_index"].to_numpy(np.int64), meta, what
+
+
+def _span(values) -> str:
+    low, high = float(np.min(values)), float(np.max(values))
+    return f"{low:g}" if low == high else f"{low:g}..{high:g}"
+
+
+def _per_file(meta: pd.DataFrame) -> pd.DataFrame:
+    """One row per image or NIfTI volume (a volume's slices share its size and scaling), with
+    ``unit`` = image | volume."""
+    files = meta.drop_duplicates("source").reset_index(drop=True)
+    nifti = files["slice"] >= 0 if "slice" in files.columns else pd.Series(False, index=files.index)
+    return files.assign(unit=np.where(nifti, "volume", "image"))
+
+
+def site_notes(site: str, meta: pd.DataFrame) -> list[str]:
+    """Two lines of the preprocessing log about one site from its ``meta.csv``: the native size
+    (H x W) of its images or NIfTI slices before any resize, each size with its count and first
+    file where they vary (a wrong ``nifti_axis`` shows here), and how the intensities were scaled."""
+    files = _per_file(meta)
+    unit = "volume" if (files["unit"] == "volume").all() else "image"
+    what = "slice size" if unit == "volume" else "size"
+    sizes = files.groupby(["native_height", "native_width"], sort=True)["source"].agg(["count", "first"])
+    if len(sizes) == 1:
+        (h, w), count = sizes.index[0], int(sizes["count"].iloc[0])
+        lines = [f"folders {site}: native {what} {h}x{w} (H x W) in all {count} {unit}(s)"]
+    else:
+        shown = [f"{h}x{w} in {n} {unit}(s) (e.g. {first})" for (h, w), (n, first) in sizes.head(6).iterrows()]
+        more = f"; ... ({len(sizes)} sizes)" if len(sizes) > 6 else ""
+        lines = [f"folders {site}: native {what}s (H x W) vary: " + "; ".join(shown) + more]
+    parts = []
+    for (dtype, kind), rows in files.groupby([files["intensity"].str.split().str[0], "unit"], sort=True):
+        n = f"{len(rows)} {dtype} {kind}(s)"
+        if dtype == "uint8":
+            parts.append(f"{n} as stored")
+        elif dtype == "bool":
+            parts.append(f"{n} 0/1 to 0/255")
+        else:
+            parts.append(f"{n}, each scaled from its own p{ROBUST_PERCENTILES[0]:g}..p{ROBUST_PERCENTILES[1]:g} to 0..255 and "
+                         f"clipped outside (low {_span(rows['intensity_low'])}, high {_span(rows['intensity_high'])})")
+    lines.append(f"folders {site}: intensity: " + "; ".join(parts))
+    return lines
+
+
+# A site whose typical slice aspect (H / W) differs by more than this factor from most other sites'
+# (from more than half of them: with two sites, from the other, and both are named), or NIfTI
+# slices more elongated than NIFTI_ELONGATED, are warned about: the usual cause is a wrong
+# nifti_axis (sagittal slices of an axial scan) or a site of other images.
+ASPECT_WARNING = 2.0
+NIFTI_ELONGATED = 4.0
+
+
+def geometry_warnings(metas: Mapping[str, pd.DataFrame]) -> list[str]:
+    """Warning lines (one per site at most) about native aspect ratios, from the sites' meta tables."""
+    typical = {}
+    for site, meta in metas.items():
+        files = _per_file(meta)
+        (h, w), _ = max(files.groupby(["native_height", "native_width"]).size().items(), key=lambda kv: kv[1])
+        aspect = float(np.median(files["native_height"] / files["native_width"]))
+        typical[site] = (int(h), int(w), aspect, bool((files["unit"] == "volume").any()))
+    lines = []
+    for site, (h, w, aspect, nifti) in typical.items():
+        hint = "; check nifti_axis (the NIfTI axis the volumes are sliced along)" if nifti else "; check the site's images"
+        shape = f"native slices of {h}x{w} (H x W, aspect {aspect:.2f})"
+        others = {s: t[2] for s, t in typical.items() if s != site}
+        far = [s for s, a in others.items() if max(aspect / a, a / aspect) > ASPECT_WARNING]
+        if len(far) * 2 > len(others):
+            shown = ", ".join(f"{s} {others[s]:.2f}" for s in far[:3]) + (", ..." if len(far) > 3 else "")
+            lines.append(f"folders {site}: warning: {shape} differ more than {ASPECT_WARNING:g}x in aspect from "
+                         f"{len(far)} of the {len(others)} other site(s) ({shown}){hint}")
+        elif nifti and max(aspect, 1 / aspect) > NIFTI_ELONGATED:
+            lines.append(f"folders {site}: warning: {shape} are far from square{hint}")
+    return lines
 
 
 def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | FoldersOptions, size: int | None = None,
@@ -667,6 +880,7 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
         tables = _classification_sites(root, options)
     size_check = _SizeCheck(options.image_size)
     counts: dict[str, int] = {}
+    metas: dict[str, pd.DataFrame] = {}
     with staged_dir(store_dir) as tmp_store:
         for site in sites:
             if options.kind == "segmentation":
@@ -677,6 +891,11 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
             counts[site] = len(meta)
             log(f"folders {site}: {len(meta)} images ({what}), {images.shape[2]}x{images.shape[1]}; "
                 "train/val/test come with the split")
+            metas[site] = meta
+            for line in site_notes(site, meta):
+                log(line)
+        for line in geometry_warnings(metas):
+            log(line)
         info = {
             "family": "folders",
             "kind": options.kind,

@@ -63,6 +63,22 @@ def load_clients(store_dir: Path, split_csv: Path, clients: list[str], truncate_
     return result
 
 
+def check_image_size(clients: list[ClientSplits], model, store_dir: Path) -> None:
+    """Before the first step: the store's images must fit the model (a UNet needs sides divisible
+    by 16), else one ``ConfigError`` naming the store, the client and the sizes that would fit, not
+    a tensor-shape traceback in round 1. The DAG checks the configured size already; this catches a
+    store built by hand or at a native size that the DAG could not read."""
+    from fedmedbench.config import model_size_problem
+    from fedmedbench.errors import ConfigError
+
+    for client in clients:
+        height, width = client.train.images.shape[1:3]
+        problem = model_size_problem(model, int(height), int(width))
+        if problem:
+            raise ConfigError(f"{store_dir}: the images of client {client.name} are {height}x{width} (H x W): {problem}; "
+                              "preprocess the data at a size that fits (image_size)")
+
+
 def load_test_only(store_dir: Path, split_csv: Path, clients: list[str]) -> dict[str, SplitData]:
     """The test rows of clients that only have test data (skin's OOD cohort), by name."""
     split = read_split_csv(split_csv)

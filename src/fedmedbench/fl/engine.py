@@ -24,7 +24,7 @@ from fedmedbench.files import atomic_file, atomic_write_text, new_folder
 from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.client import autocast, batch_to_device
-from fedmedbench.fl.data import data_digest, eval_batches, load_clients, load_test_only
+from fedmedbench.fl.data import check_image_size, data_digest, eval_batches, load_clients, load_test_only
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
 from fedmedbench.losses import build_loss
 from fedmedbench.methods import load_method, merge_params
@@ -374,6 +374,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     faults.arm()
 
     data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)
+    check_image_size(data, cfg.model, Path(cfg.data.store))
     cohorts = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients)) if cfg.ood_clients else {}
     names = [c.name for c in data]
     model = build_model(cfg.model)  # one initialisation, shared by every client
