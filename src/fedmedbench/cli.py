@@ -70,10 +70,14 @@ def torch_device_name(device) -> str:
 
 
 def cmd_with_jobserver(args) -> None:
+    from fedmedbench.config import refuse_templated_configs
     from fedmedbench.jobserver import with_jobserver
 
     if not args.cmd:
         raise ConfigError("with-jobserver: give the command to run, e.g. with-jobserver snakemake --cores 2")
+    # Snakemake runs a YTE template in a profile or --configfile while parsing its arguments, before
+    # the Snakefile could refuse it: refused here first.
+    refuse_templated_configs(args.cmd)
     raise SystemExit(with_jobserver(args.cmd))
 
 

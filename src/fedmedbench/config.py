@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +137,7 @@ def validate(config: dict, source: str = "config") -> None:
         if error.validator in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             raise ConfigError(f"{source}: {where}: expected {values.describe(error.schema)}, got {json.dumps(error.instance)}")
         raise ConfigError(f"{source}: invalid config at {where}: {error.message}")
+    check_names(config, source)
     for method, section in config.get("methods", {}).items():
         check_method_section(method, section or {}, f"{source}: methods.{method}")
     check_references(config, source)
@@ -273,6 +276,11 @@ def check_references(config: dict, source: str) -> None:
             raise ConfigError(f"{source}: selected_experiments: {name!r} is not an experiment{closest(name, config['experiments'])}")
 
 
+# Snakemake renders a YAML config file that sets this top-level key as a YTE template: the Python
+# in it runs when Snakemake reads the file (snakemake/common/configfile.py: yte.process_yaml).
+YTE_KEY = "__use_yte__"
+
+
 def read_yaml(path: str | Path) -> dict:
     """A YAML config file as a mapping; a syntax error is one line with file, line and column."""
     try:
@@ -290,7 +298,83 @@ def read_yaml(path: str | Path) -> dict:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got a {type(loaded).__name__}")
+    if YTE_KEY in loaded:
+        raise ConfigError(
+            f"{path}: {YTE_KEY}: asks Snakemake to run the Python in this file (a YTE template); fedmedbench reads plain "
+            f"YAML only, so it is refused (docs/reliability.md: a config overlay or profile is code to Snakemake)"
+        )
     return loaded
+
+
+# A profile folder's settings file as Snakemake names it (profile.yaml, config.yaml, config.v9+.yaml).
+PROFILE_FILE = re.compile(r"^(profile|config)(\.v\d+\+)?\.yaml$")
+
+
+def _profile_files(profile: str) -> list[Path]:
+    """A profile's settings files: the file given, every settings file of the folder given (a
+    superset of the one Snakemake picks by its version), or the one Snakemake finds by name."""
+    path = Path(profile)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if PROFILE_FILE.match(p.name))
+    from snakemake.cli import get_profile_dir  # a profile by name, in Snakemake's config folders (0.7 s)
+
+    found = get_profile_dir(profile)
+    return [] if found is None else [found[1]]  # none: Snakemake reports a missing profile itself
+
+
+def snakemake_yaml_files(command: list[str], env: dict | None = None) -> list[Path]:
+    """The YAML files that the command line ``snakemake ...`` (or ``python -m snakemake ...``) makes
+    Snakemake read as templates before it reads the Snakefile: its profiles (``--profile``,
+    ``$SNAKEMAKE_PROFILE``, ``--workflow-profile``, else ``profiles/default``) and the config files
+    given with ``--configfile(s)`` or listed by a profile. Empty for any other command."""
+    if command and Path(command[0]).name == "snakemake":
+        args = command[1:]
+    elif len(command) >= 3 and command[1:3] == ["-m", "snakemake"]:
+        args = command[3:]
+    else:
+        return []
+    options: dict[str, list[str]] = {"--configfile": [], "--profile": [], "--workflow-profile": []}
+    i = 0
+    while i < len(args):
+        key, eq, value = args[i].partition("=")
+        key = "--configfile" if key == "--configfiles" else key
+        i += 1
+        if key not in options:
+            continue
+        if eq:
+            options[key].append(value)
+            continue
+        # --configfile(s) takes one or more values (as Snakemake's parser does), a profile one
+        while i < len(args) and not args[i].startswith("-"):
+            options[key].append(args[i])
+            i += 1
+            if key != "--configfile":
+                break
+    env = os.environ if env is None else env
+    profiles = options["--profile"] or ([env["SNAKEMAKE_PROFILE"]] if env.get("SNAKEMAKE_PROFILE") else [])
+    # The workflow profile as Snakemake finds it: the path given, or profiles/<name>; by default profiles/default.
+    workflow = (options["--workflow-profile"] or ["default"])[-1]
+    if workflow != "none":
+        profiles += [str(p) for p in (Path(workflow), Path("profiles") / workflow) if p.exists()][:1]
+    files: list[Path] = []
+    for profile in profiles:
+        for found in [] if profile == "none" else _profile_files(profile):
+            files.append(found)
+            listed = read_yaml(found)
+            for key in ("configfile", "configfiles"):
+                value = listed.get(key) or []
+                files += [Path(v) for v in ([value] if isinstance(value, str) else value)]
+    return files + [Path(p) for p in options["--configfile"]]
+
+
+def refuse_templated_configs(command: list[str]) -> None:
+    """Before Snakemake starts: every YAML file it would read first (profiles, --configfile) is read
+    by our reader, which refuses ``__use_yte__`` (Snakemake would run the file's Python)."""
+    for path in snakemake_yaml_files(command):
+        if path.is_file():
+            read_yaml(path)
 
 
 def load_config(*paths: Path) -> dict:
@@ -304,6 +388,72 @@ def load_config(*paths: Path) -> dict:
 
 def results_root(config: dict) -> Path:
     return Path(config.get("results_dir", "results")) / config["run_name"]
+
+
+# Names that become folders of the results and Snakemake wildcard values (run_name, data sections,
+# tasks, experiments, paper tables): one plain path component each, so no output path can leave
+# <results_dir>/<run_name>/ ('..', '/', an absolute path) and none holds a Snakemake wildcard brace.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+NAME_RULE = "letters, digits and _ . + -, not starting with '.'"
+# A method's name is the first part of a run name (`fedprox-mu0.1`) and a protocol a wildcard of its
+# own: both the workflow's wildcard patterns (workflow/rules/common.smk).
+METHOD_PATTERN = re.compile(r"^[a-z0-9_]+$")
+RUN_PATTERN = re.compile(r"^[a-z0-9_]+(-[A-Za-z0-9_.]+)?$")
+
+
+def plain_folder_name(name) -> bool:
+    """A site (client) name that is one folder of the store: not empty, not `.`/`..`, no separator,
+    not hidden (the data layer's rule, fedmedbench.data.store)."""
+    return isinstance(name, str) and bool(name) and not name.startswith(".") and "/" not in name and "\\" not in name and "\0" not in name
+
+
+def check_results_dir(config: dict, source: str = "config") -> None:
+    """`results_dir` is a folder of its own (anywhere, e.g. a scratch disk), never the working
+    directory, this checkout, or a folder above them: `run_name` folders are made inside it."""
+    value = config.get("results_dir", "results")
+    if "{" in value or "}" in value:
+        raise ConfigError(f"{source}: results_dir: {value!r} holds a brace, which Snakemake reads as a wildcard in every output path")
+    resolved = Path(value or ".").resolve()
+    for protected, what in ((Path.cwd().resolve(), "the working directory"), (PACKAGE_ROOT, "the fedmedbench checkout")):
+        if resolved == protected or resolved in protected.parents:
+            raise ConfigError(f"{source}: results_dir: {value!r} is {what} ({protected}) or a folder above it; give a folder of its own (default: results)")
+
+
+def check_names(config: dict, source: str = "config") -> None:
+    """Every name that becomes part of an output path is one plain folder name, so every path the
+    workflow builds (results_root, task_data_dir, train_dir, tables/<experiment>.md, ...) lies inside
+    <results_dir>/<run_name>/; and every site a task reads is one folder of its store. One line
+    naming the key and the name."""
+
+    def name(value, where: str, what: str, pattern=NAME_PATTERN, rule=NAME_RULE, inside=None) -> None:
+        if not isinstance(value, str) or not pattern.match(value):
+            raise ConfigError(
+                f"{source}: {where}: {what} {value!r} must be a plain name ({rule}): it becomes a folder or file name "
+                f"under {inside or root + '/'}, and no name may lead outside it"
+            )
+
+    root = config.get("results_dir", "results")
+    check_results_dir(config, source)
+    name(config["run_name"], "run_name", "the run name")
+    for dataset, section in config["data"].items():
+        name(dataset, "data", "the data section name")
+        for protocol in (section or {}).get("protocols") or {}:
+            name(protocol, f"data.{dataset}.protocols", "the protocol name", METHOD_PATTERN, "lowercase letters, digits and _")
+    for task, spec in config["tasks"].items():
+        name(task, "tasks", "the task name")
+        for key in ("clients", "ood_clients"):
+            for site in spec.get(key) or ():
+                if not plain_folder_name(site):
+                    raise ConfigError(f"{source}: tasks.{task}.{key}: the site {site!r} is not one folder name of the store (no '/', not starting with '.')")
+    for method, section in (config.get("methods") or {}).items():
+        name(method, "methods", "the method name", METHOD_PATTERN, "lowercase letters, digits and _; a '-' would start a variant in a run name")
+    for experiment, spec in config["experiments"].items():
+        name(experiment, "experiments", "the experiment name")
+        if spec.get("paper_table") is not None:
+            name(spec["paper_table"], f"experiments.{experiment}.paper_table", "the paper table", inside="resources/paper_tables/")
+        for label, series in (spec.get("series") or {}).items():
+            for run in series.values():
+                name(run, f"experiments.{experiment}.series.{label}", "the run", RUN_PATTERN, "method or method-variant, e.g. fedprox-mu0.1")
 
 
 # Task keys that say how to run, not what: they change no number, so no job's params hold them.

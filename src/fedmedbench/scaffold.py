@@ -2,12 +2,19 @@
 
 It registers the method under the entry point group ``fedmedbench.methods`` (so, once installed,
 ``NAME`` is a method name like ``fedavg``), documents in a line each hook the method may override,
-and carries a test that trains it for two rounds on a tiny synthetic federation.
+and carries a test that trains it for two rounds on a tiny synthetic federation, built by the public
+helper ``fedmedbench.testing.tiny_run_config`` from the method's own ``DEFAULTS``. ``NAME`` is both
+the distribution and the import package, so a name that is installed, importable, in the standard
+library, a keyword or a built-in method is refused (``check_name``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import keyword
 import re
+import sys
 from pathlib import Path
 
 from fedmedbench.errors import ConfigError
@@ -98,52 +105,25 @@ class Server(BaseServer):
 TEST = '''"""{name} trains for two rounds on a tiny synthetic three-site federation (seconds on a CPU)."""
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.fl.engine import run_training
+from fedmedbench.testing import tiny_run_config
 
-
-def tiny_federation(root: Path):
-    """Three sites of 16x16 images with a bright square; the label is the square."""
-    rng = np.random.default_rng(0)
-    rows = []
-    for site in ("siteA", "siteB", "siteC"):
-        images = rng.integers(0, 60, (10, 16, 16, 3), dtype=np.uint8)
-        labels = np.zeros((10, 16, 16), np.uint8)
-        for i in range(10):
-            y, x = rng.integers(2, 8, 2)
-            labels[i, y : y + 6, x : x + 6] = 1
-            images[i, y : y + 6, x : x + 6] += 150
-        meta = pd.DataFrame({{"id": [f"{{site}}/{{i}}" for i in range(10)], "group": [f"{{site}}/{{i}}" for i in range(10)], "source": "synthetic"}})
-        write_client(root / "store", site, images, labels, meta)
-        parts = ["train"] * 6 + ["val"] * 2 + ["test"] * 2
-        rows += [{{"client": site, "split": s, "row": i, "id": f"{{site}}/{{i}}", "group": f"{{site}}/{{i}}"}} for i, s in enumerate(parts)]
-    write_split_csv(pd.DataFrame(rows), root / "split.csv")
-    return root / "store", root / "split.csv"
+from {name}.method import DEFAULTS
 
 
 def test_{name}_trains_two_rounds(tmp_path):
-    store, split = tiny_federation(tmp_path / "data")
-    cfg = {{
-        "task": "tiny", "method": "{name}", "method_module": "{name}.method", "run": "{name}", "seed": 0,
-        "kind": "segmentation", "clients": ["siteA", "siteB", "siteC"],
-        "data": {{"store": str(store), "split": str(split), "synthetic": True}},
-        "model": {{"name": "unet", "init_features": 2, "in_channels": 3, "num_classes": 2}},
-        "loss": "dice_ce", "optimizer": {{"name": "adam", "lr": 1e-2}},
-        "rounds": 2, "local_epochs": 1, "batch_size": 4, "intensity_scale": 1 / 255,
-        "selection_metric": "dice_paper", "method_params": {{"mu": 0.01}},
-    }}
+    # The run's parameters are the method's own DEFAULTS: rename, add or remove one and this test holds.
+    cfg = tiny_run_config("{name}.method", tmp_path / "data")
     final = run_training(cfg, tmp_path / "run", progress=False)
     assert final["selection"]["rounds"] == 2
-    assert set(final["test"]) == {{"siteA", "siteB", "siteC"}}
+    assert set(final["test"]) == set(cfg["clients"])
     assert all(0.0 <= scores["dice_paper"] <= 1.0 for scores in final["test"].values())
     history = pd.read_csv(tmp_path / "run" / "history.csv")
     assert sorted(history["round"].unique()) == [1, 2]
-    assert json.loads((tmp_path / "run" / "final.json").read_text())["config"]["method_params"] == {{"mu": 0.01}}
+    assert json.loads((tmp_path / "run" / "final.json").read_text())["config"]["method_params"] == DEFAULTS
 '''
 
 README = '''# {name}
@@ -153,23 +133,72 @@ A federated learning method for [fedmedbench](https://github.com/fedmedbench/fed
     pip install -e .            # registers `{name}` as a fedmedbench method (entry point)
     pytest                      # trains it for two rounds on a tiny synthetic federation
 
-Then name it in a table of your config, like any built-in method:
+Then run it beside the baselines on multi-site data of your own, one folder per site
+(`<root>/<site>/images/` and `<root>/<site>/masks/`, the `folders` family of fedmedbench's
+docs/extending.md). In the fedmedbench checkout, write a tiny three-site example dataset there and
+an overlay `{name}.yaml`:
 
+    python -c "from fedmedbench.data.folders import write_example; write_example('mydata')"
+    snakemake --cores 2 --configfile {name}.yaml
+
+with `{name}.yaml`:
+
+    run_name: {name}
+    data:
+      mydata: {{family: folders, root: mydata, kind: segmentation, mask_values: {{0: 0, 128: 1, 255: 2}}}}
+    tasks:
+      mydata: {{dataset: mydata, kind: segmentation, rounds: 5}}
     methods:
-      {name}: {{mu: 0.01}}
+      {name}: {{}}    # its parameters (DEFAULTS in src/{name}/method.py) may be set here
+    selected_experiments: [mydata_table]
     experiments:
-      my_table: {{title: "...", task: prostate, runs: [fedavg, fedprox, {name}], seeds: [0], metric: dice_paper}}
+      mydata_table: {{title: "My data: test Dice (%) per site", task: mydata, runs: [fedavg, fedprox, {name}], seeds: [0], metric: dice_paper}}
+
+The table is `results/{name}/tables/mydata_table.md`, the report `results/{name}/report.md`.
 '''
+
+
+def check_name(name: str) -> None:
+    """``name`` can be a new package and method: a lowercase identifier that names nothing installed,
+    importable or built in, so that the package's own ``pip install -e`` never replaces a distribution
+    and its import never shadows a module (or is shadowed by one). One line naming ``name`` and why."""
+    from fedmedbench.methods import builtin_methods, entry_point_methods
+
+    where = f"new-method: {name!r}"
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(f"{where} is not a valid method name (lowercase letters, digits and _, starting with a letter)")
+    if keyword.iskeyword(name):
+        raise ConfigError(f"{where} is a Python keyword: `import {name}` cannot work; choose another name")
+    if name in builtin_methods():
+        raise ConfigError(f"{where} is a built-in method; choose another name")
+    if name in sys.stdlib_module_names:
+        raise ConfigError(f"{where} is a module of Python's standard library, which the new package would shadow; choose another name")
+    wanted = _distribution_key(name)
+    for dist in importlib.metadata.distributions():
+        if _distribution_key(dist.metadata["Name"] or "") == wanted:
+            raise ConfigError(
+                f"{where} is the name of the installed distribution {dist.metadata['Name']} {dist.version}, which "
+                f"`pip install -e` of the new package would replace; choose another name"
+            )
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    # A bare folder (a namespace package) shadows nothing: a real module or package wins over it.
+    if spec is not None and spec.origin not in (None, "namespace"):
+        raise ConfigError(f"{where} is an importable module ({spec.origin}); the new package would shadow it or be shadowed by it; choose another name")
+    if name in entry_point_methods():
+        raise ConfigError(f"{where} is already a method (entry point of {entry_point_methods()[name][1]}); choose another name")
+
+
+def _distribution_key(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503: case, and runs of - _ . alike)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def new_method(name: str, out: Path) -> list[Path]:
     """Write the package into ``out`` (which must not exist yet, or be empty); the files written."""
-    from fedmedbench.methods import builtin_methods
-
-    if not NAME_PATTERN.match(name):
-        raise ConfigError(f"new-method: {name!r} is not a valid method name (lowercase letters, digits and _, starting with a letter)")
-    if name in builtin_methods():
-        raise ConfigError(f"new-method: {name!r} is a built-in method; choose another name")
+    check_name(name)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"new-method: {out} exists and is not empty")
     files = {

@@ -12,8 +12,14 @@ from fedmedbench import config as fmb  # noqa: E402  (light: no torch)
 from fedmedbench.data import is_archive, load_family  # noqa: E402
 
 # Read by our reader first, so a YAML syntax error is one line with file, line and column
-# (Snakemake's own message names neither).
+# (Snakemake's own message names neither), and a config asking Snakemake to evaluate Python
+# (`__use_yte__`) is refused before the `configfile:` below lets Snakemake read it.
 fmb.read_yaml("config.yaml")
+# Overlays given with --configfile: Snakemake read them (and ran a YTE template in them) before
+# this file runs; refused all the same so that such a run stops here. `fedmedbench
+# with-jobserver snakemake ...` refuses them before Snakemake starts (docs/reliability.md).
+for overlay in workflow.configfiles:
+    fmb.read_yaml(overlay)
 
 
 configfile: "config.yaml"
@@ -34,15 +40,20 @@ shell.prefix(
 )
 
 
+def name_pattern(names):
+    """A wildcard constraint matching exactly these names (never matching when there are none)."""
+    return "|".join(re.escape(n) for n in names) or "(?!x)x"
+
+
 wildcard_constraints:
-    task="|".join(config["tasks"]),
-    dataset="|".join(config["data"]),
+    task=name_pattern(config["tasks"]),
+    dataset=name_pattern(config["data"]),
     run=r"[a-z0-9_]+(-[A-Za-z0-9_.]+)?",
     seed=r"\d+",
     file=r"[^/]+",
     archive=r"[^/]+\.(zip|tar|tar\.gz|tgz)",
     protocol=r"[a-z0-9_]+",
-    experiment="|".join(config["experiments"]),
+    experiment=name_pattern(config["experiments"]),
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -198,11 +209,6 @@ SELECTED = config.get("selected_experiments") or list(config["experiments"])
 
 def experiments_of(kind):
     return [e for e in SELECTED if fmb.experiment_kind(config, e) == kind]
-
-
-def name_pattern(names):
-    """A wildcard constraint matching exactly these names (never matching when there are none)."""
-    return "|".join(re.escape(n) for n in names) or "(?!x)x"
 
 
 def run_files(experiment, name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fedmedbench.errors import DataError
+from fedmedbench.report import escape
 
 from .tables import AGGREGATE_LABELS, AVG, NO_RESULT, STD, atomic_write_text, format_cell
 
@@ -184,7 +186,8 @@ SYNTHETIC_WARNING = (
 
 
 def _md(text) -> str:
-    return str(text).replace("|", r"\|")
+    """A name or title as Markdown text (HTML in a site or run name shows as text, never as markup)."""
+    return escape.markdown(text)
 
 
 def _fmt_seeds(seeds) -> str:
@@ -207,7 +210,8 @@ def _figure_link(figure: Path | str, out_md: Path) -> str:
     to the working directory, as Snakemake passes them)."""
     fig = Path(figure)
     rel = os.path.relpath(fig.resolve(), out_md.parent.resolve())
-    return Path(rel).as_posix()
+    # Percent-encoded: a space or parenthesis in a folder name would end the link early.
+    return urllib.parse.quote(Path(rel).as_posix())
 
 
 def _diff_cell(diff: float, decimals: int) -> str:
@@ -222,13 +226,13 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
         raise ValueError(f"report section {section['title']!r} has a comparison but no metric_note")
     comp: pd.DataFrame | None = section.get("comparison")
     labels: Mapping[str, str] = section.get("labels") or {}
-    lines = [f"## {section['title']}", ""]
+    lines = [f"## {_md(section['title'])}", ""]
     if section.get("paper_source"):
         lines += [f"Published numbers: {section['paper_source']}.", ""]
     if section.get("metric_note"):
         lines += [f"Metric: {section['metric_note']}", ""]
     for note in section.get("notes") or ():
-        lines += [f"Note: {note}", ""]
+        lines += [f"Note: {_md(note)}", ""]
 
     if comp is None:
         pass

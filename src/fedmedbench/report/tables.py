@@ -24,6 +24,7 @@ import pandas as pd
 
 from fedmedbench.data.store import atomic_write_text
 from fedmedbench.errors import DataError
+from fedmedbench.report import escape
 
 AVG = "Avg"
 STD = "Std"
@@ -199,28 +200,13 @@ def format_cell(mean: float, std: float, decimals: int = 2, with_std: bool = Tru
     return f"{text} ({spread})"
 
 
-_LATEX_SPECIAL = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-    "–": "--",
-}
-
-
 def latex_escape(text: str) -> str:
     """Escape LaTeX's special characters (``_``, ``%``, ``&``, ...) in plain text."""
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+    return escape.latex(text)
 
 
 def _md_escape(text: str) -> str:
-    return str(text).replace("|", r"\|")
+    return escape.markdown(text)
 
 
 def _column_order(summary: pd.DataFrame) -> list[str]:
@@ -301,9 +287,10 @@ def write_table(
     md.append("|---|" + "---:|" * len(columns))
     for i, ((_run, display), line) in enumerate(zip(rows, cells)):
         shown = [
-            f"**{c}**" if (i in best and j == avg_idx) else c for j, c in enumerate(line)
+            f"**{_md_escape(c)}**" if (i in best and j == avg_idx) else _md_escape(c)
+            for j, c in enumerate(line)
         ]
-        md.append(f"| {_md_escape(display)} | " + " | ".join(_md_escape(c) for c in shown) + " |")
+        md.append(f"| {_md_escape(display)} | " + " | ".join(shown) + " |")
     md_text = "\n".join(md) + "\n"
 
     # LaTeX (booktabs)
