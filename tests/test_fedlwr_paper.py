@@ -126,8 +126,8 @@ def pair_history():
 
 def test_layer_cka_figure_plots_the_mean_and_range_over_pairs_of_local_models(tmp_path, monkeypatch):
     figures = []
-    original = fairness._save
-    monkeypatch.setattr(fairness, "_save", lambda fig, prefix: figures.append(fig) or original(fig, prefix))
+    original = fairness.save_figure
+    monkeypatch.setattr(fairness, "save_figure", lambda fig, prefix: figures.append(fig) or original(fig, prefix))
     paths = fairness.layer_cka_figure(pair_history(), tmp_path / "cka", "Fig. 1b")
     assert all(p.exists() for p in paths)
     axes = figures[0].axes

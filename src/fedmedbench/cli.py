@@ -200,11 +200,13 @@ def cmd_figure(args) -> None:
 
 
 def cmd_sweep_figure(args) -> None:
+    from fedmedbench.report.metric_names import metric_label
     from fedmedbench.report.sweeps import sweep_figure, sweep_points
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     points = sweep_points(_load_finals(args.finals), exp.sweep_series(), exp.metric, exp.error)
-    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, f"{exp.metric} (%)", log_x=exp.log_x)
+    y_label = f"test {metric_label(exp.metric)} (%),\nmean over clients and seeds"
+    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, y_label, log_x=exp.log_x, error=exp.error)
 
 
 def cmd_qualitative_figure(args) -> None:

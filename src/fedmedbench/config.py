@@ -568,7 +568,7 @@ class Experiment(Strict):
     select_on: str = "val"  # table: val | test (the official Fed-LWR selection, a switch)
     series: dict = field(default_factory=dict)  # sweep: legend label -> {x value: run}
     x_values: tuple[str, ...] = ()  # sweep: draw only these x values (default: all); an overlay narrows a sweep with it
-    error: str = "seeds"  # sweep: seeds | clients_sem
+    error: str = "seeds"  # sweep: seeds | clients_std | clients_sem (report.sweeps.SWEEP_ERRORS)
     x_label: str = "value"
     log_x: bool = False
     per_client: int = 1  # qualitative: rows per client

@@ -13,7 +13,7 @@ import torch
 
 from fedmedbench.data.store import open_client, read_split_csv
 from fedmedbench.ops.fourier import amplitude_normalize, batch_mean_amplitude
-from fedmedbench.report.figures import plt, save_figure
+from fedmedbench.report.figures import plt, save_figure, set_title
 
 
 def client_images(store: Path, split_csv: Path, client: str, count: int) -> torch.Tensor:
@@ -54,5 +54,5 @@ def ampnorm_figure(panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]], 
                     ax.set_title(client, fontsize="small")
             axes[2 * t, 0].set_ylabel(f"{task}\noriginal", fontsize="small")
             axes[2 * t + 1, 0].set_ylabel(f"{task}\nAmpNorm", fontsize="small")
-    fig.suptitle(title)
+    set_title(fig, title)
     return save_figure(fig, out_prefix)

@@ -16,24 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .figures import _atomic_savefig  # noqa: E402
+from .figures import HATCHES, PALETTE, contrast_colour, draw_error_bars, find_ties, mark_every, method_style, place_legend, plt, save_figure, series_styles, set_title
+from .metric_names import metric_label
+from .tables import AVG, STD, site_std_per_seed
 
 CKA_PREFIX = "cka:"
-
-
-def _save(fig, out_prefix: Path) -> list[Path]:
-    out_prefix = Path(out_prefix)
-    paths = [_atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ext), dpi=150 if ext == ".png" else None, bbox_inches="tight") for ext in (".png", ".pdf")]
-    plt.close(fig)
-    return paths
 
 
 def layer_cka_table(history: pd.DataFrame) -> pd.DataFrame:
@@ -72,7 +62,7 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
     rounds = [r for r in (rounds or [available[0], available[-1]]) if r in available] or [available[-1]]
     rounds = list(dict.fromkeys(rounds))
     labels = labels or {}
-    fig, axes = plt.subplots(1, len(rounds), figsize=(6.5 * len(rounds), 3.6), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(rounds), figsize=(6.5 * len(rounds), 3.6), squeeze=False, sharey=True, layout="constrained")
     if not pairs.empty:
         peer_layer = pairs["metric"].str[len("pair_cka:") :].str.rpartition(":")
         pairs["peer"], pairs["layer"] = peer_layer[0], peer_layer[2]
@@ -81,60 +71,67 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
         pairs["layer_index"] = pairs["layer"].map({name: i for i, name in enumerate(layer_names)})
     for ax, rnd in zip(axes[0], rounds):
         if pairs.empty:
-            for client, rows in table[table["round"] == rnd].groupby("client", sort=False):
+            for i, (client, rows) in enumerate(table[table["round"] == rnd].groupby("client", sort=False)):
                 rows = rows.sort_values("layer_index")
-                ax.plot(rows["layer_index"], rows["cka"], marker="o", ms=3, lw=1.2, label=labels.get(client, client))
+                ax.plot(rows["layer_index"], rows["cka"], ms=3, lw=1.2, label=labels.get(client, client), **method_style(i))
         else:
             per_pair = pairs[pairs["round"] == rnd].groupby(["pair", "layer_index"])["value"].mean()
             stats = per_pair.groupby("layer_index").agg(["mean", "min", "max"]).sort_index()
             count = per_pair.index.get_level_values("pair").nunique()
-            ax.fill_between(stats.index, stats["min"], stats["max"], color="tab:blue", alpha=0.2, lw=0, label=f"range over {count} pairs")
-            ax.plot(stats.index, stats["mean"], color="tab:blue", marker="o", ms=3, lw=1.4, label="mean over pairs of local models")
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=PALETTE[1], alpha=0.2, lw=0, label=f"range over {count} pairs")
+            ax.plot(stats.index, stats["mean"], color=PALETTE[1], marker="o", ms=3, lw=1.4, label="mean over pairs of local models")
             anchor = table[table["round"] == rnd].groupby("layer_index")["cka"].mean().sort_index()
             if not anchor.empty:
-                ax.plot(anchor.index, anchor.values, color="0.4", ls="--", lw=1.0, label="mean CKA(local, FedAvg anchor)")
+                ax.plot(anchor.index, anchor.values, color="0.3", marker="s", ms=2.5, ls="--", lw=1.0, label="mean CKA(local, FedAvg anchor)")
         ax.set_title(f"round {rnd}")
         ax.set_xlabel("layer (Conv / ConvT / BN, forward order)")
         ax.set_xticks(range(len(layer_names)))
         ax.set_xticklabels(layer_names, rotation=90, fontsize=5)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("CKA(local, FedAvg anchor)" if pairs.empty else "CKA between local models")
-    axes[0][-1].legend(fontsize=7, loc="lower left")
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, out_prefix)
+    place_legend(axes[0][-1], fontsize=7)
+    set_title(fig, title, fontsize=10)
+    return save_figure(fig, out_prefix)
 
 
 def avg_std_curves(histories: list[pd.DataFrame], metric: str, split: str = "test") -> pd.DataFrame:
-    """Per round: mean over seeds of the Avg and the Std (ddof=0) across clients, in percent."""
+    """Per round: mean over seeds of the Avg and the Std (ddof=0) across clients, in percent: the
+    tables' Avg and Std row (``tables.site_std_per_seed``) of that round's scores, so the curve at a
+    round equals the table of models taken at that round."""
     per_seed = []
     for h in histories:
         sel = h[(h["split"] == split) & (h["metric"] == metric)]
         if sel.empty:
             raise ValueError(f"history has no {split!r} rows for metric {metric!r}")
         wide = sel.pivot_table(index="round", columns="client", values="value", aggfunc="mean") * 100.0
-        per_seed.append(pd.DataFrame({"avg": wide.mean(axis=1), "std": wide.std(axis=1, ddof=0)}))
+        # A client missing at a round (NaN) is left out of that round, as before.
+        std = [float(site_std_per_seed(row.dropna().to_numpy()[None])[0]) if row.notna().any() else np.nan for _, row in wide.iterrows()]
+        per_seed.append(pd.DataFrame({"avg": wide.mean(axis=1), "std": std}, index=wide.index))
     stacked = pd.concat(per_seed, keys=range(len(per_seed)))
     return stacked.groupby(level=1).mean().sort_index()
 
 
 def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_prefix: Path, title: str, labels: dict | None = None) -> list[Path]:
+    """Fed-LWR Fig. 2: (a) Avg and (b) Std across sites per round, one line per run (mean over seeds)."""
     labels = labels or {}
-    fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for run, runs in histories.items():
-        if not runs:
-            continue
-        curve = avg_std_curves(runs, metric)
-        ax_avg.plot(curve.index, curve["avg"], lw=1.5, label=labels.get(run, run))
-        ax_std.plot(curve.index, curve["std"], lw=1.5, label=labels.get(run, run))
+    fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+    curves = {run: avg_std_curves(runs, metric) for run, runs in histories.items() if runs}
+    styles = series_styles({run: (c.index.to_numpy(), c["avg"].to_numpy(), c["std"].to_numpy()) for run, c in curves.items()}, labels)
+    for i, (run, curve) in enumerate(curves.items()):
+        style, label = styles[run]
+        every = mark_every(len(curve), i)
+        ax_avg.plot(curve.index, curve["avg"], lw=1.5, label=label, markevery=every, **style)
+        ax_std.plot(curve.index, curve["std"], lw=1.5, label=label, markevery=every, **style)
     ax_avg.set_title("(a) Avg across sites")
-    ax_std.set_title("(b) Std across sites (ddof = 0)")
-    for ax, name in ((ax_avg, f"test {metric} (%)"), (ax_std, f"std of test {metric} (pp)")):
+    ax_std.set_title("(b) Std across sites (ddof = 0), as the tables' Std")
+    words = metric_label(metric)
+    for ax, name in ((ax_avg, f"test {words} (%)"), (ax_std, f"std of test {words}\nacross sites (pp)")):
         ax.set_xlabel("communication round")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    ax_avg.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, out_prefix)
+    place_legend(ax_std, len(curves), fontsize=8)
+    set_title(fig, title, fontsize=10)
+    return save_figure(fig, out_prefix)
 
 
 def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, metric: str, labels: dict | None = None) -> list[Path]:
@@ -143,26 +140,32 @@ def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, titl
     runs = [r for r in runs if r in set(summary["run"])]
     if not runs:
         raise ValueError("none of the experiment's runs has results")
-    clients = [c for c in dict.fromkeys(summary["client_label"]) if c not in ("Avg", "Std")]
+    clients = [c for c in dict.fromkeys(summary["client_label"]) if c not in (AVG, STD)]
     width = 0.8 / len(runs)
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(clients) + 2), 4))
-    cmap = plt.get_cmap("tab10")
-    for i, run in enumerate(runs):
-        sub = summary[summary["run"] == run].set_index("client_label")
-        values = [sub.loc[c, "mean"] for c in clients]
-        errors = [0 if np.isnan(sub.loc[c, "std"]) else sub.loc[c, "std"] for c in clients]
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(clients) + 2), 4), layout="constrained")
+    subs = {run: summary[summary["run"] == run].set_index("client_label") for run in runs}
+    # Bars of two methods equal to the last bit stand side by side; the legend says they are one result.
+    ties = find_ties({run: sub.loc[clients, "mean"].to_numpy() for run, sub in subs.items()})
+    for i, (run, sub) in enumerate(subs.items()):
+        values = sub.loc[clients, "mean"].to_numpy(dtype=float)
         x = np.arange(len(clients)) + (i - (len(runs) - 1) / 2) * width
-        label = f"{labels.get(run, run)}: Avg {sub.loc['Avg', 'mean']:.1f}, Std {sub.loc['Std', 'mean']:.2f}"
-        ax.bar(x, values, width, yerr=errors, capsize=1.5, color=cmap(i % 10), label=label)
+        name = labels.get(run, run) + (f" (= {labels.get(ties[run], ties[run])})" if ties[run] else "")
+        label = f"{name}: Avg {sub.loc[AVG, 'mean']:.1f}, Std {sub.loc[STD, 'mean']:.2f}"
+        color = method_style(i)["color"]
+        hatch = HATCHES[i % len(HATCHES)] or None
+        ax.bar(x, values, width, color=color, hatch=hatch, hatchcolor=contrast_colour(color), hatch_linewidth=0.6, edgecolor="none", label=label)
+        # the table's per-site parenthesis (std over seeds); no bar for one seed
+        draw_error_bars(ax, x, values, sub.loc[clients, "std"].to_numpy(dtype=float), "0.1", n_seeds=sub.loc[clients, "n_seeds"].to_numpy(), capsize=1.5)
     ax.set_xticks(range(len(clients)))
     ax.set_xticklabels(clients)
-    ax.set_ylabel(f"test {metric} (%)")
-    low = float(summary[summary["client_label"].isin(clients)]["mean"].min())
-    ax.set_ylim(max(0.0, low - 10), 100)
+    ax.set_ylabel(f"test {metric_label(metric)} (%)")
+    ax.set_ylim(0, 100)  # bars start at 0: their heights compare
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(title, fontsize=10)
-    return _save(fig, out_prefix)
+    n_seeds = int(summary["n_seeds"].max())
+    note = f"mean of {n_seeds} seeds; error bars: std over seeds" if n_seeds > 1 else "1 seed"
+    place_legend(ax, outside=True, fontsize=7, title=note, title_fontsize=7)  # bars fill the axes
+    set_title(fig, title, fontsize=10)
+    return save_figure(fig, out_prefix)
 
 
 def select_on_test(final: dict, history: pd.DataFrame, metric: str) -> dict:

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench.report.figures import plt, save_figure
+from fedmedbench.report.figures import PALETTE, contrast_colour, draw_error_bars, mark_every, place_legend, plt, save_figure, series_styles, set_title
+from fedmedbench.report.metric_names import metric_label
 from fedmedbench.report.tables import SUMMARY_COLUMNS, ReportInputError
 
 OOD_SCORINGS = {"mean": "", "ensemble": " (ensemble)"}
@@ -63,19 +64,26 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
     """Bars per method: OOD F1 and AUC, mean of the clients' models (solid) and ensemble (hatched)."""
     labels = labels or {}
     columns = ood_columns()
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(runs) + 2), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(runs) + 2), 3.8), layout="constrained")
     width = 0.8 / len(columns)
     x = np.arange(len(runs))
     for j, column in enumerate(columns):
         cells = summary[summary["client_label"] == column].set_index("run")
-        means = [cells.loc[r, "mean"] if r in cells.index else np.nan for r in runs]
-        stds = [cells.loc[r, "std"] if r in cells.index else np.nan for r in runs]
-        ax.bar(x + (j - (len(columns) - 1) / 2) * width, means, width, yerr=np.nan_to_num(stds), label=column, hatch="//" if "ensemble" in column else None, color=f"C{j % 2}", alpha=0.6 if "ensemble" in column else 1.0)
+        cell = lambda key: np.array([cells.loc[r, key] if r in cells.index else np.nan for r in runs], dtype=float)  # noqa: E731
+        means = cell("mean")
+        xj = x + (j - (len(columns) - 1) / 2) * width
+        color = PALETTE[1] if j % 2 == 0 else PALETTE[0]  # F1 indigo, AUC rose; ensemble hatched
+        ensemble = "ensemble" in column
+        ax.bar(xj, means, width, label=column, color=color, alpha=0.55 if ensemble else 1.0, hatch="//" if ensemble else None, hatchcolor=contrast_colour(color), edgecolor="none")
+        # the table's parenthesis (std over seeds); no bar for one seed
+        draw_error_bars(ax, xj, means, cell("std"), "0.1", n_seeds=cell("n_seeds"), capsize=2)
     ax.set_xticks(x, [labels.get(r, r) for r in runs], rotation=20, ha="right")
     ax.set_ylabel("OOD cohort score (%)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    ax.set_ylim(bottom=0)  # bars start at 0: their heights compare
+    set_title(fig, title, fontsize=9)
+    n_seeds = int(summary["n_seeds"].max()) if len(summary) else 0
+    note = f"mean of {n_seeds} seeds; error bars: std over seeds" if n_seeds > 1 else "1 seed"
+    place_legend(ax, outside=True, fontsize=7, title=note, title_fontsize=7)
     return save_figure(fig, out_prefix)
 
 
@@ -97,23 +105,25 @@ def retrogress_figure(histories: dict[str, list[pd.DataFrame]], client: str, met
     """PRR-FL Fig. 1: per run the mean over seeds of ``local_epoch_curve`` (percent); dotted lines
     mark the communications."""
     labels = labels or {}
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
     period = None
-    for i, (run, frames) in enumerate(histories.items()):
+    curves = {}
+    for run, frames in histories.items():
         if not frames:
             continue
-        curves = [local_epoch_curve(h, client, metric) for h in frames]
+        per_seed = [local_epoch_curve(h, client, metric) for h in frames]
         # Each x holds two points at a communication (end of a round, start of the next): keep the order.
-        x = curves[0].index.to_numpy()
-        y = 100.0 * np.mean([c.to_numpy() for c in curves], axis=0)
-        ax.plot(x, y, marker=".", markersize=3, linewidth=1.2, color=f"C{i}", label=labels.get(run, run))
+        curves[run] = (per_seed[0].index.to_numpy(), 100.0 * np.mean([c.to_numpy() for c in per_seed], axis=0))
         period = int(frames[0].loc[frames[0]["split"] == "test_local", "epoch"].max())
+    styles = series_styles(curves, labels)
+    for i, (run, (x, y)) in enumerate(curves.items()):
+        style, label = styles[run]
+        ax.plot(x, y, linewidth=1.2, label=label, markevery=mark_every(len(x), i), **{**style, "markersize": style["markersize"] - 1})
     if period:
         for comm in range(period, int(ax.get_xlim()[1]) + 1, period):
             ax.axvline(comm, color="0.8", linestyle=":", linewidth=0.8, zorder=0)
     ax.set_xlabel("local epoch (dotted: communication)")
-    ax.set_ylabel(f"client {client} test {metric} (%)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.set_ylabel(f"client {client}: test {metric_label(metric)} (%)")
+    set_title(fig, title, fontsize=9)
+    place_legend(ax, len(curves), fontsize=8)
     return save_figure(fig, out_prefix)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.report.figures import plt, save_figure
+from fedmedbench.report.figures import plt, save_figure, set_title
 
 FG_COLOUR = np.array([1.0, 0.2, 0.2])
 
@@ -44,7 +44,7 @@ def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_pre
             if r == 0:
                 ax.set_title(headers[c], fontsize="small")
         axes[r, 0].set_ylabel(row["label"], fontsize="small")
-    fig.suptitle(title)
+    set_title(fig, title)
     return save_figure(fig, out_prefix)
 
 

@@ -1,53 +1,87 @@
-"""Hyperparameter sweeps as line plots (HarmoFL Fig. 5b local epochs, Fig. 5c perturbation radius)."""
+"""Hyperparameter sweeps as line plots (HarmoFL Fig. 5b local epochs, Fig. 5c perturbation radius).
+
+A point is a table's Avg cell: :func:`fedmedbench.report.tables.seed_summary` of the point's run gives
+its mean (over clients of the seed means) and the spreads, so an error bar is the number the table
+prints for that run (docs/decisions.md, "Figures").
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.report.figures import plt, save_figure
+from fedmedbench.report.figures import draw_error_bars, mark_every, place_legend, plt, save_figure, series_styles, set_title
+from fedmedbench.report.tables import AVG, seed_summary, std_over_seeds
+
+# What each `error` draws, in words for the legend's title.
+SWEEP_ERRORS = {
+    "seeds": "std over seeds of the mean over clients",
+    "clients_std": "std across clients (the table's Avg parenthesis)",
+    "clients_sem": "standard error across clients",
+}
 
 
 def sweep_points(finals: list[dict], series: dict[str, dict], metric: str, error: str, split: str = "test") -> dict[str, list[tuple]]:
-    """Per series, (x, mean, error) points. The mean is over clients and seeds; the error is the
-    std over seeds of the client mean (``seeds``) or the standard error across clients of the
-    seed-averaged scores (``clients_sem``, as HarmoFL's Fig. 5c)."""
+    """Per series, (x, mean, error, n_seeds) points, in percent. The mean is the run's table Avg (over
+    clients of the seed means). The error: ``clients_std`` = the table's Avg parenthesis (sample std
+    across clients of the seed means); ``clients_sem`` = that over sqrt(clients) (HarmoFL's Fig. 5c);
+    ``seeds`` = the tables' std over seeds of each seed's Avg (NaN for one seed)."""
+    if error not in SWEEP_ERRORS:
+        raise ValueError(f"unknown sweep error {error!r}; expected one of {sorted(SWEEP_ERRORS)}")
     by_run: dict[str, list[dict]] = {}
     for final in finals:
-        by_run.setdefault(final["run"], []).append(final)
+        by_run.setdefault(final.get("run") or final.get("method"), []).append(final)
     points = {}
     for name, runs in series.items():
         points[name] = []
         for x, run in runs.items():
             if run not in by_run:
                 raise ValueError(f"sweep series {name!r}: no results for run {run!r}")
-            # seeds x clients
-            scores = np.array([[f[split][c][metric] for c in f["clients"]] for f in by_run[run]]) * 100
-            mean = scores.mean()
-            if error == "seeds":
-                err = scores.mean(axis=1).std(ddof=1) if len(scores) > 1 else np.nan
+            summary = seed_summary(by_run[run], metric, split)
+            avg = summary[summary["client_label"] == AVG].iloc[0]
+            n_clients = int((summary["client_label"] != AVG).sum())
+            if error == "clients_std":
+                err = float(avg["std"])
             elif error == "clients_sem":
-                per_client = scores.mean(axis=0)
-                err = per_client.std(ddof=1) / np.sqrt(len(per_client))
+                err = float(avg["std"]) / math.sqrt(n_clients)
             else:
-                raise ValueError(f"unknown sweep error {error!r}; expected 'seeds' or 'clients_sem'")
-            points[name].append((float(x), float(mean), float(err)))
+                per_seed = [_avg(seed_summary([f], metric, split)) for f in by_run[run]]
+                err = float(std_over_seeds(np.array(per_seed)))
+            points[name].append((float(x), float(avg["mean"]), err, int(avg["n_seeds"])))
     return points
 
 
-def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x_label: str, y_label: str, log_x: bool = False) -> list[Path]:
+def _avg(summary) -> float:
+    return float(summary.loc[summary["client_label"] == AVG, "mean"].iloc[0])
+
+
+def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x_label: str, y_label: str, log_x: bool = False, error: str | None = None) -> list[Path]:
+    """One line per series; error bars where the error is defined (``seeds`` with one seed: none).
+    ``error`` (a key of ``SWEEP_ERRORS``) names the bars in the legend's title."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
-    for name, pts in points.items():
-        x, y, err = (np.array(v) for v in zip(*pts))
-        ax.errorbar(x, y, yerr=np.where(np.isfinite(err), err, 0), marker="o", capsize=3, label=name)
+    arrays = {name: tuple(np.array(v, dtype=float) for v in zip(*pts)) for name, pts in points.items()}
+    styles = series_styles({name: a[:3] for name, a in arrays.items()})
+    bars = []
+    for i, (name, a) in enumerate(arrays.items()):
+        x, y, err = a[:3]
+        n_seeds = a[3] if len(a) > 3 else None
+        style, label = styles[name]
+        ax.plot(x, y, linewidth=1.6, label=label, markevery=mark_every(len(x), i), **style)
+        # Errors over seeds need two seeds; an error across clients exists with one.
+        bars.append(draw_error_bars(ax, x, y, err, style["color"], n_seeds=n_seeds if error in (None, "seeds") else None))
     if log_x:
         ax.set_xscale("log")
     xs = sorted({p[0] for pts in points.values() for p in pts})
     ax.set_xticks(xs, [f"{x:g}" for x in xs])
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
-    ax.set_title(title)
+    set_title(fig, title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    if any(b is not None for b in bars):
+        note = f"error bars: {SWEEP_ERRORS[error]}" if error in SWEEP_ERRORS else None
+    else:
+        note = "no error bars: one seed" if error == "seeds" else None
+    place_legend(ax, len(points), title=note, title_fontsize="small")
     return save_figure(fig, out_prefix)

@@ -16,6 +16,7 @@ This module must stay light (no torch): report jobs import it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,6 +73,37 @@ def _metric_value(final: dict, split: str, client: str, metric: str, where: str)
         raise ReportInputError(
             f"{where}: metric {metric!r} of client {client!r} is not a number: {value!r}"
         ) from None
+
+
+# The spreads the tables print, one function each. The figures call these same functions
+# (report/figures.py, sweeps.py, fairness.py), so an error bar or a Std curve is the table's number.
+
+
+def std_over_seeds(values) -> np.ndarray:
+    """Sample std (ddof=1) over seeds (axis 0) of ``values`` (seeds x ...): a per-client cell's
+    parenthesis. NaN where fewer than two seeds have a value (one seed has no spread); a NaN (a seed
+    that did not reach a round of a curve) is left out."""
+    values = np.asarray(values, dtype=float)
+    if not np.isnan(values).any():
+        return values.std(axis=0, ddof=1) if len(values) > 1 else np.full(values.shape[1:], np.nan)
+    count = (~np.isnan(values)).sum(axis=0)
+    with warnings.catch_warnings():  # "degrees of freedom <= 0" where count < 2: NaN below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        std = np.nanstd(values, axis=0, ddof=1)
+    return np.where(count > 1, std, np.nan)
+
+
+def std_across_clients(client_means) -> float:
+    """Sample std (ddof=1) across clients of the per-client seed means: the Avg cell's parenthesis
+    (what the HarmoFL tables print). NaN for one client."""
+    client_means = np.asarray(client_means, dtype=float)
+    return float(client_means.std(ddof=1)) if len(client_means) > 1 else math.nan
+
+
+def site_std_per_seed(values) -> np.ndarray:
+    """Fed-LWR's Std of each seed (a row of ``values``, seeds x clients): the population std
+    (ddof=0) across clients. The Std row is its mean over seeds."""
+    return np.asarray(values, dtype=float).std(axis=1, ddof=0)
 
 
 def seed_summary(
@@ -158,13 +190,13 @@ def seed_summary(
 
         n_seeds = len(members)
         client_means = values.mean(axis=0)
-        client_stds = values.std(axis=0, ddof=1) if n_seeds > 1 else np.full(len(clients), np.nan)
+        client_stds = std_over_seeds(values)
         for client, label, m, s in zip(clients, labels, client_means, client_stds):
             rows.append(
                 dict(run=run, method=method, client=client, client_label=label,
                      mean=float(m), std=float(s), n_seeds=n_seeds)
             )
-        avg_std = float(client_means.std(ddof=1)) if len(clients) > 1 else math.nan
+        avg_std = std_across_clients(client_means)
         rows.append(
             dict(run=run, method=method, client=AVG, client_label=AVG,
                  mean=float(client_means.mean()), std=avg_std, n_seeds=n_seeds)
@@ -173,10 +205,10 @@ def seed_summary(
             # One convention everywhere (this table, Fig. 2, the fairness bars): each run's
             # population std across sites (the paper's single-run figure), then its mean over
             # seeds; the std of the seed means would be biased low against the paper's.
-            per_seed = values.std(axis=1, ddof=0)
+            per_seed = site_std_per_seed(values)
             rows.append(
                 dict(run=run, method=method, client=STD, client_label=STD, mean=float(per_seed.mean()),
-                     std=float(per_seed.std(ddof=1)) if n_seeds > 1 else math.nan, n_seeds=n_seeds)
+                     std=float(std_over_seeds(per_seed)), n_seeds=n_seeds)
             )
 
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
