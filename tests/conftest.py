@@ -1,12 +1,35 @@
-"""Shared fixtures: a tiny federated segmentation task written in the canonical store format."""
+"""Shared fixtures: a tiny federated segmentation task written in the canonical store format, and
+the one path to ../shared (design notes, real data samples) for the tests that read it."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from fedmedbench.data.store import write_client, write_split_csv
+
+# Tests that read ../shared use it when it is beside the checkout and skip (or fall back to synthetic
+# data) when it is not. FEDMEDBENCH_SHARED overrides where it is: .ci/run sets it to a missing path
+# and runs the tests marked `shared` again, as a fresh clone without ../shared would run them.
+SHARED_ENV = "FEDMEDBENCH_SHARED"
+
+
+def shared_dir() -> Path:
+    """``$FEDMEDBENCH_SHARED``, else ``<repository>/../shared``; it may not exist."""
+    return Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[2] / "shared")
+
+
+def realdata_dir() -> Path:
+    """The real data samples (``shared/realdata``, see its PROVENANCE*.md); it may not exist."""
+    return shared_dir() / "realdata"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"shared: reads ../shared (${SHARED_ENV}) where present; .ci/run runs these again without it")
 
 
 def write_tiny_task(root, clients=("A", "B", "C"), n=(12, 10, 8), size=16, seed=0):

@@ -34,10 +34,11 @@ from fedmedbench.data.staging import remove_stale
 from fedmedbench.data.store import staged_dir, write_split_csv
 from fedmedbench.errors import DataError
 from fedmedbench.fl import faults
+from tests.conftest import realdata_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-REAL_FUNDUS = ROOT.parent / "shared" / "realdata" / "rif_fundus" / "data" / "Fundus"
+REAL_FUNDUS = realdata_dir() / "rif_fundus" / "data" / "Fundus"
 
 
 # --- 1. masks at their real bit depth ---------------------------------------------------------------
@@ -86,6 +87,7 @@ def _fundus_cases(tmp_path):
     return [("synthetic.png", image, mask)]
 
 
+@pytest.mark.shared
 def test_a_16_bit_fundus_mask_gives_the_same_classes_as_the_8_bit_original(tmp_path):
     _check_16_bit_fundus_masks(tmp_path)
 

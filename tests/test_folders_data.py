@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from fedmedbench.data import folders as F
+from fedmedbench.data.inspect import inspect_folders
 from fedmedbench.data.store import open_client, read_split_csv
 from fedmedbench.errors import ConfigError, DataError
 
@@ -595,6 +596,9 @@ def test_preprocessing_logs_one_line_per_site_and_records_the_options(examples, 
     logged = []
     store = tmp_path / "nifti_store"
     F.preprocess({}, store, "", options={**examples["nifti"]["options"], "stack": 3}, log=logged.append)
+    head = inspect_folders({**examples["nifti"]["options"], "stack": 3}).lines()
+    assert logged[: len(head)] == head  # the log starts with what `fedmedbench check-data` prints
+    del logged[: len(head)]
     assert logged[::3] == [f"folders {site}: {5 * n} images ({n} NIfTI volumes), 32x36; train/val/test come with the split"
                            for site, n in zip(SITES, (3, 4, 5))]
     assert logged[1::3] == [f"folders {site}: native slice size 36x32 (H x W) in all {n} volume(s)" for site, n in zip(SITES, (3, 4, 5))]
@@ -606,4 +610,5 @@ def test_preprocessing_logs_one_line_per_site_and_records_the_options(examples, 
     assert info["classes"] == ["background", "ring", "core"] and info["mask_values"] == {"0": 0, "1": 1, "2": 2}
     logged.clear()
     F.preprocess({}, tmp_path / "cls_store", "", options=examples["classification"]["options"], log=logged.append)
+    del logged[: len(inspect_folders(examples["classification"]["options"]).lines())]
     assert logged[0] == "folders siteA: 6 images (benign 2, malignant 2, normal 2), 32x32; train/val/test come with the split"

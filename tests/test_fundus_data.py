@@ -18,6 +18,7 @@ from fedmedbench.data import fundus as F
 from fedmedbench.data.archive import safe_extract
 from fedmedbench.data.download import DownloadError, fetch_spec
 from fedmedbench.data.store import open_client, read_split_csv, split_rows, write_client
+from tests.conftest import realdata_dir
 
 NAMES = {
     "Domain1": (["ndrishtiGS_002.png", "gdrishtiGS_001.png"], ["gdrishtiGS_010.png"]),
@@ -281,7 +282,7 @@ def test_unknown_protocol():
 
 
 # --- masks in an unexpected encoding (issue 8, item 6) --------------------------------------------
-REAL_ROOT = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "rif_fundus" / "data" / "Fundus"
+REAL_ROOT = realdata_dir() / "rif_fundus" / "data" / "Fundus"
 
 
 def _pair(tmp_path, mask: np.ndarray, mode="L"):
@@ -322,6 +323,7 @@ def test_a_few_interpolated_edge_pixels_are_accepted_and_counted(tmp_path):
     assert info["mask_off_level_px"] == 20 and set(np.unique(labels)) == {0, 1, 2}
 
 
+@pytest.mark.shared
 @pytest.mark.skipif(not REAL_ROOT.exists(), reason="../shared/realdata not beside the checkout")
 def test_real_rif_masks_pass_the_encoding_check():
     masks = sorted(REAL_ROOT.glob("Domain*/*/ROIs/mask/*.png"))

@@ -139,6 +139,50 @@ def cmd_preprocess(args) -> None:
         atomic_write_text(Path(args.counts), json.dumps(counts, indent=2) + "\n")
 
 
+def cmd_check_data(args) -> None:
+    """What the pipeline will understand of each data section, before anything trains; exit 1 on any problem."""
+    from fedmedbench import config as cfgmod
+    from fedmedbench.data import inspect
+    from fedmedbench.errors import closest
+
+    # Merged but not completed: completing a `folders` section reads its layout, whose problems are
+    # what this command reports (one line each) instead of stopping at the first.
+    config: dict = {}
+    for path in args.config:
+        config = cfgmod.deep_merge(config, cfgmod.read_yaml(path))
+    data = config.get("data") or {}
+    if args.dataset and args.dataset not in data:
+        raise ConfigError(f"--dataset: {args.dataset!r} is not a section of data{closest(args.dataset, data)}; have: {', '.join(data)}")
+    failed = False
+    for name in [args.dataset] if args.dataset else list(data):
+        family = cfgmod.family_of(config, name)
+        if family != "folders":
+            protocols = (data[name] or {}).get("protocols") or {}
+            counts = [cfgmod.results_root(config) / "data" / name / p / "counts.json" for p in protocols] if config.get("run_name") else []
+            print(inspect.builtin_line(name, family, counts))
+            continue
+        # The image size must suit the model of every task on this data (the kind's default model, as
+        # complete_user_data gives it, under the task's own keys), or the kind's default model when no
+        # task names the data yet.
+        kind = (data[name] or {}).get("kind", "segmentation")
+        models = {task: cfgmod.deep_merge(cfgmod.KIND_DEFAULTS.get(spec.get("kind", kind), {}).get("model", {}), spec.get("model") or {})
+                  for task, spec in (config.get("tasks") or {}).items() if isinstance(spec, dict) and spec.get("dataset") == name}
+        models = models or {None: cfgmod.KIND_DEFAULTS.get(kind, {}).get("model", {})}
+
+        def size_problem(height: int, width: int) -> str | None:
+            return next(filter(None, (cfgmod.model_size_problem(model, height, width, task) for task, model in models.items())), None)
+
+        try:
+            report = inspect.inspect_folders(cfgmod.folders_options(config, name), name, size_problem=size_problem)
+        except ConfigError as err:
+            print(f"data.{name}: problem: {err}")
+            failed = True
+            continue
+        print("\n".join(report.lines()))
+        failed |= bool(report.problems)
+    raise SystemExit(1 if failed else 0)
+
+
 def cmd_split(args) -> None:
     from fedmedbench.data import load_family
 
@@ -434,6 +478,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=None, help="image size in pixels")
     p.add_argument("--expect-real-counts", action="store_true", help="fail unless the counts of the real release come out")
     p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser(
+        "check-data",
+        help="per site of your own data (family folders): images per split, sizes, channels, mask values and their "
+        "classes' pixel shares (or images per class), groups; then each problem in one line (exit 1 if any)",
+    )
+    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...]")
+    p.add_argument("--dataset", help="only this data section (default: every one; built-in families get one line)")
+    p.set_defaults(func=cmd_check_data)
 
     p = sub.add_parser("split", help="write the split of record (CSV)")
     p.add_argument("dataset")

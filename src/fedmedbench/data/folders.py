@@ -868,6 +868,10 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
         if not _is_int(size) or size < 1:
             raise ValueError(f"size must be a positive integer or None, got {size!r}")
         options = replace(options, image_size=int(size))
+    from .inspect import inspect_folders  # imported here: inspect reads the data through this module
+
+    for line in inspect_folders(options).lines():  # the log starts with what `fedmedbench check-data` prints
+        log(line)
     root = _check_root(options.root)
     # What can be checked without decoding (layout, pairing, labels.csv) is checked before the
     # store folder is created; pairs are listed again (cheaply) when each site is read.
