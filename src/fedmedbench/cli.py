@@ -111,7 +111,8 @@ def cmd_fetch(args) -> None:
 
     specs = {spec.filename: spec for spec in load_family(args.dataset).DOWNLOADS}
     spec = specs.get(Path(args.dest).name)
-    fetch(args.source, Path(args.dest), sha256=args.sha256, log=logging.getLogger("fedmedbench.fetch").info, manual_step=spec.manual_step if spec else None)
+    fetch(args.source, Path(args.dest), sha256=args.sha256, log=logging.getLogger("fedmedbench.fetch").info, manual_step=spec.manual_step if spec else None,
+          source_stamp=args.source_stamp)
 
 
 def cmd_extract(args) -> None:
@@ -186,6 +187,15 @@ def cmd_check_data(args) -> None:
 def cmd_split(args) -> None:
     from fedmedbench.data import load_family
 
+    if args.split_csv_digest:  # the workflow keyed this job on the split_csv's content: the same content is split
+        from fedmedbench.data.digest import file_digest
+        from fedmedbench.errors import DataError
+
+        path = json.loads(args.options or "{}").get("split_csv")
+        now = file_digest(path) if path else None
+        if now != args.split_csv_digest:
+            raise DataError(f"{path}: split_csv changed after the workflow planned this job (content digest {now}, "
+                            f"planned {args.split_csv_digest}); run the workflow again")
     if args.options:  # a user's own data (folders): seed and fractions are its options
         load_family(args.dataset).split(Path(args.store), Path(args.out), args.protocol, options=json.loads(args.options), log=logging.getLogger("fedmedbench.split").info)
     else:
@@ -454,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", required=True, help="http(s)://, file://, gdrive:<id>, a local path, or 'manual'")
     p.add_argument("--dest", required=True)
     p.add_argument("--sha256", default=None)
+    p.add_argument("--source-stamp", default=None, help="a local source's path, size and mtime as the workflow saw them (checked)")
     p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("extract", help="safely extract a zip/tar archive")
@@ -496,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--permutation", default="default", help="family-specific: e.g. harmofl (the paper's files) or seeded")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--options", default=None, help="a user's own data (family folders): its data section as JSON")
+    p.add_argument("--split-csv-digest", default=None, help="the split_csv's content digest as the workflow saw it (checked)")
     p.set_defaults(func=cmd_split)
 
     p = sub.add_parser("collect", help="per-client metrics of many runs -> one long CSV")

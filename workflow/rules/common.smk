@@ -10,6 +10,7 @@ sys.path.insert(0, str(SRC))
 
 from fedmedbench import config as fmb  # noqa: E402  (light: no torch)
 from fedmedbench.data import is_archive, load_family  # noqa: E402
+from fedmedbench.data.download import local_source  # noqa: E402
 
 # Read by our reader first, so a YAML syntax error is one line with file, line and column
 # (Snakemake's own message names neither), and a config asking Snakemake to evaluate Python
@@ -78,12 +79,18 @@ def user_data_options(wildcards):
 
 
 def user_data_listing(wildcards):
-    """The files of a user's data folder (names, sizes, times): an edit there re-runs preprocessing."""
+    """The files of a user's data folder (names, sizes, times; symlinked site folders followed): an
+    edit there re-runs preprocessing. Its split_csv, read by the split alone, is left out.
+    """
     if not user_data(wildcards.dataset):
         return ""
-    from fedmedbench.data.folders import listing_digest
+    from fedmedbench.data.digest import listing_digest
 
-    return listing_digest(config["data"][wildcards.dataset]["root"])
+    section = config["data"][wildcards.dataset]
+    return listing_digest(
+        section["root"],
+        exclude=[section["split_csv"]] if section.get("split_csv") else [],
+    )
 
 
 def raw_files(dataset):
@@ -109,12 +116,27 @@ def download_inputs(wildcards):
     return {}
 
 
-def sha256_option(wildcards):
+def fetch_options(wildcards):
+    """`--sha256` when pinned, and for a file the user downloaded by hand (`archive`, or a local
+    `source`) without a pinned hash `--source-stamp`: its path, size and modification time (not its
+    content: hashing a 10 GB archive at every DAG build would take minutes; docs/decisions.md).
+    Replacing the file re-runs its download; the job checks it copies the file the DAG saw.
+    (`download_source` takes `input`, so Snakemake compares none of it. A pinned hash fixes the
+    content: a replaced file gives the same download or fails, so it needs no stamp.)
+    """
     spec = {s.filename: s for s in family(wildcards.dataset).DOWNLOADS}[wildcards.file]
     sha = file_override(wildcards.dataset, wildcards.file).get("sha256") or spec.sha256
     if config["data"][wildcards.dataset]["synthetic"]:
-        sha = None  # pinned hashes are of the real files
-    return f"--sha256 {sha}" if sha else ""
+        return ""  # the synthetic twin is an input; pinned hashes are of the real files
+    options = f"--sha256 {sha}" if sha else ""
+    override = file_override(wildcards.dataset, wildcards.file)
+    named = override.get("archive") or override.get("source")
+    local = local_source(named) if named and not sha else None
+    if local is not None:
+        from fedmedbench.data.digest import file_stamp
+
+        options += f" --source-stamp {shlex.quote(file_stamp(local))}"
+    return options.strip()
 
 
 def synthetic_options(wildcards):
@@ -168,9 +190,15 @@ def preprocess_options(wildcards):
 
 def split_options(wildcards):
     if user_data(wildcards.dataset):
-        return user_data_options(
-            wildcards
-        )  # its seed and fractions are options of the data section
+        # Its seed and fractions are options of the data section; a split_csv's content (not only
+        # its path) is in the job's view, and the job checks it reads what the DAG saw.
+        options = user_data_options(wildcards)
+        split_csv = config["data"][wildcards.dataset].get("split_csv")
+        if split_csv and Path(split_csv).is_file():
+            from fedmedbench.data.digest import file_digest
+
+            options += f" --split-csv-digest {file_digest(split_csv)}"
+        return options
     split = protocol_spec(wildcards).get("split", {})
     return f"--permutation {split.get('permutation', 'default')} --seed {split.get('seed', 0)}"
 
@@ -261,6 +289,25 @@ def all_finals(wildcards=None):
 
 def all_figures(wildcards=None):
     return [experiment_figure(exp) for exp in SELECTED]
+
+
+def paper_tables_digest(wildcards=None):
+    """The content of every paper table a selected experiment compares with: editing one re-runs
+    the report (the folder is an input, but its time does not change when a file in it is edited).
+    """
+    from fedmedbench.data.digest import file_digest
+
+    tables = sorted(
+        {
+            config["experiments"][name]["paper_table"]
+            for name in SELECTED
+            if config["experiments"][name].get("paper_table")
+        }
+    )
+    return " ".join(
+        f"{name}:{file_digest(Path(RESOURCES) / 'paper_tables' / name)}"
+        for name in tables
+    )
 
 
 def experiments_json(wildcards=None):

@@ -30,7 +30,9 @@ rule download:
         "../../envs/data.yaml"
     params:
         source=download_source,
-        sha256=sha256_option,
+        # --sha256, and the stamp of a file downloaded by hand (its replacement re-runs this job).
+        # The name stays `sha256`: renaming it would change the shell command, re-running every download.
+        sha256=fetch_options,
     shell:
         "python -m fedmedbench fetch --dataset {wildcards.dataset} --source {params.source:q} "
         "--dest {output.file:q} {params.sha256} &> {log:q}"

@@ -64,6 +64,7 @@ rule reproduction_report:
         "../../envs/report.yaml"
     params:
         experiments=experiments_json,
+        paper_table_digest=paper_tables_digest,  # their content: an edited table re-runs the report
     shell:
         "python -m fedmedbench report --experiments {params.experiments:q} --paper-tables {input.paper_tables:q} "
         "--out {output:q} {input.finals:q} &> {log:q}"

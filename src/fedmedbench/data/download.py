@@ -158,6 +158,17 @@ def _classify(source: str) -> tuple[str, str]:
     return "local", source
 
 
+def local_source(source: str) -> Path | None:
+    """The file a local source names (a path or a file:// URL: a file downloaded by hand), else None."""
+    if source == MANUAL:
+        return None
+    try:
+        kind, location = _classify(str(source))
+    except ValueError:
+        return None  # the download job names it
+    return Path(location).expanduser() if kind == "local" else None
+
+
 def _copy_local(path: Path, sink: _HashingSink) -> None:
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(CHUNK_SIZE), b""):
@@ -199,12 +210,15 @@ def fetch(
     log: Callable[[str], object] = print,
     *,
     manual_step: str | None = None,
+    source_stamp: str | None = None,
 ) -> str:
     """Download or copy ``source`` to ``dest``; return the observed sha256 (hex).
 
     ``sha256``, when given, must match or ``DownloadError`` is raised and
     nothing is left behind. ``manual_step`` is appended to errors that a user
-    can work around by downloading by hand.
+    can work around by downloading by hand. ``source_stamp`` (a local source's
+    ``digest.file_stamp`` when the workflow planned the job) must still be the
+    file's, so the copy is of the file whose stamp the workflow recorded.
     """
     source = str(source)
     dest = Path(dest)
@@ -213,15 +227,21 @@ def fetch(
     expected = _normalise_sha256(sha256, source)
     kind, location = _classify(source)
     with new_folder(dest.parent):
-        return _fetch_into(source, dest, kind, location, expected, log, manual_step)
+        return _fetch_into(source, dest, kind, location, expected, log, manual_step, source_stamp)
 
 
-def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str | None, log, manual_step: str | None) -> str:
+def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str | None, log, manual_step: str | None, source_stamp: str | None = None) -> str:
     remove_stale(dest)  # a killed download's partial file, also when the user now gives the file by hand
     if kind == "local":
         src_path = Path(location).expanduser()
         if not src_path.is_file():
             raise DownloadError(f"local archive {src_path} does not exist or is not a file (source {source!r})")
+        if source_stamp is not None:
+            from .digest import file_stamp
+
+            if file_stamp(src_path) != source_stamp:
+                raise DownloadError(f"local archive {src_path} changed after the workflow planned this job (now {file_stamp(src_path)!r}, "
+                                    f"planned {source_stamp!r}); run the workflow again")
         if dest.exists() and os.path.samefile(src_path, dest):
             return _verify_in_place(source, dest, expected, log, manual_step)
 

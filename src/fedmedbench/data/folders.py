@@ -1214,18 +1214,6 @@ def _write_classification_example(tmp: Path, sites, counts, seed, size, result) 
     }
 
 
-def listing_digest(root: str | os.PathLike) -> str:
-    """A digest of the files under ``root`` (relative names, sizes, modification times): cheap
-    (no file is read), so Snakemake can re-run preprocessing exactly when the user's data change."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    root = Path(root)
-    if not root.is_dir():
-        return "missing"
-    for folder, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(files):
-            stat = os.stat(os.path.join(folder, name))
-            digest.update(f"{os.path.relpath(os.path.join(folder, name), root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
+# The digest Snakemake keys preprocessing on (symlinked site folders followed, with a loop guard)
+# lives in .digest; it stays importable from here.
+from .digest import listing_digest as listing_digest  # noqa: E402

@@ -23,6 +23,7 @@ from fedmedbench.errors import ConfigError, DataError, DivergenceError
 from fedmedbench.files import atomic_file, atomic_write_text, new_folder
 from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.fl.client import autocast, batch_to_device
 from fedmedbench.fl.data import check_image_size, data_digest, eval_batches, load_clients, load_test_only
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
@@ -324,7 +325,8 @@ def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", thr
     fingerprint or final.json (changing them re-runs nothing and keeps a checkpoint usable)."""
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
-    with new_folder(out_dir) as out_dir:
+    # One writer per run folder (fl/runlock.py): a second train on it stops here, having written nothing.
+    with new_folder(out_dir) as out_dir, run_folder_lock(out_dir):
         return _run_training(cfg, out_dir, device, threads, progress, checkpoint_every)
 
 

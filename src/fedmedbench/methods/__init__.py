@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -45,8 +44,12 @@ class MethodRef:
         return self.origin == "built-in"
 
     def digest(self) -> str:
-        """The plug-in's source, hashed: in its runs' config, so editing it re-runs exactly them."""
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+        """Every source file the plug-in depends on (its package's .py files and the user's modules
+        they import, fedmedbench.sources), hashed: in its runs' config, so editing any of them re-runs
+        exactly its jobs. Computed once per process (Snakemake asks for it once per job)."""
+        from fedmedbench.sources import source_digest
+
+        return source_digest(self.module, str(self.path))
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,5 +201,8 @@ def merge_params(name: str, given: dict, where: str, module: str | None = None) 
 
 def forget() -> None:
     """Drop what this process has read about methods (for a process that outlives an edit: tests)."""
+    from fedmedbench import sources
+
     for cached in (find_method, _declarations, _param_schemas, entry_point_methods):
         cached.cache_clear()
+    sources.forget()
