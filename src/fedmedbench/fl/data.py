@@ -1,12 +1,16 @@
-"""Client datasets for training: memory-mapped canonical store + split CSV, batched without workers.
+"""Client datasets for training: memory-mapped canonical store + split CSV, read in batches.
 
 A batch is gathered with one fancy index into the memory-mapped uint8 array, so there is no
-per-image file decoding and no DataLoader worker start-up in the hot loop.
+per-image file decoding and no DataLoader worker start-up in the hot loop. By default the training
+thread gathers each batch itself; with ``data_workers`` > 0 (a GPU job) a ``BatchReader`` gathers
+the next batches on worker threads while the device computes, and hands them over in order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import collections
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,7 @@ class SplitData:
     labels: np.ndarray  # memmap, N x H x W uint8 or N int64
     rows: np.ndarray  # rows of this split, in split-file order
     groups: np.ndarray  # case / patient id per row (for per-case metrics)
+    reader: BatchReader | None = None  # worker threads that gather batches ahead (None: the caller gathers)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -35,11 +40,12 @@ class ClientSplits:
     test: SplitData
 
 
-def load_clients(store_dir: Path, split_csv: Path, clients: list[str], truncate_to_smallest: bool) -> list[ClientSplits]:
+def load_clients(store_dir: Path, split_csv: Path, clients: list[str], truncate_to_smallest: bool, reader: BatchReader | None = None) -> list[ClientSplits]:
     """Open every client's arrays and cut them by the split file.
 
     ``truncate_to_smallest`` is HarmoFL's default: every client trains on the first n_min rows of its
-    (permuted) train split, n_min being the smallest client's train size.
+    (permuted) train split, n_min being the smallest client's train size. ``reader``: the worker
+    threads that gather every split's batches (None: the training thread gathers them).
     """
     split = read_split_csv(split_csv)
     result = []
@@ -53,13 +59,13 @@ def load_clients(store_dir: Path, split_csv: Path, clients: list[str], truncate_
             rows = rows_df["row"].to_numpy(dtype=np.int64)
             if rows.max() >= len(arrays.images):
                 raise ValueError(f"{split_csv}: row {rows.max()} out of range for client {name!r} ({len(arrays.images)} samples)")
-            parts[part] = SplitData(arrays.images, arrays.labels, rows, rows_df["group"].astype(str).to_numpy())
+            parts[part] = SplitData(arrays.images, arrays.labels, rows, rows_df["group"].astype(str).to_numpy(), reader)
         result.append(ClientSplits(name, parts["train"], parts["val"], parts["test"]))
     if truncate_to_smallest:
         smallest = min(len(client.train) for client in result)
         for client in result:
             train = client.train
-            client.train = SplitData(train.images, train.labels, train.rows[:smallest], train.groups[:smallest])
+            client.train = SplitData(train.images, train.labels, train.rows[:smallest], train.groups[:smallest], train.reader)
     return result
 
 
@@ -79,7 +85,7 @@ def check_image_size(clients: list[ClientSplits], model, store_dir: Path) -> Non
                               "preprocess the data at a size that fits (image_size)")
 
 
-def load_test_only(store_dir: Path, split_csv: Path, clients: list[str]) -> dict[str, SplitData]:
+def load_test_only(store_dir: Path, split_csv: Path, clients: list[str], reader: BatchReader | None = None) -> dict[str, SplitData]:
     """The test rows of clients that only have test data (skin's OOD cohort), by name."""
     split = read_split_csv(split_csv)
     result = {}
@@ -88,7 +94,7 @@ def load_test_only(store_dir: Path, split_csv: Path, clients: list[str]) -> dict
         if rows_df.empty:
             raise ValueError(f"{split_csv}: test-only client {name!r} has no 'test' rows")
         arrays = open_client(store_dir, name)
-        result[name] = SplitData(arrays.images, arrays.labels, rows_df["row"].to_numpy(dtype=np.int64), rows_df["group"].astype(str).to_numpy())
+        result[name] = SplitData(arrays.images, arrays.labels, rows_df["row"].to_numpy(dtype=np.int64), rows_df["group"].astype(str).to_numpy(), reader)
     return result
 
 
@@ -130,6 +136,66 @@ def gather(split: SplitData, rows_idx: np.ndarray) -> tuple[torch.Tensor, torch.
     images = np.asarray(split.images[rows[order]])[inverse]
     labels = np.asarray(split.labels[rows[order]])[inverse]
     return torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels.astype(np.int64))
+
+
+class BatchReader:
+    """Gathers batches on ``workers`` threads, up to ``ahead`` batches ahead of the consumer, and
+    hands them over in the order asked for.
+
+    Threads, not processes: gathering a batch is one fancy index into a memory map, a copy and page
+    faults during which numpy releases the GIL, so threads read in parallel with no process start-up,
+    no pickling and no second copy through shared memory. Workers only read: every random draw (an
+    epoch's permutation, the augmentation) stays with the consumer and the client's generator, so
+    the batches, their order and every random stream are exactly those of reading without workers.
+    For a CUDA device the workers also copy each batch into pinned memory (the host side of the
+    non-blocking host-to-device copy). The threads start on the first read and end with the reader.
+    """
+
+    def __init__(self, workers: int, ahead: int | None = None):
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"data_workers: a BatchReader needs at least 1 worker thread, got {workers!r}")
+        self.workers = workers
+        self.ahead = ahead if ahead is not None else 2 * workers
+        if self.ahead < 1:
+            raise ValueError(f"BatchReader: ahead must be >= 1, got {self.ahead}")
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="fedmedbench-reader")
+        return self._pool
+
+    @staticmethod
+    def _read(split: SplitData, rows_idx: np.ndarray, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = gather(split, rows_idx)
+        return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+
+    def read(self, split: SplitData, chunks: Iterable[np.ndarray], pin: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``gather(split, chunk)`` for every chunk, in order, read ahead on the worker threads.
+        A consumer that stops early cancels what is queued (a batch being read is simply dropped)."""
+        pool, chunks = self._executor(), iter(chunks)
+        pending: collections.deque[Future] = collections.deque()
+
+        def queue_next() -> None:
+            chunk = next(chunks, None)
+            if chunk is not None:
+                pending.append(pool.submit(self._read, split, chunk, pin))
+
+        for _ in range(self.ahead):
+            queue_next()
+        try:
+            while pending:
+                batch = pending.popleft().result()
+                queue_next()
+                yield batch
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def to_float(x: torch.Tensor, intensity_scale: float) -> torch.Tensor:
@@ -218,11 +284,16 @@ class _Prefetcher:
 
 
 def _batches(split: SplitData, starts: list[np.ndarray], device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """uint8 batches on ``device``, the next one already on its way while the current is used."""
+    """uint8 batches on ``device``, the next one already on its way while the current is used
+    (gathered by the split's reader threads when it has a reader, else here, one at a time)."""
     prefetch = _Prefetcher(device)
+    if split.reader is not None:
+        gathered = split.reader.read(split, starts, pin=prefetch.stream is not None)
+    else:
+        gathered = (gather(split, rows_idx) for rows_idx in starts)
     pending = None
-    for rows_idx in starts:
-        sent = prefetch.send(*gather(split, rows_idx))
+    for batch in gathered:
+        sent = prefetch.send(*batch)
         if pending is not None:
             yield prefetch.ready(pending)
         pending = sent

@@ -25,7 +25,7 @@ from fedmedbench.fl import faults, placement
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.fl.client import autocast, batch_to_device
-from fedmedbench.fl.data import check_image_size, data_digest, eval_batches, load_clients, load_test_only
+from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, eval_batches, load_clients, load_test_only
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
 from fedmedbench.losses import build_loss
 from fedmedbench.methods import load_method, merge_params
@@ -318,16 +318,24 @@ def curve_every(cfg: RunConfig) -> int:
     return cfg.curve_every or max(1, cfg.rounds // 50)
 
 
-def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True, checkpoint_every: int = 1) -> dict:
+def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True, checkpoint_every: int = 1, data_workers: int = 0) -> dict:
     """Train one run into ``out_dir``. A folder this call created is removed again if it fails
-    before writing anything (no empty output folders). ``device``, ``threads``, ``progress`` and
-    ``checkpoint_every`` say how to run, not what: they are not part of the run config, its
+    before writing anything (no empty output folders). ``device``, ``threads``, ``progress``,
+    ``checkpoint_every`` and ``data_workers`` (threads that read batches ahead; 0: the training
+    thread reads them) say how to run, not what: they are not part of the run config, its
     fingerprint or final.json (changing them re-runs nothing and keeps a checkpoint usable)."""
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
+    if not isinstance(data_workers, int) or isinstance(data_workers, bool) or data_workers < 0:
+        raise ConfigError(f"data_workers: expected an integer >= 0, got {data_workers!r}")
     # One writer per run folder (fl/runlock.py): a second train on it stops here, having written nothing.
     with new_folder(out_dir) as out_dir, run_folder_lock(out_dir):
-        return _run_training(cfg, out_dir, device, threads, progress, checkpoint_every)
+        reader = BatchReader(data_workers) if data_workers else None
+        try:
+            return _run_training(cfg, out_dir, device, threads, progress, checkpoint_every, reader=reader)
+        finally:
+            if reader is not None:
+                reader.close()
 
 
 def check_selection_defined(clients, cfg: RunConfig) -> None:
@@ -363,7 +371,7 @@ def check_batch_norm_batches(model: torch.nn.Module, clients, cfg: RunConfig) ->
             )
 
 
-def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool, checkpoint_every: int) -> dict:
+def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool, checkpoint_every: int, reader: BatchReader | None = None) -> dict:
     cfg = RunConfig.from_dict(cfg)
     method = load_method(cfg.method, cfg.method_module)
     # The method's declared defaults fill any hyperparameter the config leaves out; unknown ones fail.
@@ -375,9 +383,9 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     seed_everything(cfg.seed, device)
     faults.arm()
 
-    data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)
+    data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest, reader)
     check_image_size(data, cfg.model, Path(cfg.data.store))
-    cohorts = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients)) if cfg.ood_clients else {}
+    cohorts = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients), reader) if cfg.ood_clients else {}
     names = [c.name for c in data]
     model = build_model(cfg.model)  # one initialisation, shared by every client
     server = method.Server(cfg, model, len(data))
