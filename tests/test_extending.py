@@ -65,7 +65,10 @@ def test_the_extending_guide_runs_as_written(tmp_path):
     rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")]
     assert rows == ["FedAvg", "FedProx", "FedXYZ (yours)"]
     report = (out / "report.md").read_text()
-    assert "## Your data: test Dice (%) per site" in report and "| FedXYZ (yours) | siteA |" in report
+    assert "## Your data: test Dice (%) per site" in report and "Metric: foreground Dice, in %." in report
+    # no published table: our per-site table alone, and no claim to reproduce a paper
+    assert report.startswith("# fedmedbench report\n") and "| Method | siteA | siteB | siteC | Avg |" in report
+    assert re.search(r"^\| FedXYZ \(yours\) \| \d+\.\d\d \(–\)", report, flags=re.MULTILINE) and "| paper |" not in report
     assert "samples per client (train/val/test): siteA 4/2/2, siteB 6/2/2, siteC 8/2/2" in report
     assert (repo / "my-fed-method" / "src" / "myfed" / "method.py").is_file()
     assert os.path.exists(out / "train" / "mysites" / "fedxyz" / "seed0" / "final.json")

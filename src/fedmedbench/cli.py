@@ -235,13 +235,15 @@ def _experiment_finals(exp: Experiment, finals: list[dict], paths: list[str]) ->
 
 
 def cmd_table(args) -> None:
+    from fedmedbench.report.flags import collect_flags
     from fedmedbench.report.tables import seed_summary, write_table
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     finals = _experiment_finals(exp, _load_finals(args.finals), args.finals)
     summary = seed_summary(finals, exp.metric, sources=args.finals, std_row=exp.std_row)
     rows = [(run, exp.label(run)) for run in exp.runs]
-    write_table(summary, Path(args.out_prefix), rows, caption=exp.title)
+    flags = collect_flags(finals, dict(rows))
+    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, metric=exp.metric, flags=flags)
 
 
 def cmd_figure(args) -> None:
@@ -380,8 +382,10 @@ def split_counts(final: dict) -> list[str]:
 
 
 def cmd_report(args) -> None:
-    from fedmedbench.report.compare import compare, empty_paper_table, load_paper_table, write_report
-    from fedmedbench.report.tables import seed_summary
+    from fedmedbench.report.compare import compare, load_paper_table, write_report
+    from fedmedbench.report.flags import collect_flags
+    from fedmedbench.report.metric_names import metric_label
+    from fedmedbench.report.tables import seed_summary, table_layout
 
     experiments = {name: Experiment.from_dict(spec, f"experiments.{name}") for name, spec in json.loads(args.experiments).items()}
     finals = _load_finals(args.finals)
@@ -395,12 +399,19 @@ def cmd_report(args) -> None:
             summary = seed_summary([f for f, _ in picked], exp.metric, sources=[p for _, p in picked], std_row=exp.std_row)
             seeds.update(f["seed"] for f, _ in picked)
             rounds.update(f["selection"]["rounds"] for f, _ in picked)
-            description = picked[0][0]["metric_descriptions"].get(exp.metric, exp.metric)
-            section["metric_note"] = f"`{exp.metric}`: {description}"
+            description = picked[0][0]["metric_descriptions"].get(exp.metric)
+            # The metric in words, never its key (report.metric_names), then how it is computed.
+            section["metric_note"] = f"{metric_label(exp.metric)}, in %." + (f" {description[0].upper()}{description[1:]}." if description else "")
             section["notes"] = (*exp.notes, *split_counts(picked[0][0]))
-            # Without a published table (a user's own experiment) our numbers stand alone.
-            paper = load_paper_table(Path(args.paper_tables) / exp.paper_table) if exp.paper_table else empty_paper_table()
-            section["comparison"] = compare(summary, paper, exp.paper_id_map(), metric=exp.paper_metric)
+            rows = [(run, exp.label(run)) for run in exp.runs]
+            section["flags"] = collect_flags([f for f, _ in picked], dict(rows))
+            if exp.paper_table:
+                paper = load_paper_table(Path(args.paper_tables) / exp.paper_table)
+                section["comparison"] = compare(summary, paper, exp.paper_id_map(), metric=exp.paper_metric)
+            else:
+                # A user's own experiment: no published table, so our per-site table alone (no
+                # empty paper and Δ columns), as in tables/<experiment>.md.
+                section["table"] = table_layout(summary, rows, flags=section["flags"])
         if exp.kind == "ood_table":
             picked = [f for f in finals if f["task"] == exp.task and f["run"] in set(exp.runs) and f["seed"] in exp.seeds]
             seeds.update(f["seed"] for f in picked)

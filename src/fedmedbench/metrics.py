@@ -47,9 +47,32 @@ def per_class_counts(pred: torch.Tensor, target: torch.Tensor, num_classes: int)
 
 
 def dice_paper_per_sample(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    inter, p, g = per_class_counts(logits.argmax(1), target, logits.shape[1])
+    return dice_paper_from_counts(*per_class_counts(logits.argmax(1), target, logits.shape[1]))
+
+
+def dice_paper_from_counts(inter: torch.Tensor, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per sample: the mean over classes (background included) of 2 |P & G| / (|P| + |G|)."""
     dice = 2 * inter.double() / (p + g).double().clamp_min(EPS)
     return dice.mean(dim=1)
+
+
+def degenerate_flags(kind: str, samples: int, predicted: np.ndarray, truth: np.ndarray, split: str = "test") -> dict[str, str]:
+    """What makes a split's scores no measure of a model, from the per-class counts of its argmax
+    predictions and of the truth (pixels for segmentation, samples for classification):
+    ``collapsed``: one class predicted everywhere (every pixel of every image; every sample, with at
+    least two); ``no_foreground`` (segmentation): no truth pixel of any class but 0, so foreground
+    Dice is undefined and Dice incl. background scores only the background. {} when neither."""
+    flags = {}
+    used = np.flatnonzero(predicted)
+    if kind == "segmentation":
+        if samples and len(used) == 1:
+            c = int(used[0])
+            flags["collapsed"] = f"predicts class {c}{' (background)' if c == 0 else ''} on every pixel of all {samples} {split} images"
+        if samples and not truth[1:].any():
+            flags["no_foreground"] = f"no foreground pixel in any of its {samples} {split} images"
+    elif samples >= 2 and len(used) == 1:
+        flags["collapsed"] = f"predicts class {int(used[0])} for all {samples} {split} samples"
+    return flags
 
 
 def region_dice_per_sample(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -73,16 +96,31 @@ class SegmentationMeter:
         self.dice_paper: list[float] = []
         self.loss_sum, self.count = 0.0, 0
         self.cases = defaultdict(lambda: np.zeros((3, num_classes - 1)))  # inter, |P|, |G| per fg class
+        # Pixels per class over the split, predicted and true: what ``flags`` judges a model by.
+        self.predicted = np.zeros(num_classes, np.int64)
+        self.truth = np.zeros(num_classes, np.int64)
 
     def update(self, logits: torch.Tensor, target: torch.Tensor, groups, loss: float) -> None:
-        self.dice_paper.extend(dice_paper_per_sample(logits, target).tolist())
+        pred = logits.argmax(1)
+        counts = per_class_counts(pred, target, self.num_classes)  # once, for both Dice and the flags
+        self.dice_paper.extend(dice_paper_from_counts(*counts).tolist())
         if self.num_classes >= 3:
-            self.regions.append(region_dice_per_sample(logits.argmax(1), target, self.num_classes).cpu())
+            self.regions.append(region_dice_per_sample(pred, target, self.num_classes).cpu())
         self.loss_sum += loss * len(target)
         self.count += len(target)
-        inter, p, g = (t[:, 1:].cpu().numpy() for t in per_class_counts(logits.argmax(1), target, self.num_classes))
+        inter, p, g = (t.cpu().numpy() for t in counts)
+        self.predicted += p.sum(0)
+        self.truth += g.sum(0)
+        inter, p, g = inter[:, 1:], p[:, 1:], g[:, 1:]
         for i, group in enumerate(groups):
             self.cases[group] += np.stack([inter[i], p[i], g[i]])
+
+    def class_counts(self) -> dict:
+        """Images, and pixels per class predicted (argmax) and true, over the split so far."""
+        return {"samples": self.count, "predicted": self.predicted.tolist(), "truth": self.truth.tolist()}
+
+    def flags(self, split: str = "test") -> dict[str, str]:
+        return degenerate_flags("segmentation", self.count, self.predicted, self.truth, split)
 
     def compute(self) -> dict[str, float]:
         case_dice = []
@@ -147,9 +185,12 @@ class ClassificationMeter:
         self.correct, self.count, self.loss_sum = 0, 0, 0.0
         self.targets: list[np.ndarray] = []
         self.probs: list[np.ndarray] = []
+        self.predicted = np.zeros(num_classes, np.int64)  # samples per predicted (argmax) class
 
     def update(self, logits: torch.Tensor, target: torch.Tensor, groups, loss: float) -> None:
-        self.correct += int((logits.argmax(1) == target).sum())
+        pred = logits.argmax(1)
+        self.correct += int((pred == target).sum())
+        self.predicted += np.bincount(pred.cpu().numpy(), minlength=len(self.predicted))
         self.count += len(target)
         self.loss_sum += loss * len(target)
         self.targets.append(target.cpu().numpy())
@@ -162,6 +203,17 @@ class ClassificationMeter:
             scores["f1_macro"] = macro_f1(target, probs.argmax(1))
             scores["auc_macro"] = macro_auc_ovr(target, probs)
         return scores
+
+    def truth(self) -> np.ndarray:
+        targets = np.concatenate(self.targets) if self.targets else np.zeros(0, np.int64)
+        return np.bincount(targets, minlength=len(self.predicted))
+
+    def class_counts(self) -> dict:
+        """Samples, and samples per class predicted (argmax) and true, over the split so far."""
+        return {"samples": self.count, "predicted": self.predicted.tolist(), "truth": self.truth().tolist()}
+
+    def flags(self, split: str = "test") -> dict[str, str]:
+        return degenerate_flags("classification", self.count, self.predicted, self.truth(), split)
 
 
 METERS = {"segmentation": SegmentationMeter, "classification": ClassificationMeter}

@@ -1,4 +1,6 @@
 # Paper-layout tables, figures, and the reproduced-vs-published report.
+# light: no torch
+from fedmedbench.report.metric_names import metric_label
 
 
 rule table:
@@ -21,6 +23,8 @@ rule table:
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/tables/{{experiment}}",
+        # the metric in words, for the caption in `snakemake --report` (../report/table.rst)
+        metric=lambda w: metric_label(config["experiments"][w.experiment]["metric"]),
     shell:
         "python -m fedmedbench table --experiment {params.experiment:q} --out-prefix {params.prefix:q} "
         "{input:q} &> {log:q}"

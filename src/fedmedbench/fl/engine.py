@@ -49,6 +49,13 @@ def pick_device(name: str = "auto") -> tuple[torch.device, placement.Claim | Non
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, split, cfg: RunConfig, device: torch.device) -> dict[str, float]:
+    return evaluate_meter(model, split, cfg, device).compute()
+
+
+@torch.no_grad()
+def evaluate_meter(model: torch.nn.Module, split, cfg: RunConfig, device: torch.device):
+    """The split's metric accumulator after one pass: its scores (``compute``) and what the model
+    predicted (``class_counts``, ``flags``)."""
     model.eval()
     meter = METERS[cfg.kind](cfg.model.num_classes)
     loss_fn = build_loss(cfg.loss)
@@ -59,7 +66,7 @@ def evaluate(model: torch.nn.Module, split, cfg: RunConfig, device: torch.device
             logits = model(x)
         logits = logits.float()
         meter.update(logits, y, groups, float(loss_fn(logits, y)))
-    return meter.compute()
+    return meter
 
 
 @torch.no_grad()
@@ -253,17 +260,25 @@ def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerpri
 
 
 @torch.no_grad()
-def final_test(selection: Selection, clients, cfg: RunConfig, device: torch.device) -> dict[str, dict]:
+def final_test(selection: Selection, clients, cfg: RunConfig, device: torch.device) -> tuple[dict[str, dict], dict[str, dict], dict[str, dict]]:
     """Test scores of the selected models, computed once: every client's selected evaluated model on
-    its own test split (the same numbers as evaluating test at the selected round)."""
+    its own test split (the same numbers as evaluating test at the selected round). Returns
+    (scores, flags, class counts) per client: ``flags`` holds the clients whose score measures no
+    model (one class predicted on the whole split, no foreground in it; ``metrics.degenerate_flags``),
+    each also a WARNING line here, so a degenerate model is never a plain score."""
     by_name = {c.name: c for c in clients}
-    test = {}
+    test, flags, counts = {}, {}, {}
     for entry in selection.best.values():
         for name, state in entry["models"].items():
             model = by_name[name].eval_model()
             model.load_state_dict(state)
-            test[name] = evaluate(model, by_name[name].data.test, cfg, device)
-    return test
+            meter = evaluate_meter(model, by_name[name].data.test, cfg, device)
+            test[name], counts[name] = meter.compute(), meter.class_counts()
+            if meter.flags():
+                flags[name] = meter.flags()
+                for what, text in flags[name].items():
+                    log.warning("client %s: %s: the selected model (round %s) %s; its test scores are flagged in final.json, the tables and the report", name, what.replace("_", " "), entry["round"], text)
+    return test, flags, counts
 
 
 @torch.no_grad()
@@ -450,9 +465,9 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
             saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprints, server, clients, selection, history, saved_version)
             faults.reached("round_end")
     bar.close()
-    test = final_test(selection, clients, cfg, device)
+    test, flags, counts = final_test(selection, clients, cfg, device)
     ood = ood_test(selection, clients, cohorts, cfg, device) if cohorts else None
-    return write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood)
+    return write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
 
 
 def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
@@ -461,7 +476,7 @@ def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
         np.savez_compressed(handle, **arrays)
 
 
-def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, test: dict[str, dict], history: list[dict], checkpoint_path: Path, ood: dict | None = None) -> dict:
+def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, test: dict[str, dict], history: list[dict], checkpoint_path: Path, ood: dict | None = None, flags: dict | None = None, class_counts: dict | None = None) -> dict:
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
@@ -492,6 +507,10 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
         "test": test,
         "val": selection.merged("val"),
         "metric_descriptions": {m: METRIC_DESCRIPTIONS[m] for m in next(iter(test.values()))},
+        # {client: {"collapsed" | "no_foreground": why}}: test scores that measure no model (empty: none)
+        "flags": {n: flags[n] for n in names if n in (flags or {})},
+        # {client: {"samples", "predicted", "truth"}}: pixels (segmentation) or samples per class on test
+        "test_class_counts": {n: class_counts[n] for n in names if n in (class_counts or {})},
         "config": cfg.to_dict(),
     }
     if ood is not None:

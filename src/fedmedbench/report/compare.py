@@ -20,7 +20,8 @@ import pandas as pd
 from fedmedbench.errors import DataError
 from fedmedbench.report import escape
 
-from .tables import AGGREGATE_LABELS, AVG, NO_RESULT, STD, atomic_write_text, format_cell
+from .flags import MARKS, cell_kinds, footnotes, tie_note, tied_rows
+from .tables import AGGREGATE_LABELS, AVG, NO_RESULT, STD, atomic_write_text, format_cell, markdown_table
 
 PAPER_COLUMNS = ["paper", "table", "task", "method", "method_id", "client", "metric", "mean", "std"]
 COMPARISON_COLUMNS = [
@@ -218,12 +219,31 @@ def _diff_cell(diff: float, decimals: int) -> str:
     return "–" if pd.isna(diff) else f"{diff:+.{decimals}f}"
 
 
+def _comparison_flags(comp: pd.DataFrame, flags: Mapping, names: Mapping[str, str], decimals: int) -> tuple[list[str], list[str]]:
+    """The marks of each row's ``ours`` cell and the lines under the table: footnotes of the flagged
+    cells, then a note on runs whose every site cell of ours is the same (see ``report.flags``)."""
+    sites = {run: [c for c in group.loc[group["ours_mean"].notna(), "client"] if c not in AGGREGATE_LABELS] for run, group in comp.groupby("run", sort=False)}
+    marks = ["".join(MARKS[k] for k in cell_kinds(flags, r.run, str(r.client), sites[r.run], AGGREGATE_LABELS)) for r in comp.itertuples(index=False)]
+    runs = list(dict.fromkeys(comp["run"]))
+    columns = list(dict.fromkeys(str(c) for c in comp["client"]))
+    lines = [f"{MARKS[kind]} {_md(text)}" if kind else _md(text) for kind, text in footnotes(flags, runs, columns, AGGREGATE_LABELS)]
+    site_columns = [c for c in columns if c not in AGGREGATE_LABELS]
+    ours = {(r.run, str(r.client)): format_cell(r.ours_mean, r.ours_std, decimals) for r in comp.itertuples(index=False)}
+    cells = [[ours.get((run, c), NO_RESULT) for c in site_columns] for run in runs]
+    for group in tied_rows(cells, range(len(site_columns)), NO_RESULT):
+        lines.append(f"Note: {_md(tie_note([names[runs[i]] for i in group]))}")
+    return marks, lines
+
+
 def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
-    """A section is a comparison table (needs ``comparison`` and ``metric_note``) and/or a figure."""
-    if "title" not in section or not ("comparison" in section or section.get("figure")):
-        raise ValueError(f"report section needs a title and a comparison or a figure: {sorted(section)}")
-    if "comparison" in section and "metric_note" not in section:
-        raise ValueError(f"report section {section['title']!r} has a comparison but no metric_note")
+    """A section is a comparison with a paper's table (needs ``comparison`` and ``metric_note``),
+    or our per-site table alone (``table``: a ``tables.TableLayout``, for an experiment without a
+    published table), and/or a figure. ``flags`` (``report.flags.collect_flags``) marks the
+    comparison's flagged cells."""
+    if "title" not in section or not ("comparison" in section or "table" in section or section.get("figure")):
+        raise ValueError(f"report section needs a title and a comparison, a table or a figure: {sorted(section)}")
+    if ("comparison" in section or "table" in section) and "metric_note" not in section:
+        raise ValueError(f"report section {section['title']!r} has a table but no metric_note")
     comp: pd.DataFrame | None = section.get("comparison")
     labels: Mapping[str, str] = section.get("labels") or {}
     lines = [f"## {_md(section['title'])}", ""]
@@ -234,18 +254,23 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
     for note in section.get("notes") or ():
         lines += [f"Note: {_md(note)}", ""]
 
+    if "table" in section:
+        layout = section["table"]
+        lines += (markdown_table(layout) + [""]) if layout.rows and len(layout.cells) else ["No results in this section.", ""]
     if comp is None:
         pass
     elif comp.empty:
         lines += ["No results in this section.", ""]
     else:
-        lines += ["| method | client | ours | paper | Δ |", "|---|---|---:|---:|---:|"]
+        names = {}
         for r in comp.itertuples(index=False):
-            name = labels.get(r.run, r.run)
-            if r.method_id != r.run and r.run not in labels:
-                name = f"{r.run} ({r.method_id})"
+            names[r.run] = labels.get(r.run, f"{r.run} ({r.method_id})" if r.method_id != r.run else r.run)
+        marks, flag_lines = _comparison_flags(comp, section.get("flags") or {}, names, decimals)
+        lines += ["| method | client | ours | paper | Δ |", "|---|---|---:|---:|---:|"]
+        for k, r in enumerate(comp.itertuples(index=False)):
+            name = names[r.run]
             is_std = r.client == STD
-            ours = format_cell(r.ours_mean, r.ours_std, decimals, with_std=not is_std)
+            ours = format_cell(r.ours_mean, r.ours_std, decimals, with_std=not is_std) + (f" {marks[k]}" if marks[k] else "")
             paper = (
                 NO_RESULT if pd.isna(r.paper_mean)
                 else format_cell(r.paper_mean, r.paper_std, decimals,
@@ -271,6 +296,8 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
         if missing:
             summary += f" {missing} published cell(s) have no result of ours."
         lines += [summary, ""]
+        for line in flag_lines:
+            lines += [line, ""]
 
     if section.get("figure"):
         link = _figure_link(section["figure"], out_md)
@@ -278,49 +305,69 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
     return lines
 
 
+OWN_DATA_NOTE = (
+    "Our test results per site, with no published table to compare with (an experiment without "
+    "`paper_table`): this report reproduces no paper."
+)
+
+
+def _reading_guide(reproduction: bool) -> list[str]:
+    """How to read the cells (and, with published numbers, the Δ)."""
+    cells = (
+        "Cells read `mean (std)` in percent. Per client: mean and sample standard deviation "
+        "(ddof=1) over seeds (`–` with a single seed). `Avg`: mean over clients of the seed "
+        "means, with the standard deviation **across clients** (ddof=1)"
+    )
+    if not reproduction:
+        return [OWN_DATA_NOTE, "", cells + "; the best is bold. `Std`, where shown: population standard deviation (ddof=0) across clients."]
+    return [
+        cells + " as HarmoFL prints it. `Std` (Fed-LWR): population standard deviation (ddof=0) "
+        "across clients. Δ = ours − paper, in percentage points."
+    ]
+
+
 def write_report(
     sections: list[dict],
     out_md: Path | str,
     synthetic: bool,
     run_info: dict,
-    title: str = "fedmedbench reproduction report",
+    title: str | None = None,
     decimals: int = 2,
 ) -> Path:
-    """Write the Markdown reproduction report (atomically) and return its path.
+    """Write the Markdown report (atomically) and return its path.
 
-    ``sections``: dicts with ``title``, ``comparison`` (from :func:`compare`), ``metric_note``
-    (which metric and how it is defined), and optionally ``figure`` (path of a PNG; linked
-    relative to the report), ``labels`` (run → display name) and ``paper_source`` (e.g.
-    "HarmoFL, Table 1 (prostate)"). ``run_info`` must give ``seeds`` and ``rounds``;
-    ``paper_source`` overrides the default description of where published numbers come from;
-    any other entries are listed as they are. With ``synthetic=True`` the report opens with a
-    warning that the numbers are a pipeline smoke test, not comparable to the papers.
+    ``sections``: dicts with ``title``, ``comparison`` (from :func:`compare`) or ``table`` (from
+    :func:`fedmedbench.report.tables.table_layout`: our per-site table, for an experiment without a
+    published table), ``metric_note`` (which metric and how it is defined), and optionally
+    ``figure`` (path of a PNG; linked relative to the report), ``labels`` (run → display name),
+    ``flags`` (``report.flags.collect_flags``) and ``paper_source`` (e.g. "HarmoFL, Table 1
+    (prostate)"). ``run_info`` must give ``seeds`` and ``rounds``; ``paper_source`` overrides the
+    default description of where published numbers come from; any other entries are listed as
+    they are. With ``synthetic=True`` the report opens with a warning that the numbers are a
+    pipeline smoke test, not comparable to the papers. A report without any comparison (a user's
+    own data) is titled and described as our results alone: it claims to reproduce nothing.
     """
     out_md = Path(out_md)
     missing = [k for k in ("seeds", "rounds") if k not in run_info]
     if missing:
         raise ValueError(f"run_info must state {missing} (the report always gives them)")
+    reproduction = any("comparison" in section for section in sections)
+    if title is None:
+        title = "fedmedbench reproduction report" if reproduction else "fedmedbench report"
 
-    lines = [f"# {title}", ""]
+    lines = [f"# {_md(title)}", ""]
     if synthetic:
-        lines += [SYNTHETIC_WARNING, ""]
+        lines += [SYNTHETIC_WARNING if reproduction else SYNTHETIC_WARNING.split("; the Δ column")[0] + ".", ""]
     lines += [
         f"- Seeds: {_fmt_seeds(run_info['seeds'])}",
         f"- Communication rounds: {_fmt_value(run_info['rounds'])}",
-        f"- Published numbers: {run_info.get('paper_source', DEFAULT_PAPER_SOURCE)}",
     ]
+    if reproduction:
+        lines.append(f"- Published numbers: {run_info.get('paper_source', DEFAULT_PAPER_SOURCE)}")
     for key, value in run_info.items():
         if key not in ("seeds", "rounds", "paper_source"):
             lines.append(f"- {str(key).replace('_', ' ').capitalize()}: {_fmt_value(value)}")
-    lines += [
-        "",
-        "Cells read `mean (std)` in percent. Per client: mean and sample standard deviation "
-        "(ddof=1) over seeds (`–` with a single seed). `Avg`: mean over clients of the seed "
-        "means, with the standard deviation **across clients** (ddof=1) as HarmoFL prints it. "
-        "`Std` (Fed-LWR): population standard deviation (ddof=0) across clients. "
-        "Δ = ours − paper, in percentage points.",
-        "",
-    ]
+    lines += ["", *_reading_guide(reproduction), ""]
     for section in sections:
         lines += _section_lines(section, out_md, decimals)
     return atomic_write_text(out_md, "\n".join(lines).rstrip("\n") + "\n")

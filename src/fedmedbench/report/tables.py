@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +27,8 @@ import pandas as pd
 from fedmedbench.data.store import atomic_write_text
 from fedmedbench.errors import DataError
 from fedmedbench.report import escape
+from fedmedbench.report.flags import LATEX_MARKS, MARKS, Flags, cell_kinds, footnotes, tie_note, tied_rows
+from fedmedbench.report.metric_names import metric_label
 
 AVG = "Avg"
 STD = "Std"
@@ -241,6 +244,13 @@ def _md_escape(text: str) -> str:
     return escape.markdown(text)
 
 
+def _with_sentence(text: str, sentence: str | None) -> str:
+    """``text`` followed by ``sentence`` (none: ``text`` as it is), a full stop between them."""
+    if not sentence:
+        return text
+    return f"{text}{'' if text.rstrip().endswith(('.', ':', ';')) else '.'} {sentence}"
+
+
 def _column_order(summary: pd.DataFrame) -> list[str]:
     labels = [str(x) for x in dict.fromkeys(summary["client_label"]) if x not in AGGREGATE_LABELS]
     present = set(summary["client_label"])
@@ -273,6 +283,64 @@ def _layout(
     return cells, best
 
 
+@dataclass
+class TableLayout:
+    """A table's cells as printed (without bold or marks) and what goes with them: the rows with
+    the best Avg, each cell's flag kinds, the footnotes, and the notes on rows that tie."""
+
+    rows: list[tuple[str, str]]
+    columns: list[str]
+    cells: list[list[str]]
+    best: set[int]
+    kinds: list[list[list[str]]]
+    footnotes: list[tuple[str, str]]
+    tie_notes: list[str]
+    tied_with: dict[int, list[str]]
+
+    @property
+    def avg_index(self) -> int | None:
+        return self.columns.index(AVG) if AVG in self.columns else None
+
+
+def table_layout(
+    summary: pd.DataFrame, rows: list[tuple[str, str]], columns: list[str] | None = None,
+    decimals: int = 2, higher_is_better: bool = True, flags: Flags | None = None,
+) -> TableLayout:
+    """The layout :func:`write_table` and the report print (see there for the arguments)."""
+    if columns is None:
+        columns = _column_order(summary) if len(summary) else [AVG]
+    columns = [str(c) for c in columns]
+    cells, best = _layout(summary, rows, columns, decimals, higher_is_better)
+    flags = flags or {}
+    sites = [c for c in columns if c not in AGGREGATE_LABELS]
+    ties = tied_rows(cells, [j for j, c in enumerate(columns) if c not in AGGREGATE_LABELS], NO_RESULT)
+    return TableLayout(
+        rows=list(rows), columns=columns, cells=cells, best=best,
+        kinds=[[cell_kinds(flags, run, col, sites, AGGREGATE_LABELS) for col in columns] for run, _ in rows],
+        footnotes=footnotes(flags, [run for run, _ in rows], columns, AGGREGATE_LABELS),
+        tie_notes=[tie_note([rows[i][1] for i in group]) for group in ties],
+        tied_with={i: [rows[k][1] for k in group if k != i] for group in ties for i in group},
+    )
+
+
+def markdown_table(layout: TableLayout) -> list[str]:
+    """The Markdown table (best Avg bold, flag marks after the cells), then its footnotes and notes."""
+    md = ["| Method | " + " | ".join(_md_escape(c) for c in layout.columns) + " |"]
+    md.append("|---|" + "---:|" * len(layout.columns))
+    for i, ((_run, display), line) in enumerate(zip(layout.rows, layout.cells)):
+        shown = [
+            (f"**{_md_escape(c)}**" if (i in layout.best and j == layout.avg_index) else _md_escape(c))
+            + (" " + "".join(MARKS[k] for k in layout.kinds[i][j]) if layout.kinds[i][j] else "")
+            for j, c in enumerate(line)
+        ]
+        md.append(f"| {_md_escape(display)} | " + " | ".join(shown) + " |")
+    for kind, text in layout.footnotes:
+        md += ["", f"{MARKS[kind]} {_md_escape(text)}" if kind else _md_escape(text)]
+    for text in layout.tie_notes:
+        md += ["", f"Note: {_md_escape(text)}"]
+    return md
+
+
 def write_table(
     summary: pd.DataFrame,
     out_prefix: Path | str,
@@ -281,6 +349,8 @@ def write_table(
     decimals: int = 2,
     columns: list[str] | None = None,
     higher_is_better: bool = True,
+    metric: str | None = None,
+    flags: Flags | None = None,
 ) -> list[Path]:
     """Write ``<out_prefix>.csv``, ``.md`` and ``.tex`` for the runs in ``rows``.
 
@@ -289,19 +359,24 @@ def write_table(
     (and ``Std`` when the summary has that row), unless ``columns`` is given. Cells read
     ``mean (std)``; the best Avg (ties included) is bold in Markdown and LaTeX. The CSV is long:
     ``row, run, client, mean, std, n_seeds`` with unrounded values. Returns the written paths.
+
+    ``metric`` (a key): the caption names it in words (``report.metric_names``). ``flags`` (from
+    ``report.flags.collect_flags``): a flagged cell, and the Avg/Std that average it, carry the
+    flag's mark (``†`` a collapsed model, ``‡`` a test split without foreground) with a footnote
+    under the table; the CSV then has a ``note`` column. Rows equal on every site to the last
+    printed digit get a note naming them (in the CSV's ``note`` too).
     """
     out_prefix = Path(out_prefix)
-    if columns is None:
-        columns = _column_order(summary) if len(summary) else [AVG]
-    columns = [str(c) for c in columns]
-    cells, best = _layout(summary, rows, columns, decimals, higher_is_better)
-    avg_idx = columns.index(AVG) if AVG in columns else None
+    layout = table_layout(summary, rows, columns, decimals, higher_is_better, flags)
+    columns, cells, kinds, tied_with = layout.columns, layout.cells, layout.kinds, layout.tied_with
+    flags = flags or {}
+    metric_line = f"Metric: {metric_label(metric)}, in %." if metric else None
 
     # CSV (long)
     records = []
-    for run, display in rows:
+    for i, (run, display) in enumerate(rows):
         sub = summary[summary["run"] == run].set_index("client_label")
-        for col in columns:
+        for j, col in enumerate(columns):
             if col in sub.index:
                 rec = sub.loc[col]
                 records.append(dict(row=display, run=run, client=col, mean=rec["mean"],
@@ -309,28 +384,26 @@ def write_table(
             else:
                 records.append(dict(row=display, run=run, client=col, mean=math.nan,
                                     std=math.nan, n_seeds=0))
-    csv_text = pd.DataFrame(
-        records, columns=["row", "run", "client", "mean", "std", "n_seeds"]
-    ).to_csv(index=False)
+            note = [text for kind, text in flags.get((run, col), ()) if kind in kinds[i][j]]
+            note += [f"{MARKS[kind]} averages a flagged site" for kind in kinds[i][j] if col in AGGREGATE_LABELS]
+            note += [f"identical on every site to {', '.join(tied_with[i])}"] if i in tied_with else []
+            records[-1]["note"] = "; ".join(note)
+    # The note column only where a table has a note: an unflagged table keeps its columns.
+    csv_columns = ["row", "run", "client", "mean", "std", "n_seeds"]
+    if any(r["note"] for r in records):
+        csv_columns.append("note")
+    csv_text = pd.DataFrame(records, columns=csv_columns).to_csv(index=False)
 
     # Markdown
-    md = [f"**{_md_escape(caption)}**", ""]
-    md.append("| Method | " + " | ".join(_md_escape(c) for c in columns) + " |")
-    md.append("|---|" + "---:|" * len(columns))
-    for i, ((_run, display), line) in enumerate(zip(rows, cells)):
-        shown = [
-            f"**{_md_escape(c)}**" if (i in best and j == avg_idx) else _md_escape(c)
-            for j, c in enumerate(line)
-        ]
-        md.append(f"| {_md_escape(display)} | " + " | ".join(shown) + " |")
-    md_text = "\n".join(md) + "\n"
+    md = [f"**{_md_escape(caption)}**", ""] + ([_md_escape(metric_line), ""] if metric_line else [])
+    md_text = "\n".join(md + markdown_table(layout)) + "\n"
 
     # LaTeX (booktabs)
     tex = [
         r"% Generated by fedmedbench.report.tables; requires \usepackage{booktabs}",
         r"\begin{table}[t]",
         r"\centering",
-        rf"\caption{{{latex_escape(caption)}}}",
+        rf"\caption{{{latex_escape(_with_sentence(caption, metric_line))}}}",
         r"\begin{tabular}{l" + "c" * len(columns) + "}",
         r"\toprule",
         "Method & " + " & ".join(latex_escape(c) for c in columns) + r" \\",
@@ -338,11 +411,17 @@ def write_table(
     ]
     for i, ((_run, display), line) in enumerate(zip(rows, cells)):
         shown = [
-            rf"\textbf{{{latex_escape(c)}}}" if (i in best and j == avg_idx) else latex_escape(c)
+            (rf"\textbf{{{latex_escape(c)}}}" if (i in layout.best and j == layout.avg_index) else latex_escape(c))
+            + "".join(LATEX_MARKS[k] for k in kinds[i][j])
             for j, c in enumerate(line)
         ]
         tex.append(latex_escape(display) + " & " + " & ".join(shown) + r" \\")
-    tex += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    tex += [r"\bottomrule", r"\end{tabular}"]
+    below = [(LATEX_MARKS[kind] + " " if kind else "") + latex_escape(text) for kind, text in layout.footnotes]
+    below += [latex_escape(f"Note: {text}") for text in layout.tie_notes]
+    if below:
+        tex += [r"\par\smallskip\footnotesize", " \\\\\n".join(below)]
+    tex += [r"\end{table}"]
     tex_text = "\n".join(tex) + "\n"
 
     written = []

@@ -1,0 +1,94 @@
+"""Scores that measure no model, and methods a table cannot tell apart: the marks, footnotes and
+notes every table and the report print with them.
+
+A run's ``final.json`` holds ``flags``: per client, ``collapsed`` (the selected model predicts one
+class on the whole test split) and ``no_foreground`` (the test split has no foreground pixel), each
+with the reason in words (``fedmedbench.metrics.degenerate_flags``). A table cell that uses a flagged
+client's score carries the flag's mark, its ``Avg``/``Std`` (which average it) too, and the footnote
+under the table says which run, site and seed and why. Rows whose every site cell is the same
+to the last printed digit get a note naming them: two methods that are one in effect (FedNova is
+FedAvg when every client takes the same number of local steps).
+
+This module must stay light (no torch): report jobs import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+KINDS = ("collapsed", "no_foreground")  # footnote order
+MARKS = {"collapsed": "†", "no_foreground": "‡"}
+LATEX_MARKS = {"collapsed": r"\textsuperscript{\dag}", "no_foreground": r"\textsuperscript{\ddag}"}
+MEANING = {
+    "collapsed": "a collapsed model: its score measures no skill",
+    "no_foreground": "foreground Dice is undefined there and Dice incl. background scores only the background",
+}
+AGGREGATE_NOTE = "A marked Avg or Std averages a marked site."
+
+# (run, client label) -> [(kind, footnote text), ...]
+Flags = dict[tuple[str, str], list[tuple[str, str]]]
+
+
+def collect_flags(finals: Iterable[Mapping], names: Mapping[str, str] | None = None) -> Flags:
+    """The flags of the runs in ``finals`` by (run, client label), each with its footnote text.
+    ``names`` maps a run to its display name (default: the run). A ``collapsed`` flag describes the
+    model selected on validation: a final whose test scores were taken at another round
+    (``select_on: test``) keeps only its ``no_foreground`` flags, which belong to the split."""
+    names = names or {}
+    out: Flags = {}
+    for final in finals:
+        run = str(final.get("run") or final.get("method"))
+        labels = dict(zip(final.get("clients") or [], final.get("client_labels") or final.get("clients") or []))
+        on_val = (final.get("selection") or {}).get("split", "val") == "val"
+        for client, flags in (final.get("flags") or {}).items():
+            label = str(labels.get(client, client))
+            for kind in KINDS:
+                if kind not in flags or (kind == "collapsed" and not on_val):
+                    continue
+                if kind == "collapsed":
+                    text = f"{names.get(run, run)}, {label}, seed {final.get('seed')}: {flags[kind]} ({MEANING[kind]})."
+                else:
+                    text = f"{label}: {flags[kind]} ({MEANING[kind]})."
+                entry = (kind, text)
+                if entry not in out.setdefault((run, label), []):
+                    out[(run, label)].append(entry)
+    return out
+
+
+def cell_kinds(flags: Flags, run: str, column: str, sites: Sequence[str], aggregates: Sequence[str]) -> list[str]:
+    """The flag kinds of one cell: its own, or for an aggregate column (Avg, Std) its sites'."""
+    columns = sites if column in aggregates else [column]
+    found = {kind for col in columns for kind, _ in flags.get((run, col), ())}
+    return [kind for kind in KINDS if kind in found]
+
+
+def footnotes(flags: Flags, runs: Sequence[str], columns: Sequence[str], aggregates: Sequence[str]) -> list[tuple[str, str]]:
+    """(kind, text) of every footnote of a table over ``runs`` x ``columns``, each once, in table
+    order; ("", AGGREGATE_NOTE) last when an aggregate column carries a mark."""
+    out: list[tuple[str, str]] = []
+    for kind in KINDS:
+        for run in runs:
+            for column in columns:
+                for entry in flags.get((run, column), ()):
+                    if entry[0] == kind and entry not in out:
+                        out.append(entry)
+    sites = [c for c in columns if c not in aggregates]
+    if any(cell_kinds(flags, run, c, sites, aggregates) for run in runs for c in columns if c in aggregates):
+        out.append(("", AGGREGATE_NOTE))
+    return out
+
+
+def tied_rows(cells: Sequence[Sequence[str]], site_indices: Sequence[int], missing: str) -> list[list[int]]:
+    """Groups (of two or more) of row indices whose cell texts are equal on every site column: the
+    printed numbers cannot tell them apart. Rows lacking a site's result are left out."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, line in enumerate(cells):
+        key = tuple(line[j] for j in site_indices)
+        if key and missing not in key:
+            groups.setdefault(key, []).append(i)
+    return [members for members in groups.values() if len(members) > 1]
+
+
+def tie_note(names: Sequence[str]) -> str:
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    return f"{listed} are identical on every site (to the last printed digit)."
