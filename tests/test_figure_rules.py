@@ -71,6 +71,11 @@ def ood_final(run, seed, f1, auc):
     return {"run": run, "method": run, "seed": seed, "ood": {"OOD": {"mean": scores, "ensemble": {k: v + 0.01 for k, v in scores.items()}}}}
 
 
+def legends(fig):
+    """The axes' legends and the figure's own (a long legend goes below the axes)."""
+    return [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+
+
 def labelled_lines(ax):
     return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
 
@@ -111,7 +116,7 @@ def test_identical_series_stay_visible_and_the_tie_is_named(drawn, tmp_path, kin
         # ... yet both show: another marker and dash, hollow markers above the first curve
         assert first.get_marker() != tied.get_marker() and first.get_linestyle() != tied.get_linestyle()
         assert tied.get_markerfacecolor() == "none" and tied.get_zorder() > first.get_zorder()
-    legend_texts = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    legend_texts = [t.get_text() for legend in legends(fig) for t in legend.get_texts()]
     assert "FedNova (= FedAvg)" in legend_texts
 
 
@@ -178,7 +183,7 @@ def test_convergence_band_only_with_two_seeds(drawn, tmp_path):
 
 def _texts(fig):
     """The figure's title, and per axes its title, axis labels and legend (those that show)."""
-    artists = [fig._suptitle] if fig._suptitle else []
+    artists = ([fig._suptitle] if fig._suptitle else []) + list(fig.legends)
     for ax in fig.axes:
         artists += [ax.title, ax.xaxis.label, ax.yaxis.label] + ([ax.get_legend()] if ax.get_legend() else [])
     return [a for a in artists if a.get_visible() and not (isinstance(a, matplotlib.text.Text) and not a.get_text())]
@@ -226,8 +231,8 @@ def test_title_and_an_outside_legend_stay_inside_the_saved_image(drawn, saves, t
     figures.convergence(runs, "dice_paper", tmp_path / "conv", LONG_TITLE, labels={r: f"A method with a long name {r}" for r in runs})
     fig = drawn[-1]
     (record,) = saves
-    legend, ax = fig.axes[0].get_legend(), fig.axes[0]
-    assert legend.get_window_extent().x0 > ax.get_window_extent().x1  # it is outside the axes
+    (legend,), ax = legends(fig), fig.axes[0]
+    assert legend.get_window_extent().y1 < ax.get_window_extent().y0  # below the axes, covering no curve
     assert _inside_saved_image(record, tmp_path / "conv.png") == 4  # title, 2 axis labels, legend
     # the title is wrapped to the figure's width, so it is inside the canvas too
     assert "\n" in fig._suptitle.get_text()
@@ -377,6 +382,8 @@ def test_ten_methods_get_ten_palette_colours_and_markers(drawn, tmp_path):
     colours = [matplotlib.colors.to_hex(line.get_color()) for line in lines]
     assert len(set(colours)) == 10 and {c.upper() for c in colours} <= {c.upper() for c in figures.PALETTE}
     assert len({line.get_marker() for line in lines}) == 10
+    # past ten the colours repeat, each with another marker: twenty methods, twenty pairs
+    assert len({(figures.method_style(i)["color"], figures.method_style(i)["marker"]) for i in range(20)}) == 20
     # bars: ten palette colours, each with its own hatch
     finals = [final(run, 0, [0.8, 0.85, 0.9]) for run in runs]
     fairness.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), list(runs), tmp_path / "b", "b", "dice_paper")

@@ -78,8 +78,8 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
             per_pair = pairs[pairs["round"] == rnd].groupby(["pair", "layer_index"])["value"].mean()
             stats = per_pair.groupby("layer_index").agg(["mean", "min", "max"]).sort_index()
             count = per_pair.index.get_level_values("pair").nunique()
-            ax.fill_between(stats.index, stats["min"], stats["max"], color=PALETTE[1], alpha=0.2, lw=0, label=f"range over {count} pairs")
-            ax.plot(stats.index, stats["mean"], color=PALETTE[1], marker="o", ms=3, lw=1.4, label="mean over pairs of local models")
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=PALETTE[0], alpha=0.2, lw=0, label=f"range over {count} pairs")
+            ax.plot(stats.index, stats["mean"], color=PALETTE[0], marker="o", ms=3, lw=1.4, label="mean over pairs of local models")
             anchor = table[table["round"] == rnd].groupby("layer_index")["cka"].mean().sort_index()
             if not anchor.empty:
                 ax.plot(anchor.index, anchor.values, color="0.3", marker="s", ms=2.5, ls="--", lw=1.0, label="mean CKA(local, FedAvg anchor)")

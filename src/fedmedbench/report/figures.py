@@ -35,12 +35,13 @@ HISTORY_COLUMNS = ("round", "client", "split", "metric", "value")
 #   bbox_inches="tight", so a legend placed outside the axes and the title are inside the image.
 # ------------------------------------------------------------------------------------------------
 
-# Paul Tol's "muted" qualitative scheme (personal.sron.nl/~pault, colour-blind safe), in his order;
-# his tenth colour (pale grey) is meant for missing data and vanishes on white, so black (as in
-# Okabe-Ito's scheme) takes its place.
+# Paul Tol's "muted" qualitative scheme (personal.sron.nl/~pault, colour-blind safe); his tenth colour
+# (pale grey) is meant for missing data and vanishes on white, so black (as in Okabe-Ito's scheme)
+# takes its place. Ordered dark and light alternately with his light cyan and sand last, so the first
+# methods of a figure (few figures have more than six) get the colours that show best on white.
 PALETTE = (
-    "#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE",
-    "#882255", "#44AA99", "#999933", "#AA4499", "#000000",
+    "#332288", "#CC6677", "#117733", "#882255", "#44AA99",
+    "#AA4499", "#999933", "#88CCEE", "#DDCC77", "#000000",
 )  # fmt: skip
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
@@ -59,7 +60,7 @@ def method_style(i: int) -> dict:
     (colour, marker) pairs; beyond, the colours repeat with other markers and dashes."""
     return {
         "color": PALETTE[i % len(PALETTE)],
-        "marker": MARKERS[i % len(MARKERS)],
+        "marker": MARKERS[(i + i // len(PALETTE)) % len(MARKERS)],  # past ten, another marker per colour
         "linestyle": LINESTYLES[(i + i // len(PALETTE)) % len(LINESTYLES)],
     }
 
@@ -135,14 +136,29 @@ def draw_error_bars(ax, x, y, err, color, n_seeds=None, capsize: float = 3.0):
 
 
 def place_legend(ax, n_entries: int | None = None, outside: bool | None = None, **kwargs):
-    """Inside the axes ("best") for a few entries, outside on the right for more (or when
-    ``outside``); the layout and the tight save keep it inside the image either way."""
+    """Inside the axes ("best") for a few entries. For more, a line figure gets a figure legend below
+    its axes, in as many columns as its labels fit (long labels would squeeze the axes to a strip
+    beside a legend on the right); a bar chart (``outside=True``) keeps its legend on the right. The
+    constrained layout and the tight save keep either inside the image."""
+    handles, labels = ax.get_legend_handles_labels()
     if n_entries is None:
-        n_entries = len(ax.get_legend_handles_labels()[1])
+        n_entries = len(labels)
     kwargs.setdefault("fontsize", "small")
-    if outside or (outside is None and n_entries > LEGEND_INSIDE_MAX):
+    if outside:
         return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **kwargs)
-    return ax.legend(loc="best", **kwargs)
+    if n_entries <= LEGEND_INSIDE_MAX:
+        return ax.legend(loc="best", **kwargs)
+    fig = ax.figure
+    size = matplotlib.font_manager.FontProperties(size=kwargs["fontsize"]).get_size_in_points()
+    measure = matplotlib.textpath.TextToPath()
+    prop = matplotlib.font_manager.FontProperties(size=size)
+    widest = max(measure.get_text_width_height_descent(label, prop, ismath=False)[0] for label in labels)
+    entry = widest + 3.5 * size  # the handle, its padding and the column gap
+    ncols = int(max(1, min(4, 0.95 * fig.get_figwidth() * 72.0 // entry)))
+    # The figure grows by the legend's height, so the axes keep theirs.
+    rows = -(-len(labels) // ncols) + (1 if kwargs.get("title") else 0)
+    fig.set_figheight(fig.get_figheight() + (rows * 1.6 * size + 6.0) / 72.0)
+    return fig.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False, **kwargs)
 
 
 def wrap_to_width(text: str, width_pt: float, fontsize) -> str:

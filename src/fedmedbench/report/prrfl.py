@@ -72,7 +72,7 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
         cell = lambda key: np.array([cells.loc[r, key] if r in cells.index else np.nan for r in runs], dtype=float)  # noqa: E731
         means = cell("mean")
         xj = x + (j - (len(columns) - 1) / 2) * width
-        color = PALETTE[1] if j % 2 == 0 else PALETTE[0]  # F1 indigo, AUC rose; ensemble hatched
+        color = PALETTE[j % 2]  # F1 and AUC: the palette's first two colours; the ensemble hatched and lighter
         ensemble = "ensemble" in column
         ax.bar(xj, means, width, label=column, color=color, alpha=0.55 if ensemble else 1.0, hatch="//" if ensemble else None, hatchcolor=contrast_colour(color), edgecolor="none")
         # the table's parenthesis (std over seeds); no bar for one seed
