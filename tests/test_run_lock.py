@@ -31,7 +31,7 @@ with run_folder_lock(sys.argv[1]):
 
 def train_cli(cfg, out, **env):
     cmd = [sys.executable, "-m", "fedmedbench", "train", "--run-config", json.dumps(cfg), "--out", str(out), "--threads", "1", "--no-progress"]
-    return subprocess.run(cmd, env={**ENV, **env}, capture_output=True, text=True)
+    return subprocess.run(cmd, env={**ENV, **env}, capture_output=True, text=True, timeout=600)  # a hang fails, never blocks the suite
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
