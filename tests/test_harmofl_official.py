@@ -23,22 +23,35 @@ The official flow of round 1, per client (a fresh optimizer, as the official one
   (the whole (C, H, W) buffer; only its DC bin is ever read), then ``fix_amp = True`` everywhere.
 
 BN: the official networks use ``BatchNorm2d(affine=False, track_running_stats=False)`` (``model.bn:
-stateless``): no BN parameters or buffers. That is the strict comparison. With our row's ``bn:
-standard`` the official ``WPOptim`` (plain SAM, no freezing) would also update the running statistics
-in the forward at theta + delta, while ``ops.perturb`` updates them at theta only; the second test
-pins that documented difference (and shows everything else still agrees).
+stateless``): no BN parameters or buffers. That is the strict comparison, and what the ``harmofl-official``
+variant runs on every task (config.yaml). With ``bn: standard`` the official ``WPOptim`` (plain SAM, no
+freezing) would also update the running statistics in the forward at theta + delta, while
+``ops.perturb`` updates them at theta only; the second test pins that difference (and shows everything
+else still agrees).
+
+The official network itself: the last tests build the variant's run config from config.yaml, run one
+round and its test evaluation through the engine, and compare with a transcription of ``nets/models.py``
+(``UNet``, ``DenseNet``: every BN without affine parameters and running statistics) trained by the
+transcribed flow and tested as ``fed_train.py: test`` does, in its loader's batches (``--batch``, in
+order, the last one smaller): batch statistics at test time make the scores depend on those batches.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from fedmedbench.config import load_config, resolve_run
+from fedmedbench.data.store import read_split_csv, write_split_csv
 from fedmedbench.fl import state as ckpt_io
-from fedmedbench.fl.data import load_clients, train_batches
+from fedmedbench.fl.data import eval_batches, load_clients, train_batches
 from fedmedbench.fl.engine import run_training
 from fedmedbench.fl.seeding import client_generator
 from fedmedbench.losses import build_loss
@@ -218,3 +231,214 @@ def test_official_row_with_standard_bn_differs_only_in_running_statistics(tmp_pa
     assert frozen < 1e-6, frozen  # relative: running variances of 0..255 inputs reach the thousands
     assert torch.equal(ours["encoders.0.1.num_batches_tracked"], torch.tensor(2))  # one count per batch, at theta
     print(f"standard BN: params {diff:.3g}; running stats vs official literal {literal:.3g}, vs theta-only {frozen:.3g}")
+
+
+# --- the official network: a transcription of nets/models.py ----------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def official_bn(channels: int) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(channels, affine=False, track_running_stats=False)
+
+
+def official_unet_block(c_in: int, c_out: int, name: str) -> nn.Sequential:
+    """``UNet._block``: (3x3 conv without bias, BN, ReLU) twice, with the official module names."""
+    return nn.Sequential(OrderedDict([
+        (f"{name}_conv1", nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)), (f"{name}_bn1", official_bn(c_out)), (f"{name}_relu1", nn.ReLU()),
+        (f"{name}_conv2", nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)), (f"{name}_bn2", official_bn(c_out)), (f"{name}_relu2", nn.ReLU()),
+    ]))  # fmt: skip
+
+
+class OfficialUNet(nn.Module):
+    """``nets/models.py: UNet`` without its first op, ``AmpNorm`` (applied outside by ``official_process``)."""
+
+    def __init__(self, in_channels: int, out_channels: int, f: int):
+        super().__init__()
+        for i, (c_in, c_out) in enumerate([(in_channels, f), (f, 2 * f), (2 * f, 4 * f), (4 * f, 8 * f)], start=1):
+            setattr(self, f"encoder{i}", official_unet_block(c_in, c_out, f"enc{i}"))
+            setattr(self, f"pool{i}", nn.MaxPool2d(2, 2))
+        self.bottleneck = official_unet_block(8 * f, 16 * f, "bottleneck")
+        for i, width in zip((4, 3, 2, 1), (8 * f, 4 * f, 2 * f, f)):
+            setattr(self, f"upconv{i}", nn.ConvTranspose2d(2 * width, width, 2, stride=2))
+            setattr(self, f"decoder{i}", official_unet_block(2 * width, width, f"dec{i}"))
+        self.conv = nn.Conv2d(f, out_channels, 1)
+
+    def forward(self, x):
+        encs = []
+        for i in range(1, 5):
+            x = getattr(self, f"encoder{i}")(x if i == 1 else getattr(self, f"pool{i - 1}")(x))
+            encs.append(x)
+        x = self.bottleneck(self.pool4(x))
+        for i in (4, 3, 2, 1):
+            x = getattr(self, f"decoder{i}")(torch.cat((getattr(self, f"upconv{i}")(x), encs[i - 1]), dim=1))
+        return self.conv(x)
+
+
+def official_unet_key(key: str) -> str:
+    """Our UNet's state-dict key -> the official one (``encoders.0.3.weight`` -> ``encoder1.enc1_conv2.weight``)."""
+    parts = key.split(".")
+    conv = {"0": "conv1", "3": "conv2"}
+    if parts[0] == "encoders":
+        i = int(parts[1]) + 1
+        return f"encoder{i}.enc{i}_{conv[parts[2]]}.{parts[3]}"
+    if parts[0] == "bottleneck":
+        return f"bottleneck.bottleneck_{conv[parts[1]]}.{parts[2]}"
+    if parts[0] in ("upconvs", "decoders"):
+        i = 4 - int(parts[1])  # ours run from the bottleneck up; the official names count down
+        return f"upconv{i}.{parts[2]}" if parts[0] == "upconvs" else f"decoder{i}.dec{i}_{conv[parts[2]]}.{parts[3]}"
+    assert parts[0] == "head", key
+    return f"conv.{parts[1]}"
+
+
+def official_dice_per_sample(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``DiceLoss.dice_coef`` before its batch mean: per sample and class 2|P&G| / (|P| + |G| + 1e-5) of
+    the argmax, averaged over the classes (background included)."""
+    pred = logits.softmax(1).argmax(1)
+    dice = []
+    for c in range(logits.shape[1]):
+        p, g = (pred == c).flatten(1).float(), (target == c).flatten(1).float()
+        dice.append(2 * (p * g).sum(1) / (p.sum(1) + g.sum(1) + 1e-5))
+    return torch.stack(dice).mean(0)
+
+
+def official_test_logits(net: nn.Module, split, batch: int, amp: torch.Tensor, intensity_scale: float):
+    """``fed_train.py: test``: the loader's batches in order (the last one smaller), AmpNorm with the
+    frozen global amplitude, the network in eval mode (batch statistics: no running statistics exist)."""
+    net.eval()
+    logits, targets = [], []
+    with torch.no_grad():
+        for x, y, _ in eval_batches(split, batch, intensity_scale):
+            logits.append(net(official_process(x, amp, fix_amp=True)[0]))
+            targets.append(y)
+    return torch.cat(logits), torch.cat(targets)
+
+
+def variant_run_config(task: str) -> dict:
+    return resolve_run(load_config(ROOT / "config.yaml"), task, "harmofl-official", 0)
+
+
+@pytest.mark.parametrize("task", ["prostate", "nuclei", "camelyon17"])
+def test_official_variant_runs_the_official_network_on_every_task(task):
+    """Every task of the official row: BN without affine parameters and running statistics, evaluated in
+    batches of the training batch size (the official loaders' ``--batch``), Adam's torch defaults."""
+    cfg = RunConfig.from_dict(variant_run_config(task))
+    assert cfg.model.bn == "stateless" and cfg.eval_batch == cfg.batch_size
+    assert cfg.optimizer.betas == (0.9, 0.999) and cfg.method_params["official_code"] is True
+    model = build_model({**cfg.to_dict()["model"], "init_features": 2, "growth_rate": 4, "block_config": [1, 1, 1, 1], "num_init_features": 8})
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms and all(m.weight is None and m.running_mean is None for m in norms)
+    assert not [k for k in model.state_dict() if "running" in k or "num_batches" in k]
+    paper = RunConfig.from_dict(resolve_run(load_config(ROOT / "config.yaml"), task, "harmofl", 0))
+    assert paper.model.bn == "standard"  # the paper rows keep their network
+
+
+def test_official_network_round_and_test_match_the_transcription(tmp_path):
+    """One real round of ``harmofl-official`` as config.yaml resolves it (its model, evaluation batch,
+    optimizer and method settings; tiny sizes) against the transcribed official network, flow and test."""
+    variant = variant_run_config("prostate")
+    store, split = write_tiny_task(tmp_path / "data", n=(16, 16, 16))
+    rows = read_split_csv(split)
+    position = rows.groupby("client").cumcount()
+    rows["split"] = ["train" if k < 8 else "val" if k < 10 else "test" for k in position]  # 8 / 2 / 6: test in batches 4 + 2
+    write_split_csv(rows, split)
+    cfg = tiny_run_config(
+        store, split, "harmofl", rounds=1, augment="none", batch_size=BATCH, intensity_scale=1.0, truncate_to_smallest=True,
+        model={**variant["model"], "init_features": 2}, eval_batch_size=variant["eval_batch_size"],
+        optimizer={**variant["optimizer"], "lr": OPTIMIZER["lr"]}, method_params=variant["method_params"],
+    )  # fmt: skip
+    run_training(cfg, tmp_path / "run", device="cpu", progress=False)
+    best = ckpt_io.load(tmp_path / "run" / "model_best.pt")["models"]["base"]
+    ours = {official_unet_key(k.removeprefix("net.")): v for k, v in best.items() if k.startswith("net.")}
+    final = json.loads((tmp_path / "run" / "final.json").read_text())
+    cfg = RunConfig.from_dict(cfg)
+    assert cfg.optimizer.betas == tuple(OPTIMIZER["betas"]) and cfg.eval_batch == BATCH
+
+    torch.manual_seed(cfg.seed)  # the engine's initial model, moved into the transcription
+    init = {official_unet_key(k): v for k, v in build_model(cfg.model).state_dict().items()}
+    net = OfficialUNet(3, 2, 2)
+    net.load_state_dict(init)  # strict: the same tensors, no BN state on either side
+    data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), True)
+    states, amps = [], []
+    for index, client in enumerate(data):
+        batches = list(train_batches(client.train, BATCH, client_generator(cfg.seed, index), "none", 1.0))
+        state, amp = official_client_round(copy.deepcopy(net), batches, build_loss(cfg.loss))
+        states.append({k: v.clone() for k, v in state.items()})
+        amps.append(amp)
+    weights, amp = official_communication(states, amps)
+    assert set(ours) == set(weights)
+    moved = max_diff(weights, init, weights)
+    diff = max_diff(ours, weights, weights)
+    assert moved > 1e-3 and diff < ATOL, (diff, moved)
+
+    net.load_state_dict(weights)
+    for client in data:
+        logits, target = official_test_logits(net, client.test, BATCH, amp, 1.0)
+        per_sample = official_dice_per_sample(logits, target)
+        assert len(per_sample) == 6
+        # Ours: the mean over samples; the official code averages its per-batch means (4 and 2 samples).
+        ours_dice = final["test"][client.name]["dice_paper"]
+        assert abs(ours_dice - float(per_sample.mean())) < 1e-4, (client.name, ours_dice, float(per_sample.mean()))
+        one_batch, _ = official_test_logits(net, client.test, len(client.test), amp, 1.0)
+        assert float((one_batch - logits).abs().max()) > 1e-3  # batch statistics: the test batches matter
+        print(f"{client.name}: dice ours {ours_dice:.6f}, official per-sample {float(per_sample.mean()):.6f}, per-batch {(per_sample[:4].mean() + per_sample[4:].mean()) / 2:.6f}")
+    print(f"official network: weights moved {moved:.3g}, max |ours - official| {diff:.3g}")
+
+
+class OfficialDenseLayer(nn.Sequential):
+    def __init__(self, c_in: int, growth: int, bn_size: int):
+        super().__init__(OrderedDict([
+            ("bn1", official_bn(c_in)), ("relu1", nn.ReLU()), ("conv1", nn.Conv2d(c_in, bn_size * growth, 1, bias=False)),
+            ("bn2", official_bn(bn_size * growth)), ("relu2", nn.ReLU()), ("conv2", nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)),
+        ]))  # fmt: skip
+
+    def forward(self, x):
+        return torch.cat([x, super().forward(x)], 1)
+
+
+class OfficialDenseNet(nn.Module):
+    """``nets/models.py: DenseNet`` (DenseNet-BC, a ZeroPad2d(2) after the first block) without ``AmpNorm``."""
+
+    def __init__(self, growth: int, blocks: tuple[int, ...], init_features: int, bn_size: int = 4, classes: int = 2):
+        super().__init__()
+        layers = OrderedDict([("conv0", nn.Conv2d(3, init_features, 7, stride=2, padding=3, bias=False)), ("bn0", official_bn(init_features)), ("relu0", nn.ReLU()), ("pool0", nn.MaxPool2d(3, 2, padding=1))])
+        c = init_features
+        for i, n in enumerate(blocks):
+            block = nn.Sequential(OrderedDict((f"denselayer{j + 1}", OfficialDenseLayer(c + j * growth, growth, bn_size)) for j in range(n)))
+            layers[f"denseblock{i + 1}"] = block
+            c += n * growth
+            if i == 0:
+                layers["zero_padding"] = nn.ZeroPad2d(2)
+            if i != len(blocks) - 1:
+                layers[f"transition{i + 1}"] = nn.Sequential(OrderedDict([("bn", official_bn(c)), ("relu", nn.ReLU()), ("conv", nn.Conv2d(c, c // 2, 1, bias=False)), ("pool", nn.AvgPool2d(2, 2))]))
+                c //= 2
+        layers["bn5"] = official_bn(c)
+        self.features = nn.Sequential(layers)
+        self.classifier = nn.Linear(c, classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(F.relu(self.features(x)), (1, 1)), 1))
+
+
+def test_official_densenet_matches_the_transcription():
+    """Camelyon17's network under the variant's ``bn``: the same parameters as the transcribed official
+    DenseNet (strict load), the same outputs in train and eval mode, the same SGD step."""
+    variant = variant_run_config("camelyon17")
+    model_cfg = {**variant["model"], "growth_rate": 4, "block_config": [2, 2, 2, 2], "num_init_features": 8}
+    torch.manual_seed(0)
+    ours = build_model(model_cfg)
+    official = OfficialDenseNet(4, (2, 2, 2, 2), 8)
+    official.load_state_dict(ours.state_dict())  # strict: same keys (BN has none), same shapes
+    x = torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 1, 1, 0])
+    with torch.no_grad():
+        for mode in (True, False):
+            ours.train(mode), official.train(mode)
+            torch.testing.assert_close(ours(x), official(x), rtol=0, atol=1e-6)
+        assert float((ours.eval()(x[:2]) - ours(x)[:2]).abs().max()) > 1e-4  # batch statistics at test time
+    for net in (ours, official):
+        net.train()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    diff = max_diff(ours.state_dict(), official.state_dict(), ours.state_dict())
+    assert diff < 1e-6, diff

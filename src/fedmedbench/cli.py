@@ -383,6 +383,7 @@ def split_counts(final: dict) -> list[str]:
 
 def cmd_report(args) -> None:
     from fedmedbench.report.compare import compare, load_paper_table, write_report
+    from fedmedbench.report.equivalences import fednova_fedavg_note
     from fedmedbench.report.flags import collect_flags
     from fedmedbench.report.metric_names import metric_label
     from fedmedbench.report.tables import seed_summary, table_layout
@@ -402,7 +403,8 @@ def cmd_report(args) -> None:
             description = picked[0][0]["metric_descriptions"].get(exp.metric)
             # The metric in words, never its key (report.metric_names), then how it is computed.
             section["metric_note"] = f"{metric_label(exp.metric)}, in %." + (f" {description[0].upper()}{description[1:]}." if description else "")
-            section["notes"] = (*exp.notes, *split_counts(picked[0][0]))
+            # Rows that are one computation say why (FedNova = FedAvg with equal local steps), computed from the finals.
+            section["notes"] = (*exp.notes, *fednova_fedavg_note([f for f, _ in picked], exp.labels), *split_counts(picked[0][0]))
             rows = [(run, exp.label(run)) for run in exp.runs]
             section["flags"] = collect_flags([f for f, _ in picked], dict(rows))
             if exp.paper_table:

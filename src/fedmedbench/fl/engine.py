@@ -76,8 +76,15 @@ def predict_samples(model: torch.nn.Module, split, cfg: RunConfig, device: torch
     if count == 0:
         return {}
     model.eval()
-    x, y, _ = next(eval_batches(split, count, cfg.intensity_scale))
-    pred = model(x.to(device)).argmax(1).cpu()
+    # The evaluation's own batches: a model with batch statistics at test time (`model.bn: stateless`)
+    # predicts each image from its batch, so the figure shows the predictions the scores were made of.
+    labels, preds = [], []
+    for x, y, _ in eval_batches(split, cfg.eval_batch, cfg.intensity_scale):
+        labels.append(y)
+        preds.append(model(x.to(device)).argmax(1).cpu())
+        if sum(len(b) for b in labels) >= count:
+            break
+    y, pred = torch.cat(labels)[:count], torch.cat(preds)[:count]
     image = torch.from_numpy(np.asarray(split.images[split.rows[:count]]))
     return {"image": image, "label": y.to(torch.uint8), "pred": pred.to(torch.uint8)}
 

@@ -318,12 +318,14 @@ def _reading_guide(reproduction: bool) -> list[str]:
         "(ddof=1) over seeds (`–` with a single seed). `Avg`: mean over clients of the seed "
         "means, with the standard deviation **across clients** (ddof=1)"
     )
+    # One spread across clients per table: where a Std column is shown, Avg's parenthesis is over seeds.
+    std = (
+        "population standard deviation (ddof=0) across clients, averaged over seeds; in a table with "
+        "a `Std` column, `Avg`'s parenthesis is the sample standard deviation over seeds of the average"
+    )
     if not reproduction:
-        return [OWN_DATA_NOTE, "", cells + "; the best is bold. `Std`, where shown: population standard deviation (ddof=0) across clients."]
-    return [
-        cells + " as HarmoFL prints it. `Std` (Fed-LWR): population standard deviation (ddof=0) "
-        "across clients. Δ = ours − paper, in percentage points."
-    ]
+        return [OWN_DATA_NOTE, "", cells + f"; the best is bold. `Std`, where shown: {std}."]
+    return [cells + f" as HarmoFL prints it. `Std` (Fed-LWR): {std}. Δ = ours − paper, in percentage points."]
 
 
 def write_report(

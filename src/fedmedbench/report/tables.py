@@ -7,8 +7,11 @@ Conventions (see resources/paper_tables/README.md):
 * The ``Avg`` cell is the mean over clients of the per-client seed means, and its parenthesis
   is the standard deviation **across clients** of those seed means (ddof=1). This is what the
   HarmoFL tables print: their Avg parenthesis equals the sample std of the printed client means.
-* The optional ``Std`` row (Fed-LWR's fairness measure) is the population standard deviation
-  (ddof=0) across clients of the per-client seed means; it has no parenthesis.
+* The optional ``Std`` row (Fed-LWR's fairness measure) is, per seed, the population standard
+  deviation (ddof=0) across clients, averaged over seeds; it has no parenthesis. A table with it
+  prints one spread across clients only: its ``Avg`` parenthesis is the sample std over seeds of
+  the per-seed average (``–`` with one seed), as the per-client cells' (the Fed-LWR tables print
+  none), never a second, ddof=1 std of the same client values beside the Std column.
 
 This module must stay light (no torch): report jobs import it.
 """
@@ -124,7 +127,8 @@ def seed_summary(
     seed means; std = sample std across clients of the seed means, ddof=1), and, when
     ``std_row`` is True, one ``Std`` row per run (Fed-LWR's fairness measure: per seed the
     population std across clients, ddof=0, then the mean over seeds; its ``std`` is the sample
-    std of those over seeds). Runs keep the order in which they first
+    std of those over seeds) while the ``Avg`` row's std becomes the sample std over seeds of
+    the per-seed average (the table's one spread across clients is Std). Runs keep the order in which they first
     appear in ``finals``; clients keep the order of ``final["clients"]``.
 
     ``sources`` (optional, same length as ``finals``) names the file each dict came from, for
@@ -199,7 +203,9 @@ def seed_summary(
                 dict(run=run, method=method, client=client, client_label=label,
                      mean=float(m), std=float(s), n_seeds=n_seeds)
             )
-        avg_std = std_across_clients(client_means)
+        # With a Std column the across-client spread is printed once, as Std (ddof=0); Avg's
+        # parenthesis is then a spread over seeds, like every per-client cell's.
+        avg_std = float(std_over_seeds(values.mean(axis=1))) if std_row else std_across_clients(client_means)
         rows.append(
             dict(run=run, method=method, client=AVG, client_label=AVG,
                  mean=float(client_means.mean()), std=avg_std, n_seeds=n_seeds)
