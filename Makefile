@@ -8,7 +8,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -e ".[dev]"
+	$(VENV)/bin/pip install -e ".[dev,flower]"
 	touch $(STAMP)
 
 # Training jobs start warm (forked from a process that imported torch once): see src/fedmedbench/jobserver.py.

@@ -1,0 +1,169 @@
+"""The generic ClientApp: any method's ``Client`` on the SuperNode's own site.
+
+The SuperNode's node config names the site and its data, e.g.::
+
+    flower-supernode ... --node-config 'store="/data/store" split="/data/split.csv" client="BIDMC"'
+
+optionally ``state-dir="/var/lib/fedmedbench"`` (where the site keeps its state between messages;
+default ``./fedmedbench-site``) and ``device="cuda:0"`` (default: the CPU). The site opens only its
+own rows of the store. Flower starts a fresh ClientApp for every message, so everything the client
+holds between rounds (its models, optimizer state, data generator, a method's deputies or personal
+models, the model kept by selection) is the method's own ``Client.state_dict`` (the same state a
+checkpoint holds), written atomically to ``<state-dir>/run-<run id>/<client>.pt`` after each
+message and read back before the next.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedmedbench.federation.messages import config_of, pack, unpack
+from fedmedbench.fl.transport import Site, SiteError
+
+app = ClientApp()
+
+
+def node_setting(context: Context, key: str, default=None):
+    value = context.node_config.get(key, default)
+    if value is None:
+        raise SiteError(f"SuperNode node config: {key!r} is missing (e.g. --node-config '{key}=\"...\"')")
+    return value
+
+
+def state_file(context: Context) -> Path:
+    folder = Path(str(node_setting(context, "state-dir", "fedmedbench-site"))) / f"run-{context.run_id}"
+    return folder / f"{node_setting(context, 'client')}.pt"
+
+
+def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -> Site:
+    """This node's ``Site`` for the run config ``cfg_json``, built as the engine builds a client
+    (the same seed, model initialisation and data generator), from the node's own data only."""
+    from fedmedbench.fl.data import load_clients
+    from fedmedbench.fl.seeding import client_generator, seed_everything
+    from fedmedbench.methods import load_method
+    from fedmedbench.models import build_model
+    from fedmedbench.runconfig import RunConfig
+
+    cfg = RunConfig.from_dict(json.loads(cfg_json))
+    name = str(node_setting(context, "client"))
+    if name not in cfg.clients:
+        raise SiteError(f"site {name}: the run's clients are {list(cfg.clients)}; this SuperNode's client is not one of them")
+    index = list(cfg.clients).index(name)
+    method = load_method(cfg.method, cfg.method_module)
+    data = load_clients(Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name], False)[0]
+    if train_rows is not None:  # truncate_to_smallest: the smallest site's size, from the server
+        from fedmedbench.fl.data import SplitData
+
+        train = data.train
+        data.train = SplitData(train.images, train.labels, train.rows[:train_rows], train.groups[:train_rows], train.reader)
+    device = torch.device(str(context.node_config.get("device", "cpu")))
+    seed_everything(cfg.seed, device)
+    model = build_model(cfg.model)
+    return Site(cfg, method.Client(cfg, index, data, model, client_generator(cfg.seed, index), device), device)
+
+
+def load_site(context: Context) -> Site:
+    from fedmedbench.fl import state as ckpt_io
+
+    path = state_file(context)
+    if not path.is_file():
+        raise SiteError(f"site {node_setting(context, 'client')}: no state at {path} (the run was not set up on this node, or its state-dir changed)")
+    saved = ckpt_io.load(path)
+    site = build_site(saved["cfg"], context, saved["train_rows"])
+    site.load_state_dict(saved["site"])
+    site.cfg_json, site.train_rows = saved["cfg"], saved["train_rows"]
+    return site
+
+
+def save_site(site: Site, context: Context) -> None:
+    from fedmedbench.fl import state as ckpt_io
+
+    path = state_file(context)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ckpt_io.save_atomic({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict()}, path)
+
+
+def reply(message: Message, value, **config) -> Message:
+    return Message(pack(value, **config), reply_to=message)
+
+
+def handle(message: Message, context: Context, step) -> Message:
+    """Run ``step(site, payload, config) -> value | (value, reply config)`` on the loaded site, save
+    it, reply; a failure goes back as one line naming the site (the server stops with it)."""
+    name = str(context.node_config.get("client", "?"))
+    try:
+        site = load_site(context)
+        value = step(site, unpack(message.content, f"server message to site {name}"), config_of(message.content))
+        save_site(site, context)
+        value, config = value if isinstance(value, tuple) else (value, {})
+        return reply(message, value, **config)
+    except Exception as err:  # the server reports it: it names the site and the round
+        return Message(RecordDict({"error": ConfigRecord({"text": f"site {name}: {type(err).__name__}: {err}"})}), reply_to=message)
+
+
+@app.query("hello")
+def hello(message: Message, context: Context) -> Message:
+    """Who this node is and how many training rows it has (for ``truncate_to_smallest``)."""
+    name = str(context.node_config.get("client", "?"))
+    try:
+        cfg_json = config_of(message.content)["cfg"]
+        site = build_site(cfg_json, context)
+        return reply(message, {"client": name, "train_rows": len(site.client.data.train)})
+    except Exception as err:
+        return Message(RecordDict({"error": ConfigRecord({"text": f"site {name}: {type(err).__name__}: {err}"})}), reply_to=message)
+
+
+@app.query("setup")
+def setup(message: Message, context: Context) -> Message:
+    name = str(context.node_config.get("client", "?"))
+    try:
+        config = config_of(message.content)
+        train_rows = int(config["train_rows"]) if int(config["train_rows"]) >= 0 else None
+        site = build_site(config["cfg"], context, train_rows)
+        site.cfg_json, site.train_rows = config["cfg"], train_rows
+        site.start(unpack(message.content, f"server setup for site {name}"))
+        save_site(site, context)
+        return reply(message, {"client": name})
+    except Exception as err:
+        return Message(RecordDict({"error": ConfigRecord({"text": f"site {name}: {type(err).__name__}: {err}"})}), reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    def step(site, _payload, config):
+        # The method's reply is the payload (its state an ArrayRecord); the loss and the local-epoch
+        # curve's history rows ride in the config record.
+        reply_value, loss, rows = site.train(int(config["round"]))
+        return reply_value, {"loss": loss, "rows": json.dumps(rows)}
+
+    return handle(message, context, step)
+
+
+@app.query("answer")
+def answer(message: Message, context: Context) -> Message:
+    return handle(message, context, lambda site, query, _config: site.answer(query))
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    def step(site, package, config):
+        val, test = site.evaluate(int(config["round"]), package, bool(config["with_test"]))
+        return {"val": val, "test": test}
+
+    return handle(message, context, step)
+
+
+@app.query("keep")
+def keep(message: Message, context: Context) -> Message:
+    # The server does not need the kept model now: it stays here until the final message.
+    return handle(message, context, lambda site, _p, config: site.keep(int(config["round"])) and None)
+
+
+@app.query("final")
+def final(message: Message, context: Context) -> Message:
+    return handle(message, context, lambda site, _p, _c: site.final())

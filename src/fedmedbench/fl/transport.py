@@ -1,0 +1,261 @@
+"""The round protocol over a transport: the same loop whether the clients live in this process or
+behind Flower's SuperNodes (``fedmedbench.federation``).
+
+A round, seen from the server: every site trains and replies (``train``); the method's server may
+ask a second question (``query`` -> ``answer``); it aggregates; every site receives its package and
+evaluates the model it would hand over on val (and test on curve rounds) (``evaluate``); when the
+validation scores improve a selection, the covered sites keep that model (``keep``). After the last
+round each site scores its kept model on its test split (``final``).
+
+``Site`` is one client's side of it and holds everything that client keeps between rounds (the
+method's ``Client`` with its personal models and optimizer state, the kept model); its
+``state_dict`` is what a stateless Flower ClientApp stores in the node's own folder between messages.
+``InProcessTransport`` calls the sites directly (the engine's simulation); ``run_rounds`` is the
+loop, and nothing in it knows where the sites are. The loop, the sites and the transports import no
+method and no Flower.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from fedmedbench.errors import FedmedbenchError
+
+
+class SiteError(FedmedbenchError):
+    """A site refused or failed a step (one line naming the site and round)."""
+
+
+def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+class Site:
+    """One client's side of the round protocol, around the method's ``Client``."""
+
+    def __init__(self, cfg, client, device: torch.device):
+        self.cfg, self.client, self.device = cfg, client, device
+        self.name = client.name
+        # The model kept at the last selection that covered this site: {"round", "model", "predictions"}.
+        self.kept: dict | None = None
+        self.cfg_json, self.train_rows = None, None  # how a Flower site rebuilds itself (federation.clientapp)
+
+    def start(self, package) -> None:
+        """Before round 1: the server's initial package (round 0)."""
+        self.client.receive(package)
+
+    def train(self, round_index: int) -> tuple[dict, float, list[dict]]:
+        """Local training: (reply, mean training loss, history rows of the local-epoch probe)."""
+        from fedmedbench.fl.engine import check_finite, local_epoch_probe
+
+        client, rows = self.client, []
+        client.round_index = round_index
+        if self.cfg.local_epoch_curve:
+            client.epoch_probe = local_epoch_probe(self.cfg, self.device, rows)
+            client.epoch_probe(client, 0)  # right after receiving the server's model
+        loss = client.train(self.cfg.local_epochs)
+        check_finite(round_index, client.name, "local model", loss, client.model.state_dict())
+        return client.reply(), loss, rows
+
+    def answer(self, query):
+        return self.client.answer(query)
+
+    def evaluate(self, round_index: int, package, with_test: bool) -> tuple[dict, dict | None]:
+        """Receive the round's package, then score the model this site would hand over: (val, test)."""
+        from fedmedbench.fl.engine import check_finite, evaluate
+
+        self.client.receive(package)
+        model = self.client.eval_model()
+        check_finite(round_index, self.name, "evaluated model", None, model.state_dict())
+        val = evaluate(model, self.client.data.val, self.cfg, self.device)
+        test = evaluate(model, self.client.data.test, self.cfg, self.device) if with_test else None
+        return val, test
+
+    def keep(self, round_index: int) -> tuple[dict, dict]:
+        """A selection covering this site improved: keep the evaluated model and its qualitative
+        predictions (the engine's ``Selection.record`` inputs). Returns (model state, predictions)."""
+        from fedmedbench.fl.engine import predict_samples
+
+        model = self.client.eval_model()
+        state = detached(model.state_dict())
+        predictions = predict_samples(model, self.client.data.test, self.cfg, self.device)
+        self.kept = {"round": round_index, "model": state, "predictions": predictions}
+        return state, predictions
+
+    def final(self) -> dict:
+        """The kept model's test scores (the engine's ``final_test`` for this site), with the kept
+        model and predictions: {"test", "flags", "counts", "model", "predictions", "round"}."""
+        from fedmedbench.fl import engine
+
+        if self.kept is None:
+            raise SiteError(f"site {self.name}: no model was kept (no selection covered it); nothing to test")
+        model = self.client.eval_model()
+        model.load_state_dict(self.kept["model"])
+        out = {"model": self.kept["model"], "predictions": self.kept["predictions"], "round": self.kept["round"], "flags": {}, "counts": {}}
+        if hasattr(engine, "evaluate_meter"):  # scores, what the model predicted and its degeneracy flags
+            meter = engine.evaluate_meter(model, self.client.data.test, self.cfg, self.device)
+            out["test"], out["counts"] = meter.compute(), meter.class_counts()
+            out["flags"] = meter.flags() or {}
+        else:
+            out["test"] = engine.evaluate(model, self.client.data.test, self.cfg, self.device)
+        return out
+
+    # --- what a stateless ClientApp stores between messages -------------------------------------
+    def state_dict(self) -> dict:
+        return {"client": self.client.state_dict(), "kept": self.kept}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.client.load_state_dict(state["client"])
+        self.kept = state["kept"]
+
+
+class Transport(Protocol):
+    """How the server's loop reaches the sites; every list is in the run's client order."""
+
+    def start(self, packages: list) -> None: ...
+
+    def train(self, round_index: int) -> list[tuple[dict, float, list[dict]]]: ...
+
+    def answer(self, round_index: int, queries: list) -> list: ...
+
+    def evaluate(self, round_index: int, packages: list, with_test: bool) -> list[tuple[dict, dict | None]]: ...
+
+    def keep(self, round_index: int, names: list[str]) -> dict[str, tuple[dict, dict]]: ...
+
+    def final(self) -> dict[str, dict]: ...
+
+
+class InProcessTransport:
+    """Every site in this process, called in client order (the engine's simulation)."""
+
+    def __init__(self, sites: list[Site]):
+        self.sites = sites
+
+    def start(self, packages):
+        for site, package in zip(self.sites, packages):
+            site.start(package)
+
+    def train(self, round_index):
+        return [site.train(round_index) for site in self.sites]
+
+    def answer(self, round_index, queries):
+        return [site.answer(query) for site, query in zip(self.sites, queries)]
+
+    def evaluate(self, round_index, packages, with_test):
+        return [site.evaluate(round_index, package, with_test) for site, package in zip(self.sites, packages)]
+
+    def keep(self, round_index, names):
+        by_name = {site.name: site for site in self.sites}
+        return {name: by_name[name].keep(round_index) for name in names}
+
+    def final(self):
+        return {site.name: site.final() for site in self.sites}
+
+
+def run_rounds(cfg, server, transport: Transport, names: list[str], selection, history: list[dict], first_round: int, on_round_end: Callable[[int, dict, dict], None] | None = None) -> None:
+    """Rounds ``first_round`` .. ``cfg.rounds`` of the method's ``server`` with the sites behind
+    ``transport``: appends history.csv's rows to ``history`` and records the selections in
+    ``selection`` (the engine's ``Selection``). ``on_round_end(round, val, test)``: progress and
+    checkpoints, after the round's rows and selection."""
+    from fedmedbench.fl.engine import curve_every, selection_open
+
+    for round_index in range(first_round, cfg.rounds + 1):
+        trained = transport.train(round_index)
+        replies = [reply for reply, _, _ in trained]
+        for _, _, rows in trained:
+            history += rows
+        queries = server.query(round_index, replies)
+        if queries is not None:
+            for reply, answer in zip(replies, transport.answer(round_index, queries)):
+                reply["answer"] = answer
+        server.aggregate(round_index, replies)
+        for index, values in server.round_log(round_index).items():
+            history += [{"round": round_index, "client": names[index], "split": "server", "metric": k, "value": float(v)} for k, v in values.items()]
+        packages = [server.package(index, round_index) for index in range(len(names))]
+        with_test = round_index % curve_every(cfg) == 0 or round_index == cfg.rounds
+        scores = transport.evaluate(round_index, packages, with_test)
+        val, test = {}, {}
+        for index, (name, (val_scores, test_scores)) in enumerate(zip(names, scores)):
+            val[name] = val_scores
+            if test_scores is not None:
+                test[name] = test_scores
+            history.append({"round": round_index, "client": name, "split": "train", "metric": "loss", "value": trained[index][1]})
+            for split_name, split_scores in (("val", val), ("test", test)):
+                for metric_name, value in split_scores.get(name, {}).items():
+                    history.append({"round": round_index, "client": name, "split": split_name, "metric": metric_name, "value": value})
+        for key, covered in (selection.improved(val, round_index) if selection_open(cfg, round_index) else {}).items():
+            kept = transport.keep(round_index, covered)
+            selection.record(key, round_index, val, {n: kept[n][0] for n in covered}, {n: kept[n][1] for n in covered})
+        if on_round_end is not None:
+            on_round_end(round_index, val, test)
+
+
+def serve(cfg, out_dir, transport: Transport, progress: bool = True) -> dict:
+    """The server's side of a whole run: the method's ``Server`` (built from the config alone: the
+    server opens no store), the rounds over ``transport``, then the sites' final test scores, and the
+    run folder's outputs (history.csv, final.json, model_best.pt, predictions.npz) exactly as the
+    engine writes them. ``cfg``: a ``RunConfig`` whose method params are merged."""
+    import inspect
+    import logging
+    from pathlib import Path
+
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.seeding import seed_everything
+    from fedmedbench.methods import load_method
+    from fedmedbench.models import build_model
+    from fedmedbench.progress import Progress
+
+    if cfg.ood_clients:
+        raise SiteError(f"run {cfg.run}: ood_clients {list(cfg.ood_clients)}: test-only cohorts are not served over a transport yet; run it with the engine")
+    method = load_method(cfg.method, cfg.method_module)
+    names = list(cfg.clients)
+    # The engine's initialisation: the same seed, then the model, so the server holds the weights
+    # every site built for itself.
+    seed_everything(cfg.seed, torch.device("cpu"))
+    server = method.Server(cfg, build_model(cfg.model), len(names))
+    per_client = {"auto": method.PERSONALIZED, "per_client": True, "pooled": False}[cfg.selection_scope]
+    selection = engine.Selection(names, cfg.selection_metric, per_client=per_client)
+    history: list[dict] = []
+    transport.start([server.package(index, 0) for index in range(len(names))])
+    log = logging.getLogger("fedmedbench.federation")
+    bar = Progress(cfg.rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", interval=0.0, enabled=progress)
+    metric = cfg.selection_metric
+
+    def round_end(round_index, val, test):
+        mean_test = f", mean test {sum(t[metric] for t in test.values()) / len(test):.4f}" if test else ""
+        bar.update(1, f"mean val {metric} {sum(v[metric] for v in val.values()) / len(val):.4f}{mean_test}")
+
+    run_rounds(cfg, server, transport, names, selection, history, 1, round_end)
+    bar.close()
+    finals = transport.final()
+    for entry in selection.best.values():  # the kept models, where the sites kept them
+        for name in entry["val"]:
+            entry["models"][name] = finals[name]["model"]
+            entry["predictions"][name] = finals[name]["predictions"]
+    test = {name: finals[name]["test"] for name in names}
+    extra = {}
+    if "flags" in inspect.signature(engine.write_outputs).parameters:
+        extra = {"flags": {n: f["flags"] for n, f in finals.items() if f["flags"]}, "class_counts": {n: f["counts"] for n, f in finals.items()}}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return engine.write_outputs(cfg, out_dir, names, selection, test, history, out_dir / "checkpoint.pt", None, **extra)
+
+
+def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
+    """Every client of ``cfg`` as a ``Site`` in this process, built as the engine builds them."""
+    import copy
+    from pathlib import Path
+
+    from fedmedbench.fl.data import load_clients
+    from fedmedbench.fl.seeding import client_generator, seed_everything
+    from fedmedbench.methods import load_method
+    from fedmedbench.models import build_model
+
+    device = device or torch.device("cpu")
+    method = load_method(cfg.method, cfg.method_module)
+    data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)
+    seed_everything(cfg.seed, device)
+    model = build_model(cfg.model)
+    return [Site(cfg, method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device), device) for i, d in enumerate(data)]
