@@ -193,14 +193,27 @@ def test_official_row_matches_a_transcription_of_the_official_update(tmp_path, m
 
     model = build_model(RunConfig.from_dict(cfg).model)
     expected, deltas = official_round(model, seen["states"], [val_images[c] for c in ("A", "B", "C")])
-    # the similarities themselves, per client and layer, to float32 rounding
+    # The similarities, per client and layer, agree up to the official numerics' own float32 noise, not bit
+    # for bit: the uncentred float32 Grams (large entries, differences of large terms in the unbiased HSIC)
+    # round differently with another summation order (BLAS threads, hook order). Measured here: up to
+    # 3.9e-5 in δ, and 1e-6 where δ is ~0 (the official clip at 1e-4 removes those); an audit of the official
+    # code as is at larger sizes: up to 3.5e-2. A different estimator or clip moves δ by 1e-2 or more.
     for layer, values in deltas.items():
         ours = [seen["log"][k][f"cka:{layer}"] for k in range(3)]
-        assert ours == pytest.approx(values, rel=1e-4, abs=1e-7), layer
+        assert ours == pytest.approx(values, rel=1e-4, abs=1e-4), layer
     # they are not trivially clipped away: the weights are not uniform on some layers
     rho = np.array([[seen["log"][k][f"rho:{layer}"] for k in range(3)] for layer in deltas])
     assert np.abs(rho - 1 / 3).max() > 0.1  # about 0.58 here: on encoders.1.x client A weighs 0.91
+    # ρ = (1 - c)/Σ(1 - c) amplifies δ's noise near δ = 1 (4e-5 is 0.5 % of 1 - δ at δ = 0.992):
+    # measured up to 1.8e-4 against the transcription's ρ
+    for i, (layer, values) in enumerate(deltas.items()):
+        w = 1 - np.clip(values, 1e-4, 0.99)
+        assert rho[i] == pytest.approx(w / (w.sum() + 1e-9), abs=1e-3), layer
     for key, value in expected.items():
         if key.endswith("num_batches_tracked"):
             continue  # official: a float-weighted mean truncated to int; ours: the max (unused in eval-mode BN)
-        assert torch.allclose(seen["global"][key].float(), value, rtol=1e-5, atol=1e-7), key
+        # Σ ρ_k w_k moves by at most Σ|Δρ_k| times the clients' spread around their mean (Σ Δρ_k = 0):
+        # measured up to 2.8e-4 of the spread
+        stack = torch.stack([state[key].float() for state in seen["states"]])
+        spread = float((stack - stack.mean(0)).abs().max())
+        assert float((seen["global"][key].float() - value).abs().max()) <= 3e-3 * spread + 1e-6, key

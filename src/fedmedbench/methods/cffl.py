@@ -26,12 +26,21 @@ the reference's. With θ_u = 0.1, U has at most K·θ_u·D non-zero entries, so 
 (r_i/max r)(n_i/max n) above U's non-zero share takes all of U (as the reference's magnitude
 threshold does): reputations then act through removals only.
 
-**clip**: the reference's elementwise bound is an absolute, per-dataset value for its SGD models
-(pytorch/arguments.py: 1e-3 for MNIST at lr 0.1, 0.1 for Adult at lr 0.01; 0.01 in methods.md
-§2.12); with Adam each coordinate moves ~η per step, so an absolute bound below η·steps truncates
-every participant's own training (the clipped update is what it keeps). No source gives one for
-UNet/Adam: null (no clipping), which beat the reference's 0.01 on both demo tasks' validation Dice
-(prostate_lwr 89.5 vs 50.1, fundus 88.1 vs 86.1; decisions.md).
+**clip**: the reference's elementwise bound is an absolute, per-dataset value (pytorch/utils/arguments.py:
+0.01 for Adult and MNIST and 1e-3 for CIFAR-10, trained with SGD; 1e-3 for every Adam-trained text
+model, IMDb, SST and MR; 0.01 in methods.md §2.12); with Adam each coordinate moves ~η per step, so an
+absolute bound below η·steps truncates every participant's own training (the clipped update is what
+it keeps). No source gives one for a UNet: null (no clipping, **our adaptation**), which beat 0.01 on
+both demo tasks' validation Dice (prostate_lwr 89.5 vs 50.1, fundus 88.1 vs 86.1; decisions.md). The
+``cffl-official`` row keeps the reference's rule: ``clip: 0.001`` (its Adam value), ``score: metric``.
+
+``official_code: true`` takes the reference's conventions where ours differ: its masks keep every
+entry at least as large as the k-th largest magnitude (``ops.sparsify.threshold_mask``, ties kept,
+k = int(θ_u·D) for the upload and int((r_i/max r)(n_i/max n)·D) for the download) instead of exactly
+⌈·⌉ entries, and its 'mean' weights are n_i / Σ n and n_i / max n over **all** participants, removed
+ones included (ours: over R). With the clip binding, many entries equal ±clip exactly, so the
+threshold mask uploads all of them, not θ_u of the model. The reference's ``alpha_decay`` (α(1+t/T),
+Adult and MNIST only) and learning-rate decay are not reproduced.
 
 **Why the demo's reputations never separated**: the candidates are the *federated* model plus one
 upload, and the federated model only ever receives the mean of the uploads (top 10 % of updates
@@ -51,6 +60,7 @@ import torch
 from fedmedbench.fl import client, server
 from fedmedbench.fl.engine import evaluate
 from fedmedbench.ops.aggregate import add_to_parameters, parameter_keys
+from fedmedbench.ops.sparsify import threshold_mask
 
 DEFAULTS = {
     "upload_fraction": 0.1,
@@ -60,6 +70,7 @@ DEFAULTS = {
     "threshold_coef": 0.3333333333333333,
     "download": "reputation",
     "score": "loss",
+    "official_code": False,
 }
 PARAM_SCHEMA = {
     "upload_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
@@ -69,6 +80,7 @@ PARAM_SCHEMA = {
     "threshold_coef": {"type": "number", "minimum": 0, "maximum": 1},
     "download": {"enum": ["reputation", "full"]},
     "score": {"enum": ["loss", "metric"]},
+    "official_code": {"type": "boolean"},
 }
 PERSONALIZED = True
 
@@ -89,6 +101,15 @@ def top_fraction(update: dict[str, torch.Tensor], fraction: float) -> dict[str, 
         out[key] = torch.where(mask[start : start + n].view_as(update[key]), update[key], torch.zeros_like(update[key]))
         start += n
     return out
+
+
+def share(update: dict[str, torch.Tensor], fraction: float, official_code: bool) -> dict[str, torch.Tensor]:
+    """The top ``fraction`` of ``update`` by magnitude over the whole model: exactly ⌈fraction·D⌉ entries,
+    or (``official_code``) the reference's int(fraction·D)-th largest magnitude as a threshold, ties kept."""
+    if not official_code:
+        return top_fraction(update, fraction)
+    size = sum(v.numel() for v in update.values())
+    return threshold_mask(update, int(fraction * size))
 
 
 def candidate_score(metrics: dict[str, float], score: str, selection_metric: str) -> float:
@@ -115,7 +136,7 @@ class Client(client.Client):
                     delta = delta.clamp(-clip, clip)
                 p.copy_(self.before[n] + delta)
                 update[n] = delta
-        self.upload = top_fraction(update, self.params["upload_fraction"])
+        self.upload = share(update, self.params["upload_fraction"], self.params["official_code"])
         return {"upload": self.upload, "num_samples": len(self.data.train), "steps": self.steps}
 
     def answer(self, query):
@@ -185,7 +206,9 @@ class Server(server.Server):
         self.reputation = [r[i] / total if i in members else 0.0 for i in range(len(replies))]
 
         n = {i: replies[i]["num_samples"] for i in members}
-        n_total, n_max = float(sum(n.values())), float(max(n.values()))
+        # official_code: the reference's 'mean' weights over all participants, removed ones included
+        counted = [r_["num_samples"] for r_ in replies] if p["official_code"] else list(n.values())
+        n_total, n_max = float(sum(counted)), float(max(counted))
         uploads = [r_["upload"] for r_ in replies]
         combined = {}
         for k in self.param_keys:
@@ -199,12 +222,12 @@ class Server(server.Server):
         self.downloads = [None] * len(replies)
         for i in members:
             if p["download"] == "full":
-                share = dict(combined)
+                allocated = dict(combined)
             elif p["download"] == "reputation":
-                share = top_fraction(combined, (self.reputation[i] / r_max) * (n[i] / n_max))
+                allocated = share(combined, (self.reputation[i] / r_max) * (n[i] / n_max), p["official_code"])
             else:
                 raise ValueError(f"cffl: download must be 'reputation' or 'full', got {p['download']!r}")
-            self.downloads[i] = {k: share[k] - uploads[i][k] * (n[i] / n_max) for k in self.param_keys}
+            self.downloads[i] = {k: allocated[k] - uploads[i][k] * (n[i] / n_max) for k in self.param_keys}
         self.last_log = {i: {"reputation": self.reputation[i], "validation": acc.get(i, float("nan")), "reputable": float(self.reputable[i])} for i in range(len(replies))}
 
     def round_log(self, round_index):
@@ -218,4 +241,4 @@ class Server(server.Server):
         self.reputation, self.reputable, self.downloads = state["reputation"], state["reputable"], state["downloads"]
 
 
-__all__ = ["Client", "Server", "DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED", "candidate_score", "top_fraction"]
+__all__ = ["Client", "Server", "DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED", "candidate_score", "share", "top_fraction"]

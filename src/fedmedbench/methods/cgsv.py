@@ -15,16 +15,25 @@ Per round (reference main.py L220-292, ../specs/methods.md §2.13):
 
 Each agent is evaluated with its own model (``PERSONALIZED``).
 
-**Γ** (``gamma``) is the server's step length: ||u_N|| <= Γ. The reference sets it per dataset for its
-SGD models (0.5 MNIST, 0.15 CIFAR-10, 1 text) and no source gives it for a UNet trained with Adam,
-whose round updates are ~η·steps per coordinate (||Δ|| ~ 23 at Fed-LWR's size, so Γ = 1 made the step
-0.043 of FedAvg's). ``gamma: null`` (default) sets Γ_t = Σ_i w_i ||Δ_i|| each round, the
-aggregation-weighted mean length of this round's updates: normalisation still removes the magnitude
-differences between agents (a large update buys no influence, CGSV's point), and when the agents'
-updates are equally long u_N = Σ_i w_i Δ_i, FedAvg's step with CGSV's weights. A number fixes Γ (the
-reference's behaviour). β = 1 is inside the reference's sweep {0.5, 1, 1.2, 1.5, 2, 1e7}: with
-r ~ 1/K, tanh(β r) is nearly linear, so q_i ≈ r_i / max r (a reward proportional to reputation);
-α = 0.95 as the reference.
+**Γ** (``gamma``) is the server's step length: ||u_N|| <= Γ. The reference fixes it per dataset
+(utils/arguments.py: 0.5 MNIST and 0.15 CIFAR-10, trained with SGD; 1 for the text models SST and MR,
+trained with Adam) and no source gives it for a UNet, whose Adam round updates are ~η·steps per
+coordinate (||Δ|| ~ 23 at Fed-LWR's size, so Γ = 1 made the step 0.043 of FedAvg's). ``gamma: null``
+(default, **our adaptation**) sets Γ_t = Σ_i w_i ||Δ_i|| each round, the aggregation-weighted mean
+length of this round's updates: normalisation still removes the magnitude differences between agents
+(a large update buys no influence, CGSV's point), and when the agents' updates are equally long
+u_N = Σ_i w_i Δ_i, FedAvg's step with CGSV's weights. A number fixes Γ (the reference's rule; the
+``cgsv-official`` row: Γ = 1, its value for Adam-trained models). β = 1 is inside the reference's sweep
+{0.5, 1, 1.2, 1.5, 2, 1e7}: with r ~ 1/K, tanh(β r) is nearly linear, so q_i ≈ r_i / max r (a reward
+proportional to reputation); α = 0.95 as the reference.
+
+``official_code: true`` takes the reference's reward mask instead of exactly ⌈q_i·numel⌉ entries: per
+tensor the min(⌈q_i·numel⌉, numel - 1)-th largest magnitude is a threshold and every entry at least as
+large is kept (``ops.sparsify.threshold_mask``), so q_i = 1 drops each tensor's smallest entry. (A
+one-element tensor, where the reference's ``topk(·, 0)[-1]`` raises, is kept whole.) Its float32
+normalisation and cosine (eps 1e-10) are rounding-level differences. The reference's agents also decay
+their learning rate (``ExponentialLR``, 0.977-0.955 a round): a task setting here, constant as
+Fed-LWR's Adam.
 """
 
 from __future__ import annotations
@@ -35,12 +44,14 @@ import torch
 
 from fedmedbench.fl import client, server
 from fedmedbench.ops.aggregate import add_to_parameters, parameter_keys
+from fedmedbench.ops.sparsify import threshold_mask
 
-DEFAULTS = {"gamma": None, "alpha": 0.95, "beta": 1.0}
+DEFAULTS = {"gamma": None, "alpha": 0.95, "beta": 1.0, "official_code": False}
 PARAM_SCHEMA = {
     "gamma": {"type": ["number", "null"], "exclusiveMinimum": 0},
     "alpha": {"type": "number", "minimum": 0, "maximum": 1},
     "beta": {"type": "number", "exclusiveMinimum": 0},
+    "official_code": {"type": "boolean"},
 }
 PERSONALIZED = True
 
@@ -55,6 +66,16 @@ def top_magnitude(tensor: torch.Tensor, fraction: float) -> torch.Tensor:
         idx = tensor.flatten().abs().topk(k).indices
         out[idx] = tensor.flatten()[idx]
     return out.view_as(tensor)
+
+
+def reference_reward(tensor: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The reference's layer-wise reward mask: threshold at the min(⌈fraction·numel⌉, numel - 1)-th
+    largest magnitude, ties kept (a one-element tensor is kept whole, see the module docstring)."""
+    n = tensor.numel()
+    if n == 1:
+        return tensor.clone()
+    count = min(math.ceil(fraction * n), n - 1)
+    return threshold_mask({"t": tensor}, count)["t"]
 
 
 class Client(client.Client):
@@ -124,7 +145,8 @@ class Server(server.Server):
         self.reputation = [x / total for x in r]
         tanhs = [math.tanh(beta * x) for x in self.reputation]
         q = [t / max(tanhs) for t in tanhs]
-        self.rewards = [{k: top_magnitude(agg[k], q_i) for k in self.param_keys} for q_i in q]
+        reward = reference_reward if self.params["official_code"] else top_magnitude
+        self.rewards = [{k: reward(agg[k], q_i) for k in self.param_keys} for q_i in q]
         self.last_log = {i: {"reputation": self.reputation[i], "psi": psi[i], "reward_fraction": q[i], "gamma": gamma} for i in range(len(replies))}
 
     def round_log(self, round_index):
@@ -138,4 +160,4 @@ class Server(server.Server):
         self.reputation, self.rewards = state["reputation"], state["rewards"]
 
 
-__all__ = ["Client", "Server", "DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED", "top_magnitude"]
+__all__ = ["Client", "Server", "DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED", "reference_reward", "top_magnitude"]

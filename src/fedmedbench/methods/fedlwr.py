@@ -28,7 +28,10 @@ How δ is measured (step 3) — the paper and the official code differ, and both
   reproduced: the official RIF loader ignores the index it is given (every pass resamples the split
   with replacement; we pass over it in order) and crashes on a last minibatch of < 4 samples (we
   merge it into the previous one, ``cka_batches``); ``num_batches_tracked`` is truncated from a
-  weighted mean there (max here; unused by eval-mode BN with a momentum).
+  weighted mean there (max here; unused by eval-mode BN with a momentum). Equal to the official code
+  up to that code's own float32 noise, not bit for bit: the uncentred float32 Grams round differently
+  with another summation order (an audit of the official code as is: per-layer δ up to 3.5e-2 apart;
+  a transcription on the test task: up to 4e-5, ``tests/test_fedlwr_official.py``).
 * other combinations are switches: ``hsic: unbiased`` (unbiased HSIC, on the data-set Grams or per
   minibatch), ``gram: minibatch`` (HSIC terms summed over minibatches of ``batch_size``, features
   centred per minibatch, sound numerics), ``similarity_data: val``, ``passes`` (minibatch passes).

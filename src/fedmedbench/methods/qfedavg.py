@@ -13,12 +13,14 @@ Buffers (BN running statistics) are averaged with the run's weights, num_batches
 
 **L** (``lipschitz``: a number fixes it; null applies ``lipschitz_rule``):
 
-- ``inverse_lr``: L = 1/η, the reference's value. It reads the local update as one plain-SGD step of
-  length 1/L, so Δw_k = L(w^t - w̄_k) stands for ∇F_k(w^t). With Adam every coordinate moves ~η per
-  step, Δw_k is far larger than any gradient, the q F^(q-1)||Δw||² term exceeds L F^q by ~1e5 at
-  paper size and the global model moves ~1e-5 of FedAvg's step (docs/decisions.md, issue 16).
-- ``smoothness_cap`` (default): L = min(1/η, min_k 2 F_k / ||w^t - w̄_k||²). The reference's own model
-  bounds its gradient estimate: for a loss F >= 0 with L-Lipschitz gradient, ||∇F||² <= 2 L F, i.e.
+- ``inverse_lr``: L = 1/η, the reference's value (the ``qfedavg-official`` row). It reads the
+  local update as one plain-SGD step of length 1/L, so Δw_k = L(w^t - w̄_k) stands for ∇F_k(w^t).
+  With Adam every coordinate moves ~η per step, Δw_k is far larger than any gradient, the
+  q F^(q-1)||Δw||² term exceeds L F^q by ~1e5 at paper size and the global model moves ~1e-5 of
+  FedAvg's step (docs/decisions.md, issue 16).
+- ``smoothness_cap`` (default, **our adaptation**; the ``qfedavg`` row):
+  L = min(1/η, min_k 2 F_k / ||w^t - w̄_k||²). The reference's own model bounds its gradient
+  estimate: for a loss F >= 0 with L-Lipschitz gradient, ||∇F||² <= 2 L F, i.e.
   L ||w^t - w̄_k||² <= 2 F_k with ∇F_k ≈ L(w^t - w̄_k). The cap is the largest L for which every
   client's update is such a gradient step. Then q L ||w^t - w̄_k||² / F_k <= 2q, so
   h_k ∈ [1, 1 + 2q] · L F_k^q and the step is c · Σ F_k^q (w^t - w̄_k) / Σ F_k^q with c ∈ [1/(1+2q), 1]:
