@@ -4,8 +4,9 @@ Measures, in one run on this machine:
 - the config: load + validate (schema, every method parameter and variant, references), and the
   resolution of every training job's run config (what Snakemake evaluates for each job's params);
 - the job server: time from `with-jobserver` to its command starting (`true`);
-- `snakemake -n` and a no-op `with-jobserver snakemake` on the demo profile (run `make demo` first
-  so that the no-op has nothing to do).
+- `snakemake -n` and a no-op `with-jobserver snakemake` on the demo profile. The demo must be built
+  (`make demo`): without it the "no-op" would build the whole demo, so the benchmark refuses in one
+  line, before timing anything.
 
     python benchmarks/bench_dag.py [--repeat 3]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,10 +40,28 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
 
 
+def demo_problem() -> str | None:
+    """Why the no-op cannot be timed (the demo is not built, or the DAG fails), else None. A dry run
+    only: nothing is built."""
+    dry = run([sys.executable, "-m", "snakemake", "-n", *PROFILE])
+    output = dry.stdout + dry.stderr
+    if dry.returncode != 0:
+        last = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]
+        return f"`snakemake -n` on the demo profile fails: {last[0].strip()}"
+    if "Nothing to be done" not in output:
+        planned = re.search(r"^total\s+(\d+)", output, re.MULTILINE)
+        jobs = f"{planned.group(1)} jobs" if planned else "jobs"
+        return f"the demo is not built ({jobs} to run): run `make demo` first, so that the no-op rerun this benchmark times has nothing to do"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    problem = demo_problem()
+    if problem:
+        raise SystemExit(f"bench_dag: {problem}")
     from fedmedbench import config as cfgmod
 
     files = [ROOT / "config.yaml", ROOT / "workflow/profiles/demo/demo.yaml"]
@@ -53,11 +73,7 @@ def main() -> None:
         ("with-jobserver: command starts", best_of(args.repeat, lambda: run([sys.executable, "-m", "fedmedbench", "with-jobserver", "true"]))),
         ("snakemake -n (demo)", best_of(args.repeat, lambda: run([sys.executable, "-m", "snakemake", "-n", *PROFILE]))),
     ]
-    noop = run([sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-m", "snakemake", *PROFILE])
-    if "Nothing to be done" in noop.stdout + noop.stderr:
-        rows.append(("no-op with-jobserver snakemake (demo)", best_of(args.repeat, lambda: run([sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-m", "snakemake", *PROFILE]))))
-    else:
-        print("(the demo is not built: run `make demo` first to time a no-op rerun)")
+    rows.append(("no-op with-jobserver snakemake (demo)", best_of(args.repeat, lambda: run([sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-m", "snakemake", *PROFILE]))))
     load = os.getloadavg()[0]
     print(f"best of {args.repeat}, {os.cpu_count()} cores, load average {load:.1f}")
     for name, seconds in rows:

@@ -71,7 +71,8 @@ def test_the_workers_do_the_reading(monkeypatch):
             in_flight[0] -= 1
     reader.close()
     assert len(readers) == 10 and all(name.startswith("fedmedbench-reader") for name in readers)
-    assert most[0] <= 3 + 1  # `ahead` queued, plus the batch the prefetcher holds
+    # `ahead` queued, plus the batch the prefetcher holds and the one it is taking over
+    assert 2 <= most[0] <= 3 + 2
 
 
 def test_a_consumer_that_stops_early_and_an_error_in_a_worker():

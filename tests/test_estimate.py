@@ -32,3 +32,28 @@ def test_wall_hours_with_shared_gpus():
     assert estimate.wall_hours([3600.0] * 8, gpus=1, jobs_per_gpu=4, sharing_gain=2.5) == pytest.approx(3.2)
     # never below the longest job, slowed by sharing (4 jobs at 2.5x: each runs 1.6x slower)
     assert estimate.wall_hours([36000.0, 60.0], gpus=4, jobs_per_gpu=4, sharing_gain=2.5) == pytest.approx(16.0)
+
+
+def test_test_is_evaluated_every_curve_every_rounds_and_in_the_last():
+    assert estimate.rounds_with_test(100, 2) == 50  # Camelyon17: 100 rounds, ~50 curve points
+    assert estimate.rounds_with_test(5, 2) == 3  # rounds 2, 4 and the last, 5
+    assert estimate.rounds_with_test(7, 1) == 7
+
+
+def test_evaluation_cost_counts_the_engines_passes_and_is_printed_as_a_share_of_the_round(tmp_path, tiny_task):
+    from tests.conftest import tiny_run_config
+
+    store, split = tiny_task  # train / val / test per client: 8/2/2, 6/2/2, 4/2/2
+    cfg = tiny_run_config(store, split, rounds=5, curve_every=2)
+    cost = estimate.measure_evaluation(cfg, "cpu", threads=1)
+    assert (cost.trained_samples, cost.val_passes) == (18, 6)
+    assert cost.test_passes == pytest.approx(6 * 3 / 5)  # test in rounds 2, 4, 5 of 5
+    assert cost.seconds > 0
+    truncated = estimate.measure_evaluation({**cfg, "truncate_to_smallest": True, "local_epochs": 2}, "cpu", threads=1, data_workers=2)
+    assert truncated.trained_samples == 4 * 3 * 2 and truncated.val_passes == 6  # evaluation is never truncated
+
+    jobs = [Job("table", "tiny", "fedavg", 0, 5, "k"), Job("table", "tiny", "fedavg", 1, 5, "k")]
+    fixed = estimate.EvalCost(trained_samples=18, val_passes=6, test_passes=3.6, seconds=1.0)
+    text = estimate.format_evaluation(jobs, {"k": Timing(2.0, 4.0)}, {"k": fixed})
+    assert "| tiny / fedavg | 18 | 10 (6 + 4) | 1.00 | 4.00 | 25% |" in text
+    assert text.count("| tiny / fedavg |") == 1  # one row per kind of job

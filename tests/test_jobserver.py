@@ -85,3 +85,48 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path, sig):
         assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
     else:
         command.kill()
+
+
+def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path, monkeypatch):
+    """A --use-conda job (another Python environment) and a job SLURM started (another allocation)
+    run in-process, cold, never forked from a server in the wrong environment or outside their
+    allocation's limits; a job in the server's scope is served."""
+    import socket
+    import threading
+
+    from fedmedbench import jobserver
+
+    path = str(tmp_path / "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    served = []
+
+    def fake_server():  # answers every request with exit status 7
+        while True:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            for fd in fds:
+                os.close(fd)
+            served.append(json.loads(message)["argv"])
+            conn.sendall(jobserver.STATUS.pack(7))
+            conn.close()
+
+    threading.Thread(target=fake_server, daemon=True).start()
+    monkeypatch.setenv(jobserver.SOCKET_ENV, path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    server_scope = jobserver.scope()
+    monkeypatch.setenv(jobserver.SCOPE_ENV, server_scope)
+    assert jobserver.run_remotely(["methods"]) == 7 and served == [["methods"]]
+
+    conda = json.dumps({**json.loads(server_scope), "prefix": "/opt/conda/envs/fedmedbench-torch"}, sort_keys=True)
+    monkeypatch.setenv(jobserver.SCOPE_ENV, conda)  # the server runs another environment than this job
+    assert jobserver.run_remotely(["methods"]) is None
+    monkeypatch.setenv(jobserver.SCOPE_ENV, server_scope)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # this job runs inside a SLURM allocation, the server does not
+    assert jobserver.run_remotely(["methods"]) is None
+    monkeypatch.delenv(jobserver.SCOPE_ENV)  # a server that does not say its scope
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert jobserver.run_remotely(["methods"]) is None
+    assert served == [["methods"]]  # only the first job reached the server
+    listener.close()

@@ -58,9 +58,12 @@ def cmd_estimate(args) -> None:
     device, claim = pick_device(args.device)
     if claim is not None:
         claim.release()
-    timings = estimate.measure(config, jobs, args.rounds_to_time, str(device), args.threads)
+    evaluation: dict = {}
+    timings = estimate.measure(config, jobs, args.rounds_to_time, str(device), args.threads, args.data_workers, evaluation)
     rows = estimate.project(jobs, timings, args.gpus, args.jobs_per_gpu, args.sharing_gain)
     print(estimate.format_table(rows, str(device) if device.type == "cpu" else torch_device_name(device), args.gpus, args.jobs_per_gpu, args.sharing_gain))
+    print()
+    print(estimate.format_evaluation(jobs, timings, evaluation))
 
 
 def torch_device_name(device) -> str:
@@ -458,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sharing-gain", type=float, default=1.0, help="throughput of jobs-per-gpu concurrent jobs / one job")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--data-workers", type=int, default=0, help="reader threads of the timed jobs (as train --data-workers)")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("with-jobserver", help="run a command (e.g. snakemake) whose training jobs start warm (fork of a process with torch imported)")

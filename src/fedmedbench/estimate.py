@@ -10,6 +10,14 @@ GPU-hours are the sum over jobs. Wall-hours assume the jobs are spread over ``gp
 ``jobs_per_gpu`` concurrent jobs each, whose combined throughput is ``sharing_gain`` times one job's
 (1.0 = no gain from sharing, the safe default; measure yours with ``benchmarks/bench_engine.py``).
 They are never less than the longest single job, slowed by sharing.
+
+Evaluation is part of every round: validation of every client's evaluated model every round (model
+selection, as the papers' code does) and test every ``curve_every`` rounds (the curves). Its cost
+per round does not depend on the method, so it is timed once per (task, model, batch, precision):
+one pass over every client's validation and test split, scaled by how often each is evaluated, and
+printed next to the round time it is part of (Camelyon17: training is truncated to the smallest
+hospital, evaluation is not, so a round evaluates about as many samples as it trains on: 118,544
+forward passes beside 111,700 trained samples with the paper config).
 """
 
 from __future__ import annotations
@@ -43,6 +51,68 @@ class Timing:
 
     def job_seconds(self, rounds: int) -> float:
         return self.fixed_seconds + rounds * self.seconds_per_round
+
+
+@dataclass(frozen=True)
+class EvalCost:
+    """Evaluation per round: forward passes and their measured seconds, beside the training samples."""
+
+    trained_samples: int  # samples a round trains on: every client's (truncated) train split x local epochs
+    val_passes: int  # validation forward passes per round (every round)
+    test_passes: float  # test forward passes per round, on average (test every `curve_every` rounds)
+    seconds: float  # evaluation seconds per round: validation + test x its share of rounds
+
+    @property
+    def passes(self) -> float:
+        return self.val_passes + self.test_passes
+
+
+def rounds_with_test(rounds: int, every: int) -> int:
+    """Rounds in which the engine evaluates test for the curves: every ``every``-th and the last."""
+    return rounds // every + (1 if rounds % every else 0)
+
+
+def eval_key(run_cfg: dict) -> str:
+    keys = ("task", "model", "batch_size", "eval_batch_size", "precision", "rounds", "curve_every", "local_epochs")
+    return json.dumps([run_cfg.get(k) for k in keys], sort_keys=True)
+
+
+def measure_evaluation(run_cfg: dict, device: str, threads: int | None, data_workers: int = 0) -> EvalCost:
+    """One timed pass of the run's model over every client's validation and test split, as the
+    engine evaluates them (``engine.evaluate``: batched, on ``device``, read by ``data_workers``)."""
+    import torch
+
+    from fedmedbench.fl.data import BatchReader, load_clients
+    from fedmedbench.fl.engine import curve_every, evaluate
+    from fedmedbench.models import build_model
+    from fedmedbench.runconfig import RunConfig
+
+    cfg = RunConfig.from_dict(run_cfg)
+    if threads:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    reader = BatchReader(data_workers) if data_workers else None
+    try:
+        clients = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest, reader)
+        model = build_model(cfg.model)
+        model = model.to(dev, memory_format=torch.channels_last) if cfg.precision == "bf16" else model.to(dev)
+        evaluate(model, clients[0].val, cfg, dev)  # warm-up: kernels, allocator
+        seconds = {}
+        for part in ("val", "test"):
+            started = time.perf_counter()
+            for client in clients:
+                evaluate(model, getattr(client, part), cfg, dev)  # reads its scores back: synchronised
+            seconds[part] = time.perf_counter() - started
+    finally:
+        if reader is not None:
+            reader.close()
+    share = rounds_with_test(cfg.rounds, curve_every(cfg)) / cfg.rounds
+    return EvalCost(
+        trained_samples=sum(len(c.train) for c in clients) * cfg.local_epochs,
+        val_passes=sum(len(c.val) for c in clients),
+        test_passes=sum(len(c.test) for c in clients) * share,
+        seconds=seconds["val"] + seconds["test"] * share,
+    )
 
 
 def cost_key(run_cfg: dict) -> str:
@@ -87,10 +157,13 @@ def project(jobs: list[Job], timings: dict[str, Timing], gpus: int, jobs_per_gpu
     return rows
 
 
-def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | None) -> dict[str, Timing]:
+def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | None, data_workers: int = 0, evaluation: dict[str, EvalCost] | None = None) -> dict[str, Timing]:
+    """Per cost key: fixed and per-round seconds. With ``evaluation`` (a dict to fill), also the
+    evaluation cost of each kind of job, keyed like the timings (measured once per ``eval_key``)."""
     from fedmedbench.fl.engine import run_training
 
     timings: dict[str, Timing] = {}
+    by_eval_key: dict[str, EvalCost] = {}
     warmed_up = False
     for job in jobs:
         if job.cost_key in timings:
@@ -103,16 +176,21 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
             raise DataError(f"{store} does not exist: prepare the data first (e.g. snakemake {store.parent}/split.csv)")
         if not warmed_up:  # the first run in a process pays one-off costs (kernels, allocator, caches)
             with tempfile.TemporaryDirectory(prefix="fedmedbench-estimate-") as out:
-                run_training({**run_cfg, "rounds": 1}, Path(out), device=device, threads=threads, progress=False)
+                run_training({**run_cfg, "rounds": 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
             warmed_up = True
         seconds = []
         for rounds in (1, k):
             with tempfile.TemporaryDirectory(prefix="fedmedbench-estimate-") as out:
                 started = time.perf_counter()
-                run_training({**run_cfg, "rounds": rounds}, Path(out), device=device, threads=threads, progress=False)
+                run_training({**run_cfg, "rounds": rounds}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
                 seconds.append(time.perf_counter() - started)
         timings[job.cost_key] = timing_from(seconds[0], seconds[1], k)
         log.info("%s/%s: %.2f s fixed + %.2f s per round", job.task, job.run, timings[job.cost_key].fixed_seconds, timings[job.cost_key].seconds_per_round)
+        if evaluation is not None:
+            key = eval_key(run_cfg)
+            if key not in by_eval_key:
+                by_eval_key[key] = measure_evaluation(run_cfg, device, threads, data_workers)
+            evaluation[job.cost_key] = by_eval_key[key]
     return timings
 
 
@@ -128,4 +206,28 @@ def format_table(rows: list[dict], device: str, gpus: int, jobs_per_gpu: int, sh
     for row in rows:
         name = f"**{row['experiment']}**" if row["experiment"] == "total" else row["experiment"]
         lines.append(f"| {name} | {row['jobs']} | {row['gpu_hours']:.2f} | {row['wall_hours']:.2f} |")
+    return "\n".join(lines)
+
+
+def format_evaluation(jobs: list[Job], timings: dict[str, Timing], evaluation: dict[str, EvalCost]) -> str:
+    """One row per kind of job: what a round trains on, what it evaluates, and evaluation's share of
+    the round's measured time (the rest: training, aggregation, checkpoint)."""
+    lines = [
+        "Evaluation per round (validation every round for model selection, test every `curve_every` rounds",
+        "for the curves; a protocol choice, see docs/decisions.md), measured on the same device:",
+        "",
+        "| task / run | samples trained | forward passes evaluated (val + test) | evaluation s | round s | evaluation share |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    seen = set()
+    for job in jobs:
+        if job.cost_key in seen or job.cost_key not in evaluation:
+            continue
+        seen.add(job.cost_key)
+        cost, per_round = evaluation[job.cost_key], timings[job.cost_key].seconds_per_round
+        share = f"{min(cost.seconds / per_round, 1.0):.0%}" if per_round > 0 else "n/a"
+        lines.append(
+            f"| {job.task} / {job.run} | {cost.trained_samples:,} | {cost.passes:,.0f} ({cost.val_passes:,} + {cost.test_passes:,.0f}) "
+            f"| {cost.seconds:.2f} | {per_round:.2f} | {share} |"
+        )
     return "\n".join(lines)

@@ -16,6 +16,11 @@ files, same exit status) and reports the exit status back.
   connection and SIGKILLs itself when it closes. A child killed by a signal is reported as a death by
   that signal (exit status 128 + signal).
 - Without a server (the variable unset, or nobody listening) ``train`` runs in-process as always.
+- Only a job in the server's own scope is served (``scope``): the same Python environment and the
+  same SLURM allocation. A ``--use-conda`` job runs in its rule's conda environment and a job that
+  SLURM started runs inside its allocation (its cgroup: CPUs, memory, GPU), so both run in-process,
+  cold, as they would without a server, never in the server's environment or outside their
+  allocation. The warm start is for jobs that Snakemake runs locally in the active environment.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import threading
 from pathlib import Path
 
 SOCKET_ENV = "FEDMEDBENCH_JOBSERVER"
+SCOPE_ENV = "FEDMEDBENCH_JOBSERVER_SCOPE"
 STATUS = struct.Struct("!i")
 
 log = logging.getLogger("fedmedbench.jobserver")
@@ -133,10 +139,21 @@ def serve(path: str, lifeline: int | None = None) -> None:
         conn.close()
 
 
+def scope() -> str:
+    """Where a served job would run, as the server advertises it and a job checks it: this Python
+    environment (``sys.prefix``: a venv's or a conda env's folder) and this SLURM allocation (none
+    outside SLURM)."""
+    return json.dumps({"prefix": sys.prefix, "slurm_job": os.environ.get("SLURM_JOB_ID")}, sort_keys=True)
+
+
 def run_remotely(argv: list[str]) -> int | None:
-    """Hand ``argv`` to the job server if one is listening; its exit status, else None."""
+    """Hand ``argv`` to the job server if one is listening and the job is in its scope (``scope``);
+    its exit status, else None (the job runs in-process)."""
     path = os.environ.get(SOCKET_ENV)
     if not path:
+        return None
+    if os.environ.get(SCOPE_ENV) != scope():
+        log.debug("not served by the job server at %s: another Python environment or SLURM allocation", path)
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -177,7 +194,7 @@ def with_jobserver(command: list[str]) -> int:
                 log.warning("the job server did not start; jobs run without it")
                 break
             threading.Event().wait(0.05)
-        child = subprocess.Popen(command, env={**os.environ, SOCKET_ENV: path})
+        child = subprocess.Popen(command, env={**os.environ, SOCKET_ENV: path, SCOPE_ENV: scope()})
         try:
             return child.wait()
         except BaseException:

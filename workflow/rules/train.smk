@@ -19,14 +19,18 @@ rule train:
     conda:
         "../../envs/torch.yaml"
     threads: 1
-    # checkpoint_every is a resource, not a param: it cannot change any number, so changing it must
-    # neither re-run finished jobs nor discard a killed job's checkpoint.
+    # checkpoint_every and data_workers are resources, not params: they cannot change any number, so
+    # changing them must neither re-run finished jobs nor discard a killed job's checkpoint.
+    # data_workers (threads reading the next batches; 0 = the training thread reads them): set it for
+    # GPU jobs in a profile (`set-resources: train: data_workers: 3`), see docs/performance.md.
     resources:
         gpu=1,
         checkpoint_every=checkpoint_every,
+        data_workers=0,
     params:
         run_config=run_config_json,
         out_dir=run_dir,
     shell:
         "python -m fedmedbench train --run-config {params.run_config:q} --out {params.out_dir:q} "
-        "--threads {threads} --checkpoint-every {resources.checkpoint_every} &> {log:q}"
+        "--threads {threads} --checkpoint-every {resources.checkpoint_every} "
+        "--data-workers {resources.data_workers} &> {log:q}"
