@@ -67,6 +67,9 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     (tmp_path / "cadence.yaml").write_text(yaml.safe_dump({"tasks": {"prostate": {"checkpoint_every": 2}}}))
     cadence = snakemake(tmp_path, "cadence.yaml", "-n")
     assert "Nothing to be done" in cadence.stdout + cadence.stderr
+    # Nor can the reader threads of a GPU job (an execution setting, like the cadence).
+    workers = snakemake(tmp_path, "--set-resources", "train:data_workers=2", "-n")
+    assert "Nothing to be done" in workers.stdout + workers.stderr
     assert not list(tmp_path.parent.glob("*.log")), "a log was written outside the workdir"
 
     (tmp_path / "mu.yaml").write_text(yaml.safe_dump({"methods": {"fedprox": {"mu": 0.1}}}))
