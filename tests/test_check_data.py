@@ -485,3 +485,38 @@ def test_real_isic_images_of_many_sizes(tmp_path):
     assert len(every) == 6 and sum(every.values()) == 50
     assert len(report.problems) == 1 and report.problems[0].startswith("6 image sizes (H x W) across the sites (1129x1504 (26), ")
     assert inspect_folders({**options, "image_size": 224}).problems == []  # resized: nothing in the way
+
+
+@pytest.mark.shared
+@realdata
+def test_real_monuseg_test_set_with_masks_drawn_from_its_xml(tmp_path):
+    """MoNuSeg's 14 test TIFFs (1000 x 1000 H&E) as two sites, their masks drawn from the XML outlines
+    with the nuclei family's own rasteriser (folders reads mask images, not outlines): the native size
+    is a problem for the UNet (1000 is no multiple of 16), image_size 256 is not."""
+    from fedmedbench.data.nuclei.raw import xml_to_mask
+
+    monuseg, root = REALDATA / "monuseg" / "datasets" / "MoNuSegTestData", tmp_path / "monuseg"
+    tiffs = sorted(monuseg.glob("*.tif"))
+    assert len(tiffs) == 14
+    expected = {}
+    for k, tiff in enumerate(tiffs):
+        site = "siteA" if k < 7 else "siteB"
+        _link(tiff, root / site / "images" / tiff.name)
+        mask, _ = xml_to_mask(tiff.with_suffix(".xml"), (1000, 1000))
+        (root / site / "masks").mkdir(parents=True, exist_ok=True)
+        Image.fromarray((mask > 0).astype(np.uint8) * 255).save(root / site / "masks" / f"{tiff.stem}.png")
+        counts = expected.setdefault(site, Counter())
+        counts.update({0: int((mask == 0).sum()), 255: int((mask > 0).sum())})
+    options = {"root": str(root), "mask_values": {0: 0, 255: 1}, "classes": ["background", "nucleus"]}
+    started = time.perf_counter()
+    report = inspect_folders(options, "monuseg", size_problem=UNET)
+    seconds = time.perf_counter() - started
+    for site in ("siteA", "siteB"):
+        got = report.site(site)
+        assert got.files == 7 and got.sizes == {(1000, 1000): 7} and got.channels == {"colour": 7}
+        assert got.mask_values == dict(expected[site]) and got.class_pixels == [expected[site][0], expected[site][255]]
+        assert 0.05 < got.class_fractions[1] < 0.5  # nuclei cover a visible share of each tile
+    assert len(report.problems) == 1 and "1000 is not a multiple of 16" in report.problems[0], report.problems
+    resized = inspect_folders({**options, "image_size": 256}, "monuseg", size_problem=UNET)
+    assert resized.problems == [], resized.problems
+    assert seconds < 30, seconds  # headers only for the 14 TIFFs; the masks are read in full
