@@ -70,7 +70,8 @@ def test_a_real_federation_equals_the_engine_byte_for_byte(tmp_path, tiny_task):
 
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=2)
-    run_training(cfg, tmp_path / "engine", progress=False)
+    # One CPU thread on both sides (the sites' default): another count changes summation order.
+    run_training(cfg, tmp_path / "engine", threads=1, progress=False)
     (tmp_path / "run.json").write_text(json.dumps(cfg))
     sites = {name: {"store": str(store), "split": str(split)} for name in cfg["clients"]}
     with local_federation(sites, tmp_path / "federation") as federation:

@@ -5,7 +5,9 @@ The SuperNode's node config names the site and its data, e.g.::
     flower-supernode ... --node-config 'store="/data/store" split="/data/split.csv" client="BIDMC"'
 
 optionally ``state-dir="/var/lib/fedmedbench"`` (where the site keeps its state between messages;
-default ``./fedmedbench-site``) and ``device="cuda:0"`` (default: the CPU). The site opens only its
+default ``./fedmedbench-site``), ``device="cuda:0"`` (default: the CPU) and ``threads=2`` (CPU
+threads, default 1: another count changes float summation order, hence the last digits, as for
+``train --threads``; a federation equals a simulated run made with the same count). The site opens only its
 own rows of the store. Flower starts a fresh ClientApp for every message, so everything the client
 holds between rounds (its models, optimizer state, data generator, a method's deputies or personal
 models, the model kept by selection) is the method's own ``Client.state_dict`` (the same state a
@@ -62,6 +64,7 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
         train = data.train
         data.train = SplitData(train.images, train.labels, train.rows[:train_rows], train.groups[:train_rows], train.reader)
     device = torch.device(str(context.node_config.get("device", "cpu")))
+    torch.set_num_threads(int(context.node_config.get("threads", 1)))
     seed_everything(cfg.seed, device)
     model = build_model(cfg.model)
     return Site(cfg, method.Client(cfg, index, data, model, client_generator(cfg.seed, index), device), device)
