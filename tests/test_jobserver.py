@@ -105,10 +105,10 @@ def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path
     def fake_server():  # answers every request with exit status 7
         while True:
             conn, _ = listener.accept()
-            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            request, fds = jobserver.receive_request(conn)
             for fd in fds:
                 os.close(fd)
-            served.append(json.loads(message)["argv"])
+            served.append(request["argv"])
             conn.sendall(jobserver.STATUS.pack(7))
             conn.close()
 
@@ -118,6 +118,10 @@ def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path
     server_scope = jobserver.scope()
     monkeypatch.setenv(jobserver.SCOPE_ENV, server_scope)
     assert jobserver.run_remotely(["methods"]) == 7 and served == [["methods"]]
+    # A request far longer than one socket read (a report job's argv holds every experiment's notes:
+    # 39 KB in the demo) arrives whole: it was cut at ~32 KB and the server died on the JSON.
+    long_argv = ["report", "--experiments", json.dumps({"notes": ["é" * 1000] * 300})]
+    assert jobserver.run_remotely(long_argv) == 7 and served[-1] == long_argv
 
     conda = json.dumps({**json.loads(server_scope), "prefix": "/opt/conda/envs/fedmedbench-torch"}, sort_keys=True)
     monkeypatch.setenv(jobserver.SCOPE_ENV, conda)  # the server runs another environment than this job
@@ -128,5 +132,5 @@ def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path
     monkeypatch.delenv(jobserver.SCOPE_ENV)  # a server that does not say its scope
     monkeypatch.delenv("SLURM_JOB_ID")
     assert jobserver.run_remotely(["methods"]) is None
-    assert served == [["methods"]]  # only the first job reached the server
+    assert served == [["methods"], long_argv]  # only the first two jobs reached the server
     listener.close()

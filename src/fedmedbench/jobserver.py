@@ -40,6 +40,11 @@ from pathlib import Path
 SOCKET_ENV = "FEDMEDBENCH_JOBSERVER"
 SCOPE_ENV = "FEDMEDBENCH_JOBSERVER_SCOPE"
 STATUS = struct.Struct("!i")
+# A request is its length (sent with the client's three file descriptors) and then its JSON. A Unix
+# stream socket delivers a long message in several reads, and the read that carries the descriptors
+# ends at the first chunk: without the length, a request of more than ~32 KB (a report job's argv)
+# arrived cut short and the server failed to parse it.
+LENGTH = struct.Struct("!Q")
 
 log = logging.getLogger("fedmedbench.jobserver")
 
@@ -127,16 +132,48 @@ def serve(path: str, lifeline: int | None = None) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     while True:
         conn, _ = server.accept()
-        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        try:
+            request, fds = receive_request(conn)
+        except (OSError, ValueError) as err:  # a client that went away or spoke garbage: not our end
+            log.warning("job server: dropped a request (%s)", err)
+            conn.close()
+            continue
         if os.fork() == 0:
             server.close()
             if lifeline is not None:
                 os.close(lifeline)  # a job outlives the server if it must
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _child(conn, json.loads(message), fds)
+            _child(conn, request, fds)
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+def send_request(conn: socket.socket, request: dict) -> None:
+    """``request`` and this process's stdin, stdout and stderr, framed by its length (``LENGTH``)."""
+    body = json.dumps(request).encode()
+    socket.send_fds(conn, [LENGTH.pack(len(body))], [0, 1, 2])
+    conn.sendall(body)
+
+
+def receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """(the request, the client's three file descriptors), read whole however the socket splits it."""
+    header, fds, _, _ = socket.recv_fds(conn, LENGTH.size, 3)
+    while len(header) < LENGTH.size:
+        chunk = conn.recv(LENGTH.size - len(header))
+        if not chunk:
+            raise ValueError("the client closed the connection before its request's length")
+        header += chunk
+    (size,) = LENGTH.unpack(header)
+    body = bytearray()
+    while len(body) < size:
+        chunk = conn.recv(min(size - len(body), 1 << 20))
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError(f"the client closed the connection after {len(body)} of {size} request bytes")
+        body += chunk
+    return json.loads(body), fds
 
 
 def scope() -> str:
@@ -160,8 +197,7 @@ def run_remotely(argv: list[str]) -> int | None:
         conn.connect(path)
     except OSError:
         return None
-    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
-    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+    send_request(conn, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
     data = b""
     while len(data) < STATUS.size:
         chunk = conn.recv(STATUS.size - len(data))
