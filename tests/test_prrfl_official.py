@@ -146,6 +146,9 @@ def test_official_variant_equals_the_transcription_of_the_official_code(tmp_path
     interrupt_after_round(cfg, tmp_path / "ours", monkeypatch, round_index=2)  # rounds 1-2 of 3
     checkpoint = tmp_path / "ours" / "checkpoint.pt"
     ours = {1: ckpt_io.load_checkpoint(ckpt_io.previous(checkpoint)), 2: ckpt_io.load_checkpoint(checkpoint)}
+    history = ckpt_io.HistoryLog(checkpoint.parent / "checkpoint-history.jsonl")  # the rows outside the checkpoint
+    for saved in ours.values():
+        saved["history"] = history.read(saved["history_log"])
     assert [ours[r]["round"] for r in (1, 2)] == [1, 2]
 
     torch.manual_seed(cfg["seed"])

@@ -36,7 +36,7 @@ def cmd_train(args) -> None:
             args.checkpoint_every = cfgmod.checkpoint_every(config, args.task)
     out = Path(args.out)
     logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
-    final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1, data_workers=args.data_workers)
+    final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1, checkpoint_every_seconds=args.checkpoint_every_seconds, data_workers=args.data_workers)
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
     print(f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})")
@@ -449,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint every N rounds (default: the task's checkpoint_every, else 1)")
+    p.add_argument("--checkpoint-every-seconds", type=float, default=0, help="and only once this many seconds have passed since the last checkpoint (default 0: every N rounds); the last round always; changes no number")
     p.add_argument("--data-workers", type=int, default=0, help="threads that read the next batches while the device computes (default 0: the training thread reads them; a GPU job: see docs/performance.md); changes no number")
     p.set_defaults(func=cmd_train)
 

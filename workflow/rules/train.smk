@@ -26,11 +26,14 @@ rule train:
     resources:
         gpu=1,
         checkpoint_every=checkpoint_every,
+        # at most one checkpoint per this many seconds (0: every checkpoint_every rounds), e.g.
+        # `--set-resources train:checkpoint_every_seconds=600` for fast GPU jobs (docs/performance.md)
+        checkpoint_every_seconds=0,
         data_workers=0,
     params:
         run_config=run_config_json,
         out_dir=run_dir,
     shell:
         "python -m fedmedbench train --run-config {params.run_config:q} --out {params.out_dir:q} "
-        "--threads {threads} --checkpoint-every {resources.checkpoint_every} "
+        "--threads {threads} --checkpoint-every {resources.checkpoint_every} --checkpoint-every-seconds {resources.checkpoint_every_seconds} "
         "--data-workers {resources.data_workers} &> {log:q}"

@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -182,10 +183,24 @@ def selection_file(out_dir: Path, version: int) -> Path:
     return out_dir / f"selection-v{version}.pt"
 
 
-def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, server, clients, selection: Selection) -> tuple[int, list[dict]]:
+def history_file(out_dir: Path) -> Path:
+    """The checkpointed history rows (``ckpt_io.HistoryLog``), beside ``checkpoint.pt``."""
+    return out_dir / "checkpoint-history.jsonl"
+
+
+def checkpoint_files(checkpoint_path: Path) -> tuple[Path, Path, Path]:
+    """What resuming reads besides the selection files; removed once the outputs are written."""
+    return checkpoint_path, ckpt_io.previous(checkpoint_path), history_file(checkpoint_path.parent)
+
+
+def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, server, clients, selection: Selection, history_log: ckpt_io.HistoryLog | None = None) -> tuple[int, list[dict]]:
     """Resume state from the checkpoint (or, if it is damaged, the previous one): (last round, history).
     (0, []) when there is nothing usable, and training starts from scratch. A checkpoint of another
-    configuration, or of data rebuilt since it was written (``data_digest``), is not used."""
+    configuration, or of data rebuilt since it was written (``data_digest``), is not used. The
+    history rows are those of the checkpoint's position in the history log (a checkpoint of the
+    earlier format holds them itself; they move into the log); ``history_log``, when given,
+    continues from there."""
+    reader = history_log or ckpt_io.HistoryLog(history_file(checkpoint_path.parent))
     for candidate in (checkpoint_path, ckpt_io.previous(checkpoint_path)):
         if not candidate.exists():
             continue
@@ -199,6 +214,7 @@ def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, serv
                 return 0, []
             version = saved["selection"]["version"]
             heavy = ckpt_io.load_checkpoint(selection_file(candidate.parent, version)) if version else {}
+            history = saved["history"] if "history" in saved else reader.read(saved["history_log"])
         except (ckpt_io.CorruptCheckpoint, FileNotFoundError) as err:
             log.warning("%s; falling back to the previous checkpoint or a fresh start", err)
             continue
@@ -207,8 +223,14 @@ def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, serv
             client.load_state_dict(state)
         selection.load_state_dict(saved["selection"], heavy)
         set_global_rng_state(saved["rng"])
+        if history_log is not None:
+            if "history" in saved:  # an FMBCKPT1 checkpoint: its rows start the log
+                history_log.reset()
+                history_log.append(history)
+            else:
+                history_log.continue_from(saved["history_log"])
         log.info("resumed from %s after round %d", candidate, saved["round"])
-        return saved["round"], saved["history"]
+        return saved["round"], history
     return 0, []
 
 
@@ -234,10 +256,12 @@ def remove_stale_files(out_dir: Path, selection_version: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprints: tuple[str, str], server, clients, selection: Selection, history: list[dict], previous_version: int) -> int:
+def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprints: tuple[str, str], server, clients, selection: Selection, history: list[dict], previous_version: int, history_log: ckpt_io.HistoryLog) -> int:
     """The checkpoint of this round. The selected models live in ``selection-v<version>.pt``, written
     only when the selection changed; kept are the files of this checkpoint and of its ``.prev``
-    (``previous_version``). Returns this checkpoint's version (the next call's ``previous_version``)."""
+    (``previous_version``). The history rows since the last checkpoint are appended to
+    ``history_log`` (fsynced), and the checkpoint records the log's position: its cost does not grow
+    with the rounds. Returns this checkpoint's version (the next call's ``previous_version``)."""
     current = selection_file(out_dir, selection.version)
     if selection.version and not current.exists():
         with writing(current, round_index):
@@ -249,10 +273,12 @@ def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerpri
         "server": server.state_dict(),
         "clients": [c.state_dict() for c in clients],
         "selection": selection.state_dict(),
-        "history": history,
         "rng": global_rng_state(),
     }
     try:
+        with writing(history_log.path, round_index):
+            history_log.append(history[history_log.rows :])
+        state["history_log"] = history_log.position()
         with writing(checkpoint_path, round_index):
             ckpt_io.save_checkpoint(state, checkpoint_path)
     except DataError:
@@ -340,7 +366,7 @@ def curve_every(cfg: RunConfig) -> int:
     return cfg.curve_every or max(1, cfg.rounds // 50)
 
 
-def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True, checkpoint_every: int = 1, data_workers: int = 0) -> dict:
+def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True, checkpoint_every: int = 1, data_workers: int = 0, checkpoint_every_seconds: float = 0) -> dict:
     """Train one run into ``out_dir``. A folder this call created is removed again if it fails
     before writing anything (no empty output folders). ``device``, ``threads``, ``progress``,
     ``checkpoint_every`` and ``data_workers`` (threads that read batches ahead; 0: the training
@@ -348,13 +374,15 @@ def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", thr
     fingerprint or final.json (changing them re-runs nothing and keeps a checkpoint usable)."""
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
+    if not checkpoint_every_seconds >= 0:
+        raise ConfigError(f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}")
     if not isinstance(data_workers, int) or isinstance(data_workers, bool) or data_workers < 0:
         raise ConfigError(f"data_workers: expected an integer >= 0, got {data_workers!r}")
     # One writer per run folder (fl/runlock.py): a second train on it stops here, having written nothing.
     with new_folder(out_dir) as out_dir, run_folder_lock(out_dir):
         reader = BatchReader(data_workers) if data_workers else None
         try:
-            return _run_training(cfg, out_dir, device, threads, progress, checkpoint_every, reader=reader)
+            return _run_training(cfg, out_dir, device, threads, progress, checkpoint_every, reader=reader, checkpoint_every_seconds=checkpoint_every_seconds)
         finally:
             if reader is not None:
                 reader.close()
@@ -393,7 +421,7 @@ def check_batch_norm_batches(model: torch.nn.Module, clients, cfg: RunConfig) ->
             )
 
 
-def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool, checkpoint_every: int, reader: BatchReader | None = None) -> dict:
+def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool, checkpoint_every: int, reader: BatchReader | None = None, checkpoint_every_seconds: float = 0) -> dict:
     cfg = RunConfig.from_dict(cfg)
     method = load_method(cfg.method, cfg.method_module)
     # The method's declared defaults fill any hyperparameter the config leaves out; unknown ones fail.
@@ -419,15 +447,18 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     check_batch_norm_batches(model, clients, cfg)
     fingerprints = (cfg.fingerprint(), data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients]))
 
-    last_round, history = restore(checkpoint_path, *fingerprints, server, clients, selection)
+    history_log = ckpt_io.HistoryLog(history_file(out_dir))
+    last_round, history = restore(checkpoint_path, *fingerprints, server, clients, selection, history_log)
     saved_version = selection.version  # the selection file the last checkpoint refers to
     remove_stale_files(out_dir, saved_version)
     if last_round == 0:
+        history_log.reset()
         for client in clients:
             client.receive(server.package(client.index, 0))
 
     rounds = cfg.rounds
     bar = Progress(rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", initial=last_round, interval=0.0, enabled=progress)
+    last_saved = time.monotonic()
     for round_index in range(last_round + 1, rounds + 1):
         replies, train_losses = [], []
         for client in clients:
@@ -468,8 +499,12 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
         mean_test = f", mean test {sum(t[metric] for t in test.values()) / len(test):.4f}" if test else ""
         bar.update(1, f"mean val {metric} {mean_val:.4f}{mean_test}")
 
-        if round_index % checkpoint_every == 0 or round_index == rounds:
-            saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprints, server, clients, selection, history, saved_version)
+        # Every checkpoint_every rounds, once checkpoint_every_seconds have passed since the last one
+        # (a fast GPU job need not spend its time writing), and after the last round.
+        due = round_index % checkpoint_every == 0 and time.monotonic() - last_saved >= checkpoint_every_seconds
+        if due or round_index == rounds:
+            saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprints, server, clients, selection, history, saved_version, history_log)
+            last_saved = time.monotonic()
             faults.reached("round_end")
     bar.close()
     test, flags, counts = final_test(selection, clients, cfg, device)
@@ -525,7 +560,7 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
     with writing(out_dir / "final.json", None):
         atomic_write_text(out_dir / "final.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
     # Finished: the outputs above replace the checkpoints.
-    for path in (checkpoint_path, ckpt_io.previous(checkpoint_path)):
+    for path in checkpoint_files(checkpoint_path):
         path.unlink(missing_ok=True)
     remove_stale_files(out_dir, selection_version=0)
     return final

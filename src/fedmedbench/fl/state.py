@@ -1,19 +1,52 @@
-"""Model files and checkpoints: atomic, device-independent; checkpoints also checksummed.
+"""Model files, checkpoints and the checkpointed history: atomic, device-independent, checksummed.
 
 ``save_atomic``/``load``: a plain ``torch.save`` file (e.g. ``model_best.pt``, loadable by anyone with
-``torch.load``), written atomically. A checkpoint (``save_checkpoint``/``load_checkpoint``) is ``torch.save`` bytes followed by a trailer (magic + CRC32 of those bytes), written to
-a temporary file, fsynced and renamed over the previous one, which is kept as ``<name>.prev``. A file
-cut short or damaged fails the CRC and is reported as :class:`CorruptCheckpoint`, so resuming falls
-back to the previous good state instead of crashing or silently loading wrong numbers. Checkpoints
-load with ``weights_only=True`` (no pickled code) and always onto the CPU: random-generator states
+``torch.load``), written atomically.
+
+A checkpoint (``save_checkpoint``/``load_checkpoint``, format ``FMBCKPT2``) holds a tree of dicts,
+lists, tuples, numbers, strings and tensors (what ``torch.load(weights_only=True)`` accepts) as::
+
+    b"FMBCKPT2" | blob 0 | blob 1 | ... | index (JSON) | trailer (magic, index offset and length,
+                                                        CRC32 of the index, CRC32 of the blobs)
+
+A blob is the bytes of one distinct tensor storage: storages that are the same memory (views,
+one tensor in two places) are one storage, and storages with equal bytes (FedAvg's K client models
+and the global model after distribution: copies, not views) are written once. The index says which
+tensor is a view of which storage and which storages share a blob, so loading gives back the same
+aliasing (views of one storage stay views) and the same values, each storage its own memory (equal
+copies stay independent, so an in-place update of one never reaches another). The non-tensor part
+is tagged JSON (no pickle: nothing in a checkpoint can run code), with dict/list/set identity kept
+as pickle keeps it.
+
+Writing streams: blobs go to the file one by one (small ones batched), straight from the tensors'
+memory, on a writer thread while this thread computes the running CRC32, so a checkpoint's size
+never raises the host memory and the CRC costs no extra wall time where a second core is free.
+The file is a temporary, fsynced and renamed over the previous checkpoint, which is kept as
+``<name>.prev``. A file cut short or damaged fails a CRC and is reported as
+:class:`CorruptCheckpoint`, so resuming falls back to the previous good state instead of crashing
+or silently loading wrong numbers. Checkpoints load always onto the CPU: random-generator states
 must stay CPU byte tensors, and each client moves its own tensors to its device.
+
+A checkpoint of the earlier format (``FMBCKPT1``: ``torch.save`` bytes + magic, length, CRC32) is
+still read, so a job killed before an upgrade resumes.
+
+``HistoryLog``: the run's history rows live outside the checkpoint, appended (only the rows since
+the previous checkpoint) to a JSON-lines file; a checkpoint records the log's length and CRC32, so a
+checkpoint's cost does not grow with the rounds and a resume reads exactly the rows of its
+checkpoint, dropping whatever a killed job appended after it (a torn last line included).
 """
 
 from __future__ import annotations
 
+import base64
+import collections
+import ctypes
 import io
+import json
 import os
+import queue
 import struct
+import threading
 import zlib
 from pathlib import Path
 
@@ -23,8 +56,20 @@ from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_file
 from fedmedbench.fl import faults
 
-MAGIC = b"FMBCKPT1"
-TRAILER = struct.Struct("<8sQI")  # magic, payload length, crc32
+MAGIC = b"FMBCKPT2"
+TRAILER = struct.Struct("<8sQQII")  # magic, index offset, index length, crc32(index), crc32(blobs)
+LEGACY_MAGIC = b"FMBCKPT1"
+LEGACY_TRAILER = struct.Struct("<8sQI")  # magic, payload length, crc32 (payload = torch.save bytes)
+
+SAMPLE = 64  # bytes from each end of a storage: the key that finds candidate duplicates
+SMALL = 1 << 16  # storages below this are copied into a staging buffer, written 4 MiB at a time
+CHUNK = 1 << 22  # staging buffer size; also the piece size for copying device memory to the host
+QUEUE = 8  # blobs/chunks in flight to the writer thread (bounds the memory of device copies)
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_DTYPE_NAMES = {d: name for name, d in _DTYPES.items() if not name.startswith(("qint", "quint"))}
+_DICT_TAGS = {dict: "d", collections.OrderedDict: "o", collections.Counter: "c"}
+_string_at = ctypes.string_at
 
 
 class CorruptCheckpoint(DataError):
@@ -44,35 +89,533 @@ def load(path: Path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+# --- bytes of storages ---------------------------------------------------------------------------
+def _memcmp():
+    try:
+        libc = ctypes.CDLL(None) if os.name != "nt" else ctypes.cdll.msvcrt
+        fn = libc.memcmp
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+_MEMCMP = _memcmp()  # libc's memcmp: stops at the first difference, ~5x torch.equal on bytes
+
+
+def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _same_bytes(a: torch.UntypedStorage, b: torch.UntypedStorage) -> bool:
+    if a.device.type == "cpu" and _MEMCMP is not None:
+        return _MEMCMP(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0
+    return torch.equal(_byte_view(a), _byte_view(b))  # exact: integer compare, NaN bits included
+
+
+def _sample(storage: torch.UntypedStorage, n: int) -> bytes:
+    """The whole content of a small storage, else its first and last ``SAMPLE`` bytes."""
+    if n == 0:
+        return b""
+    if storage.device.type == "cpu":
+        ptr = storage.data_ptr()
+        return ctypes.string_at(ptr, n) if n <= 2 * SAMPLE else ctypes.string_at(ptr, SAMPLE) + ctypes.string_at(ptr + n - SAMPLE, SAMPLE)
+    view = _byte_view(storage)
+    part = view if n <= 2 * SAMPLE else torch.cat([view[:SAMPLE], view[-SAMPLE:]])
+    return part.cpu().numpy().tobytes()
+
+
+# --- the tree: tagged JSON -----------------------------------------------------------------------
+class _Unsupported(TypeError):
+    def __init__(self, what: str, where: str = ""):
+        super().__init__(what)
+        self.what, self.where = what, where
+
+
+class _Packer:
+    """The pass over the object: the tagged-JSON tree and the tensor table; each new storage (by
+    identity) goes to ``blobs`` at once, so the writes start while the walk goes on. Containers are
+    numbered in pre-order, so a second reference to one is ``{"r": n}``."""
+
+    def __init__(self, blobs: _Blobs):
+        self.blobs = blobs
+        self.tensors: list[list] = []
+        self.tensor_ids: dict[int, int] = {}
+        self.storages: list[int] = []  # storage -> blob
+        self.storage_ids: dict[tuple, int] = {}
+        self.memo: dict[int, int] = {}
+        self.keep: list = []  # every object whose id() is a key above stays alive until the end
+
+    def container(self, obj) -> int | None:
+        """``None`` on the first visit (now numbered), else the number of the earlier visit."""
+        key = id(obj)
+        if key in self.memo:
+            return self.memo[key]
+        self.memo[key] = len(self.memo)
+        self.keep.append(obj)
+        return None
+
+    def pack(self, x):
+        kind = type(x)
+        if kind is torch.Tensor or kind is torch.nn.Parameter:  # the common leaf first
+            return {"T": self.tensor(x)}
+        if x is None or kind is str or kind is int or kind is bool:
+            return x
+        if isinstance(x, float):
+            return float(x)  # numpy's float64 too: the same IEEE number
+        if isinstance(x, torch.Tensor):
+            return {"T": self.tensor(x)}  # a subclass: refused there, by name
+        if kind is list:
+            ref = self.container(x)
+            return {"r": ref} if ref is not None else self.items(x)
+        if kind is tuple:
+            return {"t": self.items(x)}
+        if kind is dict or kind is collections.OrderedDict or kind is collections.Counter:
+            ref = self.container(x)
+            if ref is not None:
+                return {"r": ref}
+            tag = _DICT_TAGS[kind]
+            if all(type(k) is str for k in x):
+                out = {tag: self.mapping(x)}
+            else:
+                out = {tag.upper(): [[self.item("key", k), self.item(k, v)] for k, v in x.items()]}
+            if kind is collections.OrderedDict and hasattr(x, "_metadata"):  # a module's state_dict
+                out["m"] = self.item("_metadata", x._metadata)
+            return out
+        if kind is set:
+            ref = self.container(x)
+            return {"r": ref} if ref is not None else {"s": self.items(x)}
+        if kind is bytes:
+            return {"b": base64.b64encode(x).decode()}
+        if kind is bytearray:
+            ref = self.container(x)
+            return {"r": ref} if ref is not None else {"ba": base64.b64encode(x).decode()}
+        if kind is complex:
+            return {"j": [x.real, x.imag]}
+        if kind is torch.Size:
+            return {"z": list(x)}
+        if kind is torch.dtype:
+            return {"y": str(x).removeprefix("torch.")}
+        if kind is torch.device:
+            return {"v": str(x)}
+        raise _Unsupported(f"{kind.__module__}.{kind.__qualname__}")
+
+    def mapping(self, x: dict) -> dict:
+        """A dict of str keys; tensors (most values of a state dict) without a call to ``pack``."""
+        out, tensor, pack = {}, self.tensor, self.pack
+        try:
+            for key, value in x.items():
+                kind = type(value)
+                out[key] = {"T": tensor(value)} if kind is torch.Tensor or kind is torch.nn.Parameter else pack(value)
+        except _Unsupported as err:
+            err.where = f"[{key!r}]{err.where}"
+            raise
+        return out
+
+    def items(self, values) -> list:
+        return [self.item(i, v) for i, v in enumerate(values)]
+
+    def item(self, key, value):
+        try:
+            return self.pack(value)
+        except _Unsupported as err:
+            err.where = f"[{key!r}]{err.where}"
+            raise
+
+    def tensor(self, t: torch.Tensor) -> int:
+        index = self.tensor_ids.get(id(t))
+        if index is not None:
+            return index
+        kind, dtype = type(t), t.dtype
+        # Quantized dtypes are not in _DTYPE_NAMES; a conjugate/negative view bit only on complex ones.
+        if (kind is not torch.Tensor and kind is not torch.nn.Parameter) or t.layout is not torch.strided or dtype not in _DTYPE_NAMES or (dtype.is_complex and (t.is_conj() or t.is_neg())):
+            raise _Unsupported(f"a {kind.__name__} of layout {t.layout} and dtype {dtype}; only plain strided tensors and parameters")
+        if t.is_meta:
+            raise _Unsupported("a tensor on the meta device (it holds no values)")
+        shape, stride = t.shape, t.stride()
+        default = _STRIDES.get(shape)
+        if default is None:
+            default = _STRIDES[shape] = _contiguous_stride(shape)
+        flags = (kind is torch.nn.Parameter) | (t.requires_grad << 1)
+        row = [self.storage(t.untyped_storage()), t.storage_offset(), _DTYPE_NAMES[dtype], shape, None if stride == default else stride, flags]
+        index = self.tensor_ids[id(t)] = len(self.tensors)
+        self.tensors.append(row)
+        self.keep.append(t)
+        return index
+
+    def storage(self, storage: torch.UntypedStorage) -> int:
+        n = storage.nbytes()
+        # One storage = one memory block; empty ones (address 0) are told apart by nothing, so each
+        # stays its own (they share no values anyway).
+        device, ptr = storage.device, storage.data_ptr()
+        key = (device, ptr, n)
+        index = self.storage_ids.get(key) if n else None
+        if index is None:
+            index = len(self.storages)
+            if n:
+                self.storage_ids[key] = index
+            self.storages.append(self.blobs.add(storage, device, ptr, n))
+        return index
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return tuple(stride[::-1])
+
+
+_STRIDES: dict[torch.Size, tuple[int, ...]] = {}  # shape -> its contiguous strides (shapes repeat across clients)
+
+
+class _Consumer(threading.Thread):
+    """Applies ``fn`` to the buffers in order (writing them; checksumming them) while the walk goes
+    on: file writes, ``zlib.crc32`` and memcmp all release the GIL. An error is kept for the caller,
+    who raises it once everything is handed over."""
+
+    def __init__(self, name: str, fn):
+        super().__init__(name=name, daemon=True)
+        self.fn = fn
+        self.items: queue.Queue = queue.Queue(QUEUE)
+        self.error = None
+
+    def run(self) -> None:
+        while (item := self.items.get()) is not None:
+            if self.error is None:
+                try:
+                    self.fn(item[0])
+                except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+                    self.error = err
+
+    def finish(self) -> None:
+        self.items.put(None)
+        self.join()
+
+
+class _Blobs:
+    """The distinct storage contents, written in order of first appearance. A storage whose size and
+    first and last ``SAMPLE`` bytes match an earlier blob's is compared with it in full (libc memcmp:
+    exact, exits at the first difference), so distinct contents are never merged and equal ones are
+    written once. With ``handle`` None nothing is written (to time the comparisons alone)."""
+
+    def __init__(self, handle=None):
+        self.buckets: dict[tuple, list[int]] = {}
+        self.storages: list[torch.UntypedStorage] = []
+        self.sizes: list[int] = []
+        self.staging = bytearray()
+        self.crc = 0
+        self.consumers = []
+        if handle is not None:
+            self.consumers = [_Consumer("checkpoint-writer", handle.write), _Consumer("checkpoint-crc32", self._checksum)]
+            for consumer in self.consumers:
+                consumer.start()
+
+    def _checksum(self, buffer) -> None:
+        self.crc = zlib.crc32(buffer, self.crc)
+
+    def add(self, storage: torch.UntypedStorage, device: torch.device, ptr: int, n: int) -> int:
+        """The blob holding this storage's bytes (new, or an earlier byte-equal one)."""
+        if device.type == "cpu":  # inline: one call per storage of a large state adds up
+            head = _string_at(ptr, n if n <= 2 * SAMPLE else SAMPLE) if n else b""
+            sample = (device, n, head if n <= 2 * SAMPLE else head + _string_at(ptr + n - SAMPLE, SAMPLE))
+        else:
+            sample = (device, n, _sample(storage, n))
+        bucket = self.buckets.get(sample)
+        if bucket is None:
+            bucket = self.buckets[sample] = []
+        else:
+            for index in bucket:
+                if n <= 2 * SAMPLE or _same_bytes(self.storages[index], storage):  # small: the key is the content
+                    return index
+        index = len(self.sizes)
+        bucket.append(index)
+        self.storages.append(storage)
+        self.sizes.append(n)
+        if self.consumers:
+            self.emit_storage(storage, device, ptr, n)
+        return index
+
+    def emit_storage(self, storage, device, ptr: int, n: int) -> None:
+        if device.type == "cpu" and n < SMALL:
+            self.staging += _string_at(ptr, n) if n else b""
+            if len(self.staging) >= CHUNK:
+                self.emit(self.staging)
+                self.staging = bytearray()
+            return
+        if self.staging:
+            self.emit(self.staging)
+            self.staging = bytearray()
+        view = _byte_view(storage)
+        if device.type == "cpu":
+            self.emit(view.numpy(), storage)  # the tensor's own memory: no copy
+        else:
+            for start in range(0, n, CHUNK):
+                host = view[start : start + CHUNK].cpu()
+                self.emit(host.numpy(), host)
+
+    def emit(self, buffer, owner=None) -> None:
+        for consumer in self.consumers:
+            consumer.items.put((buffer, owner))  # ``owner`` keeps the memory behind ``buffer`` alive
+
+    def finish(self) -> int:
+        """Wait until every blob is written; the CRC32 of their bytes."""
+        if self.staging:
+            self.emit(self.staging)
+            self.staging = bytearray()
+        self.close()
+        for consumer in self.consumers:
+            if consumer.error is not None:
+                raise consumer.error
+        return self.crc
+
+    def close(self) -> None:
+        for consumer in self.consumers:
+            if consumer.is_alive():
+                consumer.finish()
+
+
 def save_checkpoint(obj, path: Path) -> None:
-    """Write ``obj``; a kill at any moment leaves the last good checkpoint (or its ``.prev``) intact."""
+    """Write ``obj``; a kill at any moment leaves the last good checkpoint (or its ``.prev``) intact.
+    A value a checkpoint cannot hold (e.g. a numpy array in a method's state) is a ``TypeError``
+    naming where it is; only a temporary was written, and it is removed."""
+    path = Path(path)
+    with atomic_file(path) as handle:
+        handle.write(MAGIC)
+        blobs = _Blobs(handle)
+        try:
+            packer = _Packer(blobs)
+            try:
+                tree = packer.pack(obj)
+            except _Unsupported as err:
+                raise TypeError(f"{path.name}: cannot checkpoint the value at {err.where or 'the top'}: {err.what}; a checkpoint holds tensors, numbers, strings, bytes and dicts/lists/tuples/sets of them") from None
+            # Every blob handed over (the writer may still be busy), no index yet: a kill here leaves
+            # a torn temporary, never a damaged checkpoint.
+            faults.reached("checkpoint_write")
+            data_crc = blobs.finish()
+        finally:
+            blobs.close()
+        index = json.dumps({"blobs": blobs.sizes, "storages": packer.storages, "tensors": packer.tensors, "tree": tree}, separators=(",", ":"), check_circular=False).encode()
+        handle.write(index)
+        handle.write(TRAILER.pack(MAGIC, len(MAGIC) + sum(blobs.sizes), len(index), zlib.crc32(index), data_crc))
+        if path.exists():
+            os.replace(path, previous(path))
+
+
+# --- loading ----------------------------------------------------------------------------------------
+def load_checkpoint(path: Path):
+    """The checkpoint's object, on the CPU; :class:`CorruptCheckpoint` if it is damaged."""
+    path = Path(path)
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size < LEGACY_TRAILER.size:
+            raise CorruptCheckpoint(f"{path}: truncated ({size} bytes)")
+        handle.seek(max(0, size - TRAILER.size))
+        tail = handle.read()
+        if tail[-LEGACY_TRAILER.size :].startswith(LEGACY_MAGIC):
+            handle.seek(0)
+            return _load_legacy(path, handle.read())
+        if len(tail) < TRAILER.size or not tail.startswith(MAGIC):
+            raise _damaged(path)
+        _, offset, length, index_crc, data_crc = TRAILER.unpack(tail)
+        if offset + length + TRAILER.size != size:
+            raise _damaged(path)
+        handle.seek(offset)
+        raw = handle.read(length)
+        if zlib.crc32(raw) != index_crc:
+            raise _damaged(path)
+        try:
+            index = json.loads(raw)
+            blobs = index["blobs"]
+            if len(MAGIC) + sum(blobs) != offset:
+                raise ValueError("blob sizes do not add up")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpoint(f"{path}: unreadable index ({exc})") from exc
+        handle.seek(0)
+        if handle.read(len(MAGIC)) != MAGIC:
+            raise _damaged(path)
+        buffers, crc = [], 0
+        for n in blobs:
+            buffer = torch.empty(n, dtype=torch.uint8)
+            view = buffer.numpy()
+            if handle.readinto(view) != n:
+                raise _damaged(path)
+            crc = zlib.crc32(view, crc)
+            buffers.append(buffer)
+        if crc != data_crc:
+            raise _damaged(path)
+    try:
+        return _Unpacker(index, buffers).unpack(index["tree"])
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:
+        raise CorruptCheckpoint(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+
+
+def _damaged(path: Path) -> CorruptCheckpoint:
+    return CorruptCheckpoint(f"{path}: damaged or cut short (checksum mismatch)")
+
+
+def save_checkpoint_v1(obj, path: Path) -> None:
+    """The ``FMBCKPT1`` writer of earlier releases (``torch.save`` built whole in memory, every copy
+    of a tensor written, then magic + length + CRC32), kept so that tests can make the checkpoint an
+    older job left and benchmarks can measure what the current format replaced. The engine never
+    calls it."""
     path = Path(path)
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     payload = buffer.getbuffer()
     with atomic_file(path) as handle:
-        handle.write(payload[: len(payload) // 2])
-        faults.reached("checkpoint_write")
-        handle.write(payload[len(payload) // 2 :])
-        handle.write(TRAILER.pack(MAGIC, len(payload), zlib.crc32(payload)))
+        handle.write(payload)
+        handle.write(LEGACY_TRAILER.pack(LEGACY_MAGIC, len(payload), zlib.crc32(payload)))
         if path.exists():
             os.replace(path, previous(path))
 
 
-def load_checkpoint(path: Path):
-    """The checkpoint's object, on the CPU; :class:`CorruptCheckpoint` if it is damaged."""
-    path = Path(path)
-    data = path.read_bytes()
-    if len(data) < TRAILER.size:
-        raise CorruptCheckpoint(f"{path}: truncated ({len(data)} bytes)")
-    magic, length, crc = TRAILER.unpack(data[-TRAILER.size :])
-    payload = memoryview(data)[: -TRAILER.size]
-    if magic != MAGIC or length != len(payload) or zlib.crc32(payload) != crc:
-        raise CorruptCheckpoint(f"{path}: damaged or cut short (checksum mismatch)")
+def _load_legacy(path: Path, data: bytes):
+    """An ``FMBCKPT1`` checkpoint (before streaming and deduplication): read whole, as it was written."""
+    magic, length, crc = LEGACY_TRAILER.unpack(data[-LEGACY_TRAILER.size :])
+    payload = memoryview(data)[: -LEGACY_TRAILER.size]
+    if magic != LEGACY_MAGIC or length != len(payload) or zlib.crc32(payload) != crc:
+        raise _damaged(path)
     try:
         return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError for bad files
         raise CorruptCheckpoint(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
+
+
+class _Unpacker:
+    def __init__(self, index: dict, buffers: list[torch.Tensor]):
+        self.rows, self.buffers = index["tensors"], buffers
+        self.storages: list[torch.UntypedStorage] = []
+        taken = set()
+        for blob in index["storages"]:
+            # The first storage of a blob takes the bytes read; byte-equal copies get their own memory.
+            self.storages.append((buffers[blob] if blob not in taken else buffers[blob].clone()).untyped_storage())
+            taken.add(blob)
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.memo: list = []
+
+    def tensor(self, index: int) -> torch.Tensor:
+        if index in self.tensors:
+            return self.tensors[index]
+        storage, offset, dtype, shape, stride, flags = self.rows[index]
+        t = torch.empty(0, dtype=_DTYPES[dtype]).set_(self.storages[storage], offset, shape, stride if stride is not None else _contiguous_stride(shape))
+        if flags & 1:
+            t = torch.nn.Parameter(t, requires_grad=bool(flags & 2))
+        elif flags & 2:
+            t.requires_grad_(True)
+        self.tensors[index] = t
+        return t
+
+    def register(self, obj):
+        self.memo.append(obj)
+        return obj
+
+    def unpack(self, x):
+        if type(x) is list:
+            out = self.register([])
+            out.extend(self.unpack(v) for v in x)
+            return out
+        if type(x) is not dict:
+            return x
+        tag = next(iter(x))
+        value = x[tag]
+        if tag == "T":
+            return self.tensor(value)
+        if tag == "r":
+            return self.memo[value]
+        if tag == "t":
+            return tuple(self.unpack(v) for v in value)
+        if tag in ("d", "o", "c", "D", "O", "C"):
+            out = self.register({"d": dict, "o": collections.OrderedDict, "c": collections.Counter}[tag.lower()]())
+            pairs = value.items() if tag.islower() else value
+            for k, v in pairs:
+                key = k if tag.islower() else self.unpack(k)
+                out[key] = self.unpack(v)
+            if "m" in x:
+                out._metadata = self.unpack(x["m"])
+            return out
+        if tag == "s":
+            out = self.register(set())
+            out.update(self.unpack(v) for v in value)
+            return out
+        if tag == "b":
+            return base64.b64decode(value)
+        if tag == "ba":
+            return self.register(bytearray(base64.b64decode(value)))
+        if tag == "j":
+            return complex(*value)
+        if tag == "z":
+            return torch.Size(value)
+        if tag == "y":
+            return _DTYPES[value]
+        if tag == "v":
+            return torch.device(value)
+        raise ValueError(f"unknown tag {tag!r}")
+
+
+# --- the history log --------------------------------------------------------------------------------
+def _plain(value):
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy/torch scalars
+        return value.item()
+    raise TypeError(f"history value {value!r} ({type(value).__name__}) is not a number or string")
+
+
+class HistoryLog:
+    """The run's history rows as JSON lines, appended at each checkpoint; see the module docstring.
+
+    ``position()`` (what a checkpoint records) = bytes, CRC32 and rows of the log so far. Floats are
+    written with ``repr`` (exact), so the rows read back give a byte-identical ``history.csv``."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.bytes, self.crc, self.rows = 0, 0, 0
+
+    def position(self) -> dict:
+        return {"bytes": self.bytes, "crc32": self.crc, "rows": self.rows}
+
+    def read(self, position: dict) -> list[dict]:
+        """The rows of a checkpoint's ``position``: :class:`CorruptCheckpoint` when the file no
+        longer holds exactly those bytes (removed, cut short, rewritten)."""
+        size, crc, rows = position["bytes"], position["crc32"], position["rows"]
+        try:
+            with open(self.path, "rb") as handle:
+                data = handle.read(size)
+        except FileNotFoundError:
+            data = b""
+        if len(data) != size or zlib.crc32(data) != crc:
+            raise CorruptCheckpoint(f"{self.path}: does not hold the {rows} history rows ({size} bytes) the checkpoint refers to")
+        out = [json.loads(line) for line in data.decode().split("\n")[:-1]]
+        if len(out) != rows:
+            raise CorruptCheckpoint(f"{self.path}: {len(out)} history rows where the checkpoint refers to {rows}")
+        return out
+
+    def continue_from(self, position: dict) -> None:
+        """Continue after a checkpoint's ``position`` (its bytes were checked by ``read``)."""
+        self.bytes, self.crc, self.rows = position["bytes"], position["crc32"], position["rows"]
+
+    def reset(self) -> None:
+        """A fresh start: an empty log."""
+        self.bytes, self.crc, self.rows = 0, 0, 0
+        self.path.unlink(missing_ok=True)
+
+    def append(self, rows: list[dict]) -> None:
+        """``rows`` after the current position, fsynced (a checkpoint written next may refer to
+        them). Written at the position, not at the file's end: whatever a killed job left beyond
+        it (a torn line) is overwritten and cut off."""
+        data = "".join(json.dumps(row, default=_plain) + "\n" for row in rows).encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+        try:
+            os.lseek(fd, self.bytes, os.SEEK_SET)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.ftruncate(fd, self.bytes + len(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.bytes += len(data)
+        self.crc = zlib.crc32(data, self.crc)
+        self.rows += len(rows)
 
 
 def to_device(tree, device: torch.device):
