@@ -22,6 +22,8 @@ from fedmedbench.fl import engine
 from fedmedbench.fl import state as ckpt_io
 from tests.conftest import interrupt_after_round, tiny_run_config
 
+SRC = Path(engine.__file__).resolve().parent.parent.parent  # src/, for the subprocess
+
 MIB = 1 << 20
 OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
 
@@ -179,7 +181,7 @@ print((status("VmHWM") - before) / 1024)
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
 def test_a_checkpoint_is_streamed_so_its_size_does_not_raise_peak_memory():
     def rise(writer: str) -> float:
-        out = subprocess.run([sys.executable, "-c", PEAK, writer], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(engine.__file__).parents[2])})
+        out = subprocess.run([sys.executable, "-c", PEAK, writer], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
         if out.returncode and "clear_refs" in out.stderr:
             pytest.skip("cannot reset the memory high-water mark here")
         assert out.returncode == 0, out.stderr

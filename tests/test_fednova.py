@@ -148,7 +148,7 @@ def test_resume_is_exact(tmp_path, tiny_task, monkeypatch):
     cfg = tiny_run_config(store, split, "fednova", rounds=2, optimizer=SGD_MOMENTUM, method_params={"server_momentum": 0.5, "proximal_mu": 0.1})
     straight = run_training(cfg, tmp_path / "straight", progress=False)
     interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
-    assert state.load(tmp_path / "resumed" / "checkpoint.pt")["server"]["momentum_buffer"]
+    assert state.load_checkpoint(tmp_path / "resumed" / "checkpoint.pt")["server"]["momentum_buffer"]
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert straight == resumed
     assert (tmp_path / "straight" / "history.csv").read_text() == (tmp_path / "resumed" / "history.csv").read_text()
