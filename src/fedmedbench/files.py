@@ -8,6 +8,7 @@ so group members on a shared cluster can read results and logs.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
@@ -86,3 +87,15 @@ def new_folder(folder: str | os.PathLike) -> Iterator[Path]:
             except OSError:  # not empty (or gone): keep it and everything above it
                 break
         raise
+
+
+def try_flock(path: Path):
+    """``path`` opened and exclusively ``flock``ed (the kernel frees it however the holder ends), or
+    None when another process holds it. Opened for appending: never truncates an existing file."""
+    handle = open(path, "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle

@@ -16,12 +16,13 @@ from the scheduler and claims a slot there the same way.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from fedmedbench.files import try_flock as _try_lock
 
 JOBS_PER_GPU_ENV = "FEDMEDBENCH_JOBS_PER_GPU"
 LOCK_DIR_ENV = "FEDMEDBENCH_GPU_LOCK_DIR"
@@ -52,16 +53,6 @@ def jobs_per_gpu() -> int:
 def lock_dir() -> Path:
     default = Path("/tmp") / f"fedmedbench-gpu-slots-{os.getuid()}"
     return Path(os.environ.get(LOCK_DIR_ENV, default))
-
-
-def _try_lock(path: Path):
-    handle = open(path, "a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    return handle
 
 
 def free_slots(device_id: str, per_gpu: int, directory: Path) -> list[int]:

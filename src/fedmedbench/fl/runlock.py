@@ -11,30 +11,19 @@ name matches none of the temporaries the engine cleans up (``.*.tmp``).
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from fedmedbench.errors import FedmedbenchError
+from fedmedbench.files import try_flock as _try_lock  # module-level name: tests race it
 
 LOCK_NAME = ".train.lock"
 
 
 class RunFolderBusy(FedmedbenchError):
     """Another process is training into this run folder."""
-
-
-def _try_lock(path: Path):
-    """The open, locked lock file, or None when another process holds it."""
-    handle = open(path, "a")  # never truncates, and creates nothing when the file is there
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    return handle
 
 
 @contextmanager
