@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def pins(requirements):
     out = {}
     for req in requirements:
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)==([^\s;]+)", req.strip())
+        # An extra (flwr[simulation]) is part of the name: the pin must name the same extras everywhere.
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+(?:\[[a-z,-]+\])?)==([^\s;]+)", req.strip())
         assert match, f"not pinned with ==: {req!r}"
         out[match.group(1).lower().replace("_", "-")] = match.group(2)
     return out
