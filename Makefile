@@ -6,8 +6,15 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: demo test lint test-slurm clean-demo
 
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu: on a machine without a GPU, torch and torchvision
+# (pyproject.toml's pins) from PyTorch's CPU-only index first, instead of PyPI's default wheels and their
+# ~5 GB of CUDA libraries. Unset (the default), nothing changes.
+TORCH_INDEX ?=
+TORCH_PINS = $(shell grep -o '"torch\(vision\)\?==[^"]*"' pyproject.toml | tr -d '"')
+
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(if $(TORCH_INDEX),$(VENV)/bin/pip install $(TORCH_PINS) --index-url $(TORCH_INDEX))
 	$(VENV)/bin/pip install -e ".[dev,flower]"
 	touch $(STAMP)
 

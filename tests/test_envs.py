@@ -37,3 +37,16 @@ def test_every_rule_names_an_existing_conda_env():
     for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
         for env in re.findall(r'conda:\s*\n\s*"([^"]+)"', smk.read_text()):
             assert (smk.parent / env).resolve().is_file(), f"{smk.name}: {env}"
+
+
+def test_readme_cpu_torch_command_pins_pyproject_versions():
+    """The README's CPU-only install names the very torch/torchvision pins of pyproject.toml, and the
+    Makefile's TORCH_INDEX route reads them from there (a version bump cannot leave either behind)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pinned = pins(project["dependencies"])
+    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if "download.pytorch.org/whl/cpu" in x and x.startswith("pip install"))
+    named = pins(w for w in line.split() if "==" in w)
+    assert named == {"torch": pinned["torch"], "torchvision": pinned["torchvision"]}
+    makefile = (ROOT / "Makefile").read_text()
+    assert "TORCH_INDEX ?=\n" in makefile  # unset by default: make demo / make test install as before
+    assert re.search(r"TORCH_PINS = \$\(shell grep .*pyproject\.toml", makefile)
