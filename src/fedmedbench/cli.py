@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 from fedmedbench.config import Experiment
@@ -433,74 +435,126 @@ def cmd_report(args) -> None:
     write_report(sections, Path(args.out), synthetic=synthetic, run_info={"seeds": sorted(seeds), "rounds": sorted(rounds)})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedmedbench", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
+DESCRIPTION = (
+    "Federated learning on medical images, from raw data to the papers' tables: a Snakemake pipeline "
+    "(snakemake --cores 8 runs it), and these commands for people.\n\n"
+    "The pipeline's steps, listed after the commands, are what its jobs run: a job's log shows the exact "
+    "command, to rerun it by hand. fedmedbench COMMAND --help describes a command and its options."
+)
 
-    p = sub.add_parser("train", help="run one federated training job")
-    p.add_argument("--run-config", help="resolved run config as JSON (what Snakemake passes)")
+INPUT_HELP = {
+    "finals": "the runs' final.json files",
+    "histories": "the runs' history.csv files",
+    "predictions": "the runs' predictions.npz files",
+    "stores": "one canonical store folder per task",
+}
+
+
+def _fill(text: str, width: int) -> str:
+    """Paragraphs wrapped to the terminal, as argparse wraps (its raw formatter keeps the steps' columns)."""
+    return "\n\n".join(textwrap.fill(part, max(width, 40)) for part in text.split("\n\n"))
+
+
+def _steps_text(steps: list[tuple[str, str]], width: int) -> str:
+    """The pipeline's steps as a second list, laid out like argparse's list of commands."""
+    column = max(len(name) for name, _ in steps) + 4
+    lines = ["pipeline steps (Snakemake runs them; fedmedbench STEP --help: its options):"]
+    for name, text in steps:
+        lines += textwrap.wrap(text, max(width, column + 30), initial_indent=f"  {name:<{column - 2}}", subsequent_indent=" " * column,
+                               break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    width = shutil.get_terminal_size().columns - 2  # as argparse wraps its own text
+    parser = argparse.ArgumentParser(prog="fedmedbench", description=_fill(DESCRIPTION, width), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages too, and show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND", help="one of the commands below (fedmedbench COMMAND --help: its options)")
+    steps: list[tuple[str, str]] = []
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        """A command a person types: listed under "commands"."""
+        return sub.add_parser(name, help=text, description=text)
+
+    def step(name: str, text: str) -> argparse.ArgumentParser:
+        """A pipeline step (Snakemake runs it; a job's log shows the command): listed apart, after the
+        commands, and left out of argparse's own list (a parser added without help= is not listed)."""
+        steps.append((name, text))
+        return sub.add_parser(name, description=text)
+
+    p = command(
+        "check-data",
+        "what the pipeline will understand of your own data (family folders), per site: images per split, sizes, "
+        "channels, mask values and their classes' pixel shares (or images per class), groups; then each problem "
+        "in one line (exit 1 if any)",
+    )
+    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...] (default: %(default)s)")
+    p.add_argument("--dataset", help="only this data section (default: every one; built-in families get one line)")
+    p.set_defaults(func=cmd_check_data)
+
+    p = command("methods", "list every method (built in and plug-ins), its origin and parameters")
+    p.add_argument("--config", nargs="*", default=[], help="config.yaml [overlay.yaml ...]: also list the plug-ins its methods name with module:")
+    p.set_defaults(func=cmd_methods)
+
+    p = command("new-method", "write a pip-installable package with a method of your own (and its test)")
+    p.add_argument("name", help="the method's name (lowercase, e.g. fedxyz)")
+    p.add_argument("--out", required=True, help="the package folder to create")
+    p.set_defaults(func=cmd_new_method)
+
+    p = command("estimate", "time a few rounds per kind of job and project the cost of the experiments (jobs, GPU-hours, wall-hours)")
+    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...] (default: %(default)s)")
+    p.add_argument("--experiments", nargs="+", help="the experiments to project (default: the config's selected_experiments, else all)")
+    p.add_argument("--rounds-to-time", type=int, default=2, help="k: each kind of job is timed for 1 and k rounds (default: %(default)s)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs the real run will have (default: %(default)s)")
+    p.add_argument("--jobs-per-gpu", type=int, default=1, help="training jobs that share one GPU at a time (default: %(default)s)")
+    p.add_argument("--sharing-gain", type=float, default=1.0, help="throughput of jobs-per-gpu concurrent jobs / one job (default: %(default)s)")
+    p.add_argument("--device", default="auto", help="the device to time on: auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of the timed jobs (default: torch's own choice)")
+    p.add_argument("--data-workers", type=int, default=0, help="reader threads of the timed jobs (as train --data-workers; default: %(default)s)")
+    p.set_defaults(func=cmd_estimate)
+
+    p = command("train", "run one federated training job (what each of the pipeline's training jobs runs)")
+    p.add_argument("--run-config", help="the resolved run config as JSON (what Snakemake passes)")
     p.add_argument("--config", nargs="+", help="config.yaml [overlay.yaml ...] (instead of --run-config)")
-    p.add_argument("--task")
+    p.add_argument("--task", help="the task, a key of the config's tasks (with --config)")
     p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedprox-mu0.1")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="the seed (with --config)")
     p.add_argument("--out", required=True, help="run folder: history.csv, final.json, model_best.pt")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--device", default="auto", help="auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of torch (default: torch's own choice; Snakemake passes the rule's threads)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines in the log")
     p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint every N rounds (default: the task's checkpoint_every, else 1)")
     p.add_argument("--checkpoint-every-seconds", type=float, default=0, help="and only once this many seconds have passed since the last checkpoint (default 0: every N rounds); the last round always; changes no number")
     p.add_argument("--data-workers", type=int, default=0, help="threads that read the next batches while the device computes (default 0: the training thread reads them; a GPU job: see docs/performance.md); changes no number")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("estimate", help="time a few rounds per kind of job and project the cost of the experiments")
-    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...]")
-    p.add_argument("--experiments", nargs="+", help="default: selected_experiments, else all")
-    p.add_argument("--rounds-to-time", type=int, default=2, help="k: each kind of job is timed for 1 and k rounds")
-    p.add_argument("--gpus", type=int, default=1)
-    p.add_argument("--jobs-per-gpu", type=int, default=1)
-    p.add_argument("--sharing-gain", type=float, default=1.0, help="throughput of jobs-per-gpu concurrent jobs / one job")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--data-workers", type=int, default=0, help="reader threads of the timed jobs (as train --data-workers)")
-    p.set_defaults(func=cmd_estimate)
-
-    p = sub.add_parser("with-jobserver", help="run a command (e.g. snakemake) whose training jobs start warm (fork of a process with torch imported)")
+    p = command("with-jobserver", "run a command (e.g. snakemake) whose fedmedbench steps start warm (forked from a process with torch imported)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     p.set_defaults(func=cmd_with_jobserver)
 
-    p = sub.add_parser("methods", help="list every method (built in and plug-ins), its origin and parameters")
-    p.add_argument("--config", nargs="*", default=[], help="config.yaml [overlay.yaml ...]: also list its `module:` plug-ins")
-    p.set_defaults(func=cmd_methods)
-
-    p = sub.add_parser("new-method", help="write a pip-installable package with a method of your own (and its test)")
-    p.add_argument("name", help="the method's name (lowercase, e.g. fedxyz)")
-    p.add_argument("--out", required=True, help="the package folder to create")
-    p.set_defaults(func=cmd_new_method)
-
-    p = sub.add_parser("fetch", help="download (or copy) a raw file, verify it, move it into place")
+    p = step("fetch", "download (or copy) a raw file, verify it, move it into place")
     p.add_argument("--dataset", required=True, help="the family whose file this is (for its manual-download advice)")
     p.add_argument("--source", required=True, help="http(s)://, file://, gdrive:<id>, a local path, or 'manual'")
-    p.add_argument("--dest", required=True)
-    p.add_argument("--sha256", default=None)
+    p.add_argument("--dest", required=True, help="where the verified file goes")
+    p.add_argument("--sha256", default=None, help="the file's expected SHA-256 (default: not checked)")
     p.add_argument("--source-stamp", default=None, help="a local source's path, size and mtime as the workflow saw them (checked)")
     p.set_defaults(func=cmd_fetch)
 
-    p = sub.add_parser("extract", help="safely extract a zip/tar archive")
-    p.add_argument("--archive", required=True)
-    p.add_argument("--out", required=True)
+    p = step("extract", "safely extract a zip/tar archive")
+    p.add_argument("--archive", required=True, help="the zip or tar archive")
+    p.add_argument("--out", required=True, help="the folder to extract into")
     p.set_defaults(func=cmd_extract)
 
-    p = sub.add_parser("synthesize", help="write the synthetic twin of a family's raw files")
-    p.add_argument("dataset")
+    p = step("synthesize", "write the synthetic twin of a family's raw files")
+    p.add_argument("dataset", help="the dataset family, e.g. prostate")
     p.add_argument("--out", required=True, help="folder for the raw files")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default: %(default)s)")
     p.add_argument("--options", default="{}", help="family-specific sizes as JSON")
     p.set_defaults(func=cmd_synthesize)
 
-    p = sub.add_parser("preprocess", help="raw files -> canonical store")
-    p.add_argument("dataset")
-    p.add_argument("--protocol", required=True)
+    p = step("preprocess", "raw files -> canonical store")
+    p.add_argument("dataset", help="the dataset family, e.g. prostate (folders: your own data)")
+    p.add_argument("--protocol", required=True, help="the data protocol, a key of the data section's protocols")
     p.add_argument("--raw", nargs="*", default=[], metavar="FILENAME=PATH", help="each raw file and its extracted folder / path")
     p.add_argument("--options", default=None, help="a user's own data (family folders): its data section as JSON")
     p.add_argument("--out", required=True, help="store folder")
@@ -509,29 +563,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-real-counts", action="store_true", help="fail unless the counts of the real release come out")
     p.set_defaults(func=cmd_preprocess)
 
-    p = sub.add_parser(
-        "check-data",
-        help="per site of your own data (family folders): images per split, sizes, channels, mask values and their "
-        "classes' pixel shares (or images per class), groups; then each problem in one line (exit 1 if any)",
-    )
-    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...]")
-    p.add_argument("--dataset", help="only this data section (default: every one; built-in families get one line)")
-    p.set_defaults(func=cmd_check_data)
-
-    p = sub.add_parser("split", help="write the split of record (CSV)")
-    p.add_argument("dataset")
-    p.add_argument("--protocol", required=True)
-    p.add_argument("--store", required=True)
-    p.add_argument("--out", required=True)
+    p = step("split", "write the split of record (CSV)")
+    p.add_argument("dataset", help="the dataset family, e.g. prostate (folders: your own data)")
+    p.add_argument("--protocol", required=True, help="the data protocol, a key of the data section's protocols")
+    p.add_argument("--store", required=True, help="the canonical store folder (preprocess --out)")
+    p.add_argument("--out", required=True, help="the split CSV to write")
     p.add_argument("--permutation", default="default", help="family-specific: e.g. harmofl (the paper's files) or seeded")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of a seeded permutation (default: %(default)s)")
     p.add_argument("--options", default=None, help="a user's own data (family folders): its data section as JSON")
     p.add_argument("--split-csv-digest", default=None, help="the split_csv's content digest as the workflow saw it (checked)")
     p.set_defaults(func=cmd_split)
 
-    p = sub.add_parser("collect", help="per-client metrics of many runs -> one long CSV")
-    p.add_argument("--out", required=True)
-    p.add_argument("finals", nargs="+")
+    p = step("collect", "per-client metrics of many runs -> one long CSV")
+    p.add_argument("--out", required=True, help="the CSV to write")
+    p.add_argument("finals", nargs="+", help="the runs' final.json files")
     p.set_defaults(func=cmd_collect)
 
     # Tables and figures of one experiment: its config section as JSON, an output prefix, its inputs.
@@ -547,20 +592,22 @@ def build_parser() -> argparse.ArgumentParser:
         ("ood-table", "PRR-FL Table 3: an OOD cohort's F1/AUC per method (csv, md, tex + --figure-prefix png, pdf) from final.json", cmd_ood_table, "finals"),
         ("retrogress-figure", "PRR-FL Fig. 1: one client's test metric along local epochs (png, pdf) from history.csv", cmd_retrogress_figure, "histories"),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = step(name, help_text)
         p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
-        p.add_argument("--out-prefix", required=True)
-        p.add_argument(inputs, nargs="+")
+        p.add_argument("--out-prefix", required=True, help="the outputs' path without its suffix (each format adds its own)")
+        p.add_argument(inputs, nargs="+", help=INPUT_HELP[inputs])
         if name == "ood-table":
-            p.add_argument("--figure-prefix", required=True)
+            p.add_argument("--figure-prefix", required=True, help="the bar figure's path without its suffix (png, pdf)")
         p.set_defaults(func=func)
 
-    p = sub.add_parser("report", help="our numbers next to the published ones (Markdown)")
+    p = step("report", "our numbers next to the published ones (Markdown)")
     p.add_argument("--experiments", required=True, help="the experiments config section as JSON")
     p.add_argument("--paper-tables", required=True, help="folder of the papers' tables (CSV)")
-    p.add_argument("--out", required=True)
-    p.add_argument("finals", nargs="+")
+    p.add_argument("--out", required=True, help="the Markdown report to write")
+    p.add_argument("finals", nargs="+", help="the runs' final.json files")
     p.set_defaults(func=cmd_report)
+
+    parser.epilog = _steps_text(steps, width)
     return parser
 
 
