@@ -98,6 +98,9 @@ class RunConfig(Strict):
     selection_window: float = 1.0  # model selection only in the last this fraction of rounds (PRR-FL's official code: 0.2)
     selection_scope: str = "auto"  # auto: per client for personalized methods, else one round by the mean; per_client | pooled: for every method (PRR-FL's tables: per_client)
     ood_clients: tuple[str, ...] = ()  # test-only clients (e.g. skin's OOD cohort), scored at the end with the selected models
+    # engine | flower-simulation (the same round loop under Flower's simulation runtime, Ray; federation/simulation.py).
+    # It changes no number, and its default is left out of to_dict: an engine run's fingerprint and final.json stay as they were.
+    runtime: str = "engine"
     # the method's hyperparameters (checked against its DEFAULTS when the run starts)
     method_params: dict = field(default_factory=dict)
     method_module: str | None = None  # a plug-in's module (None: built in)
@@ -109,7 +112,10 @@ class RunConfig(Strict):
 
     def to_dict(self) -> dict:
         """JSON-ready (tuples as lists): the form stored in ``final.json`` and hashed for resume."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        values = json.loads(json.dumps(dataclasses.asdict(self)))
+        if values["runtime"] == "engine":
+            del values["runtime"]  # the default, absent: engine runs keep the fingerprint they had before the option existed
+        return values
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
