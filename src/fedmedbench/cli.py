@@ -38,6 +38,8 @@ def cmd_train(args) -> None:
             args.checkpoint_every = cfgmod.checkpoint_every(config, args.task)
     out = Path(args.out)
     logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
+    if run_cfg.get("runtime") == "flower-simulation":  # the same round loop under Flower's simulation runtime (docs/federation.md)
+        from fedmedbench.federation.simulation import run_simulated as run_training
     final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1, checkpoint_every_seconds=args.checkpoint_every_seconds, data_workers=args.data_workers)
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
