@@ -80,6 +80,25 @@ def test_the_simulation_client_app_answers_every_message_the_generic_one_does():
     assert len(app._registered_funcs) == 7
 
 
+def test_a_bad_run_is_refused_before_ray_starts_and_leaves_no_folder(tmp_path, tiny_task):
+    from fedmedbench.federation.simulation import run_simulated
+
+    store, split = tiny_task
+    with pytest.raises(ConfigError, match="fedavgg"):
+        run_simulated(tiny_run_config(store, split, "fedavgg"), tmp_path / "runs" / "flower", threads=1)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_without_ray_the_route_says_what_to_install(tmp_path, tiny_task, monkeypatch):
+    from fedmedbench.federation.simulation import run_simulated
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as where it is not installed
+    store, split = tiny_task
+    with pytest.raises(ConfigError, match=r"runtime: flower-simulation needs Ray \(pip install -e '\.\[flower\]'"):
+        run_simulated(tiny_run_config(store, split), tmp_path / "flower")
+    assert not (tmp_path / "flower").exists()
+
+
 @pytest.mark.slow
 def test_a_simulated_run_equals_the_engine_byte_for_byte(tmp_path, tiny_task):
     from fedmedbench.federation.simulation import run_simulated

@@ -81,11 +81,12 @@ def server_app(settings: dict):
 
 
 def backend_config(clients: int, device: str) -> dict:
-    """Ray: one CPU per simulated ClientApp, as many actors as sites (the machine's cores shared:
-    a site's actor sleeps while another trains), a small object store (only messages pass
-    through it), no dashboard; a GPU run gives each site an equal share of one GPU."""
-    resources = {"num_cpus": 1, "num_gpus": 1.0 / clients if device.startswith("cuda") else 0.0}
-    init = {"num_cpus": clients, "include_dashboard": False, "object_store_memory": 200 * 1024**2, "logging_level": "warning", "log_to_driver": True}
+    """Ray: one CPU per simulated ClientApp and at most one actor per core (each actor imports torch
+    and holds its memory; more actors than cores only queue), a small object store (only messages
+    pass through it), no dashboard; a GPU run gives each actor an equal share of one GPU."""
+    actors = max(1, min(clients, os.cpu_count() or 1))
+    resources = {"num_cpus": 1, "num_gpus": 1.0 / actors if device.startswith("cuda") else 0.0}
+    init = {"num_cpus": actors, "include_dashboard": False, "object_store_memory": 200 * 1024**2, "logging_level": "warning", "log_to_driver": True}
     if device.startswith("cuda"):
         init["num_gpus"] = 1
     return {"client_resources": resources, "init_args": init}
@@ -121,7 +122,8 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
             # The run config as the deployment's ServerApp reads it (a file, method params merged there).
             (work / "run.json").write_text(json.dumps(cfg.to_dict(), sort_keys=True))
             read_run_config(str(work / "run.json"))  # an unknown method or parameter fails here, before Ray starts
-            settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": 120.0, "reply-timeout": 0.0}
+            # resume: false: the simulated sites' state lives in this job's temporary folder, gone with a killed job, so a rerun starts afresh
+            settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": 120.0, "reply-timeout": 0.0, "resume": False}
             sites = site_settings(cfg, work / "sites", threads, device)
             run_simulation(
                 server_app=server_app(settings),
