@@ -132,25 +132,153 @@ def config_of(records: RecordDict) -> ConfigRecord:
     return records["c"]
 
 
-def check_reply(where: str, reply, reference: dict[str, torch.Tensor]) -> None:
-    """A site's training reply must be a dict whose ``state`` holds tensors of the global model's
-    keys, shapes and dtypes, all finite, and a positive ``num_samples``: else one line naming it."""
-    if not isinstance(reply, dict) or not isinstance(reply.get("state"), dict):
-        raise SiteError(f"{where}: the reply is not a model update (no 'state' of tensors); refused")
-    for key, tensor in reply["state"].items():
+# A method's reply entries that are model-shaped: tensors named as the global model's, of its shapes
+# and dtypes (a full or partial state, e.g. FedBN's without the BN tensors, or CGSV's update).
+MODEL_ENTRIES = ("state", "update")
+
+
+def tensors_in(value, path: str = ""):
+    """(path, tensor) for every tensor anywhere in ``value`` (nested dicts, lists, tuples)."""
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from tensors_in(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from tensors_in(item, f"{path}[{index}]")
+
+
+def check_finite_payload(where: str, value) -> None:
+    """No NaN or inf in any tensor of a payload (a method's deputies, amplitudes, answers...)."""
+    for path, tensor in tensors_in(value):
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+            raise SiteError(f"{where}: tensor {path!r} is not finite (NaN or inf); refused")
+
+
+def check_model(where: str, state, reference: dict[str, torch.Tensor], entry: str = "state", own_keys: bool = False) -> None:
+    """``state``: tensors of the global model's keys, shapes and dtypes (a subset of them), finite.
+    ``own_keys``: the site's evaluated model may hold tensors of its own (HarmoFL's amplitude, MOON's
+    head): only those it shares with the global model are compared."""
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise SiteError(f"{where}: {entry!r} is not a dict of named tensors; refused")
+    for key, tensor in state.items():
         if key not in reference:
+            if own_keys:
+                continue
             raise SiteError(f"{where}: the reply holds tensor {key!r}, which the global model has not; refused")
         if tuple(tensor.shape) != tuple(reference[key].shape) or tensor.dtype != reference[key].dtype:
             raise SiteError(f"{where}: tensor {key!r} is {tuple(tensor.shape)} {tensor.dtype}, the global model's is {tuple(reference[key].shape)} {reference[key].dtype}; refused")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise SiteError(f"{where}: tensor {key!r} is not finite (NaN or inf); refused")
-    samples = reply.get("num_samples")
-    if not isinstance(samples, int) or samples < 1:
-        raise SiteError(f"{where}: num_samples {samples!r} is not a positive integer; refused")
+
+
+def check_reply(where: str, reply, reference: dict[str, torch.Tensor] | None) -> None:
+    """A site's training reply: a dict; its model-shaped entries (``state``, ``update``) hold tensors
+    of the global model's keys, shapes and dtypes (``reference``; None: the method sends no state at
+    round 0, nothing to compare with); every tensor anywhere in it finite; a positive integer
+    ``num_samples`` beside a model (the aggregation weight). Else one line naming ``where``."""
+    if not isinstance(reply, dict):
+        raise SiteError(f"{where}: the reply is not a model update (a dict of named values, got {type(reply).__name__}); refused")
+    models = [key for key in MODEL_ENTRIES if key in reply]
+    for key in models:
+        if reference is None:
+            check_finite_payload(where, {key: reply[key]})
+        else:
+            check_model(where, reply[key], reference, key)
+    check_finite_payload(where, reply)
+    if models or "num_samples" in reply:
+        samples = reply.get("num_samples")
+        if type(samples) is not int or samples < 1:
+            raise SiteError(f"{where}: num_samples {samples!r} is not a positive integer; refused")
+
+
+def signature(value):
+    """The shape of a payload, not its numbers: dict keys, tensor shapes and dtypes, value types."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((str(k), signature(v)) for k, v in value.items())))
+    return (type(value).__name__,)
+
+
+def _difference(a, b, path: str) -> str:
+    """The first place where payload ``a`` differs in shape from ``b``, in words."""
+    where = f"{path!r}" if path else "the payload"
+    if isinstance(a, dict) and isinstance(b, dict):
+        extra, missing = sorted(set(map(str, a)) - set(map(str, b))), sorted(set(map(str, b)) - set(map(str, a)))
+        if extra or missing:
+            return f"{where} has " + "; ".join(part for part in (f"extra key(s) {extra}" if extra else "", f"no key(s) {missing}" if missing else "") if part)
+        for key in a:
+            if signature(a[key]) != signature(b[key]):
+                return _difference(a[key], b[key], f"{path}.{key}" if path else str(key))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return f"{where} is {tuple(a.shape)} {a.dtype}, not {tuple(b.shape)} {b.dtype}"
+    return f"{where} is a {type(a).__name__}, not a {type(b).__name__}"
+
+
+def check_same_shape(step: str, payloads: dict[str, object]) -> None:
+    """Every site runs the same method, so its payloads have one shape (keys, tensor shapes and
+    dtypes, types): the site(s) that differ from the others are refused by name. With no majority
+    (e.g. two sites that differ) both are named."""
+    signatures = {name: signature(value) for name, value in payloads.items()}
+    counts: dict = {}
+    for sig in signatures.values():
+        counts[sig] = counts.get(sig, 0) + 1
+    if len(counts) <= 1:
+        return
+    common, count = max(counts.items(), key=lambda item: item[1])
+    names = list(payloads)
+    if count * 2 > len(names):
+        odd = next(n for n in names if signatures[n] != common)
+        model = next(n for n in names if signatures[n] == common)
+        raise SiteError(f"{step}: site {odd}: its reply differs in shape from the other sites': {_difference(payloads[odd], payloads[model], '')}; refused")
+    first, other = names[0], next(n for n in names if signatures[n] != signatures[names[0]])
+    raise SiteError(f"{step}: sites {first} and {other} send replies of different shapes ({first}: {_difference(payloads[first], payloads[other], '')}); refused")
 
 
 def check_scores(where: str, scores) -> None:
-    if not isinstance(scores, dict) or not all(isinstance(k, str) and isinstance(v, float) for k, v in scores.items()):
+    if not isinstance(scores, dict) or not scores or not all(isinstance(k, str) and type(v) is float for k, v in scores.items()):
         raise SiteError(f"{where}: the scores are not a dict of named numbers; refused")
     if any(math.isinf(v) for v in scores.values()):
         raise SiteError(f"{where}: an infinite score; refused")
+
+
+def check_evaluation(where: str, value, with_test: bool) -> None:
+    """An ``evaluate`` reply: {"val": scores, "test": scores on curve rounds, else None}."""
+    if not isinstance(value, dict) or set(value) != {"val", "test"}:
+        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise SiteError(f"{where}: the evaluation reply is not {{'val', 'test'}} (got {keys}); refused")
+    check_scores(f"{where} val", value["val"])
+    if with_test:
+        check_scores(f"{where} test", value["test"])
+    elif value["test"] is not None:
+        raise SiteError(f"{where}: test scores sent on a round without test evaluation; refused")
+
+
+FINAL_KEYS = {"test", "flags", "counts", "model", "predictions", "round"}
+WITHHOLDABLE = ("model", "predictions")  # what a site may keep to itself (node config share-model / share-predictions)
+
+
+def check_final(where: str, value, reference: dict[str, torch.Tensor] | None, rounds: int) -> list[str]:
+    """A ``final`` reply: the kept model's test scores, flags and class counts, the round it was kept
+    at, and the model and qualitative predictions unless the site withheld them (listed in
+    ``withheld``). Returns what the site withheld."""
+    if not isinstance(value, dict):
+        raise SiteError(f"{where}: the final reply is not a dict (got {type(value).__name__}); refused")
+    withheld = value.get("withheld", [])
+    if not isinstance(withheld, list) or not set(withheld) <= set(WITHHOLDABLE):
+        raise SiteError(f"{where}: 'withheld' {withheld!r} is not a list of {list(WITHHOLDABLE)}; refused")
+    expected = (FINAL_KEYS - set(withheld)) | ({"withheld"} if "withheld" in value else set())
+    if set(value) != expected:
+        extra, missing = sorted(set(value) - expected), sorted(expected - set(value))
+        raise SiteError(f"{where}: the final reply has extra key(s) {extra} / lacks {missing}; refused")
+    check_scores(f"{where} test", value["test"])
+    if type(value["round"]) is not int or not 1 <= value["round"] <= rounds:
+        raise SiteError(f"{where}: kept round {value['round']!r} is not a round of this run (1..{rounds}); refused")
+    if "model" in value and reference is not None:
+        check_model(where, value["model"], reference, "model", own_keys=True)
+    if "predictions" in value and not (isinstance(value["predictions"], dict) and all(isinstance(v, torch.Tensor) for v in value["predictions"].values())):
+        raise SiteError(f"{where}: the predictions are not a dict of named tensors; refused")
+    check_finite_payload(where, {k: value[k] for k in ("model",) if k in value})
+    return list(withheld)
