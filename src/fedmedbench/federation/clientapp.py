@@ -8,7 +8,9 @@ optionally ``state-dir="/var/lib/fedmedbench"`` (where the site keeps its state 
 default ``./fedmedbench-site``), ``device="cuda:0"`` (default: the CPU) and ``threads=2`` (CPU
 threads, default 1: another count changes float summation order, hence the last digits, as for
 ``train --threads``; a federation equals a simulated run made with the same count). The site opens only its
-own rows of the store. Flower starts a fresh ClientApp for every message, so everything the client
+own rows of the store. ``share-model=false`` / ``share-predictions=false`` keep the site's selected
+model / its qualitative predictions (``predictions.npz`` samples) on the site: only its test scores
+go up, and the server notes what the site withheld (``federation.json``, ``model_best.pt``). Flower starts a fresh ClientApp for every message, so everything the client
 holds between rounds (its models, optimizer state, data generator, a method's deputies or personal
 models, the model kept by selection) is the method's own ``Client.state_dict`` (the same state a
 checkpoint holds), written atomically to ``<state-dir>/run-<run id>/<client>.pt`` after each
@@ -35,6 +37,22 @@ def node_setting(context: Context, key: str, default=None):
     if value is None:
         raise SiteError(f"SuperNode node config: {key!r} is missing (e.g. --node-config '{key}=\"...\"')")
     return value
+
+
+def node_flag(context: Context, key: str) -> bool:
+    """A yes/no node-config key (default yes); ``share-model=false`` arrives as a bool, a string from
+    another launcher as "false"."""
+    value = context.node_config.get(key, True)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise SiteError(f"SuperNode node config: {key}={value!r} is not true or false")
+    return value
+
+
+def withheld(context: Context) -> list[str]:
+    """What this site keeps to itself at the end of the run (``messages.WITHHOLDABLE``)."""
+    return [what for what in ("model", "predictions") if not node_flag(context, f"share-{what}")]
 
 
 def state_file(context: Context) -> Path:
@@ -83,12 +101,37 @@ def load_site(context: Context) -> Site:
     return site
 
 
+def check_fingerprint(site: Site, context: Context, config) -> None:
+    """The server's run config must be the one this site's state was made for."""
+    from fedmedbench.runconfig import RunConfig
+
+    mine = RunConfig.from_dict(json.loads(site.cfg_json)).fingerprint()
+    if config.get("fingerprint") != mine:
+        raise SiteError(f"site {node_setting(context, 'client')}: the server runs config fingerprint {config.get('fingerprint')}, this site's state at {state_file(context)} was made for {mine}; refused")
+
+
+def approve(context: Context, fingerprint: str) -> None:
+    """``run-fingerprint`` in the node config: the one run config this site agreed to train (its
+    IT team pins it); any other is refused before the site opens its data."""
+    approved = context.node_config.get("run-fingerprint")
+    if approved is not None and str(approved) != fingerprint:
+        raise SiteError(f"site {node_setting(context, 'client')}: this SuperNode is approved for run config fingerprint {approved}, the server sent {fingerprint}; refused")
+
+
 def save_site(site: Site, context: Context) -> None:
     from fedmedbench.fl import state as ckpt_io
 
     path = state_file(context)
     path.parent.mkdir(parents=True, exist_ok=True)
     ckpt_io.save_atomic({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict()}, path)
+
+
+def error_reply(message: Message, name: str, err: Exception) -> Message:
+    """A failure as one line naming the site (the server stops with it, adding the step and round)."""
+    text = " ".join(str(err).split())
+    if not text.startswith(f"site {name}"):  # our own refusals read as they are; anything else says what it was
+        text = f"site {name}: {text}" if isinstance(err, SiteError) else f"site {name}: {type(err).__name__}: {text}"
+    return Message(RecordDict({"error": ConfigRecord({"text": text})}), reply_to=message)
 
 
 def reply(message: Message, value, **config) -> Message:
@@ -101,12 +144,13 @@ def handle(message: Message, context: Context, step) -> Message:
     name = str(context.node_config.get("client", "?"))
     try:
         site = load_site(context)
+        check_fingerprint(site, context, config_of(message.content))
         value = step(site, unpack(message.content, f"server message to site {name}"), config_of(message.content))
         save_site(site, context)
         value, config = value if isinstance(value, tuple) else (value, {})
         return reply(message, value, **config)
     except Exception as err:  # the server reports it: it names the site and the round
-        return Message(RecordDict({"error": ConfigRecord({"text": f"site {name}: {type(err).__name__}: {err}"})}), reply_to=message)
+        return error_reply(message, name, err)
 
 
 @app.query("hello")
@@ -114,11 +158,20 @@ def hello(message: Message, context: Context) -> Message:
     """Who this node is and how many training rows it has (for ``truncate_to_smallest``)."""
     name = str(context.node_config.get("client", "?"))
     try:
+        from fedmedbench.fl.data import data_digest
+        from fedmedbench.runconfig import RunConfig
+
         cfg_json = config_of(message.content)["cfg"]
+        withheld(context)  # a bad share-* value stops the run now, not at its end
+        fingerprint = RunConfig.from_dict(json.loads(cfg_json)).fingerprint()
+        approve(context, fingerprint)
         site = build_site(cfg_json, context)
-        return reply(message, {"client": name, "train_rows": len(site.client.data.train)})
+        # What this site reads, digested as the engine's checkpoints digest it (for this one client):
+        # the server compares it with the run's expectation, or records it.
+        digest = data_digest(Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name])
+        return reply(message, {"client": name, "train_rows": len(site.client.data.train), "data_digest": digest, "fingerprint": fingerprint})
     except Exception as err:
-        return Message(RecordDict({"error": ConfigRecord({"text": f"site {name}: {type(err).__name__}: {err}"})}), reply_to=message)
+        return error_reply(message, name, err)
 
 
 @app.query("setup")
@@ -133,7 +186,7 @@ def setup(message: Message, context: Context) -> Message:
         save_site(site, context)
         return reply(message, {"client": name})
     except Exception as err:
-        return Message(RecordDict({"error": ConfigRecord({"text": f"site {name}: {type(err).__name__}: {err}"})}), reply_to=message)
+        return error_reply(message, name, err)
 
 
 @app.train()
@@ -169,4 +222,8 @@ def keep(message: Message, context: Context) -> Message:
 
 @app.query("final")
 def final(message: Message, context: Context) -> Message:
-    return handle(message, context, lambda site, _p, _c: site.final())
+    def step(site, _payload, _config):
+        out, kept_here = site.final(), withheld(context)
+        return {**{k: v for k, v in out.items() if k not in kept_here}, "withheld": kept_here} if kept_here else out
+
+    return handle(message, context, step)

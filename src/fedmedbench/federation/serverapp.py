@@ -11,16 +11,28 @@ as the engine writes them), ``nodes-timeout`` (seconds to wait for every site's 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fedmedbench.federation.messages import check_reply, check_scores, pack, unpack
+from fedmedbench.federation.messages import check_evaluation, check_final, check_finite_payload, check_reply, check_same_shape, pack, unpack
 from fedmedbench.fl.transport import SiteError, serve
 
 app = ServerApp()
+
+
+# Flower's error codes (flwr.common.constant.ErrorCode) as what they mean for the run.
+FLOWER_ERRORS = {
+    1: "its ClientApp could not be loaded (is fedmedbench with the flower extra installed on the site?)",
+    2: "its ClientApp raised an exception",
+    3: "the message expired before the SuperNode took it",
+    4: "the reply expired before it arrived",
+    5: "its SuperNode stopped sending heartbeats (killed, or cut off for over 2 heartbeat intervals); the run stops",
+    8: "its ClientApp crashed",
+}
 
 
 def payload_bytes(records) -> int:
@@ -31,10 +43,16 @@ def payload_bytes(records) -> int:
 class FlowerTransport:
     """The sites behind the SuperNodes of ``grid``: one message per site and step, in client order."""
 
-    def __init__(self, grid: Grid, cfg, nodes_timeout: float = 300.0, reply_timeout: float | None = None):
+    def __init__(self, grid: Grid, cfg, nodes_timeout: float = 300.0, reply_timeout: float | None = None, expected_digests: dict[str, str] | None = None):
         self.grid, self.cfg, self.reply_timeout = grid, cfg, reply_timeout
+        # {site: data digest} the run expects (optional): a site whose store or split differs is refused.
+        self.expected_digests = dict(expected_digests or {})
+        self.site_digests: dict[str, str] = {}  # what each site said in hello (federation.json records it)
+        self.withheld: dict[str, list[str]] = {}  # {site: ["model", "predictions"]} a site kept to itself
         self.names = list(cfg.clients)
         self.cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
+        # Rides on every message: a site whose stored state was made for another run config refuses.
+        self.fingerprint = cfg.fingerprint()
         self.reference = None  # the global model's state: the shape of a valid reply
         self.bytes_sent = self.bytes_received = 0  # payload bytes (records), each way
         self.node = self._find_sites(nodes_timeout)
@@ -43,7 +61,7 @@ class FlowerTransport:
     def _exchange(self, message_type: str, payloads: dict[int, object], step: str, **config) -> dict[int, tuple[object, dict]]:
         """Send ``payloads[node]`` to each node; {node: (payload, reply config)}, or one error line
         naming the site and step for a missing, failed or malformed reply."""
-        messages = [Message(pack(value, **config), node, message_type, group_id=step) for node, value in payloads.items()]
+        messages = [Message(pack(value, fingerprint=self.fingerprint, **config), node, message_type, group_id=step) for node, value in payloads.items()]
         self.bytes_sent += sum(payload_bytes(m.content) for m in messages)
         replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(messages, timeout=self.reply_timeout)}
         site_of = {node: name for name, node in getattr(self, "node", {}).items()}
@@ -54,7 +72,9 @@ class FlowerTransport:
             if message is None:
                 raise SiteError(f"{where}: no reply within {self.reply_timeout} s (the SuperNode stopped or lost its connection)")
             if message.has_error():
-                raise SiteError(f"{where}: Flower error {message.error.code}: {message.error.reason}")
+                meaning = FLOWER_ERRORS.get(message.error.code, "Flower reported an error")
+                reason = " ".join(str(message.error.reason).split())[:300]  # one line, whatever the traceback
+                raise SiteError(f"{where}: {meaning} (Flower error {message.error.code}: {reason})")
             if "error" in message.content:
                 raise SiteError(f"{step}: {message.content['error']['text']}")
             self.bytes_received += payload_bytes(message.content)
@@ -72,12 +92,20 @@ class FlowerTransport:
         hello = self._exchange("query.hello", {node: None for node in nodes}, "hello", cfg=self.cfg_json)
         node_of, rows = {}, {}
         for node, (value, _) in hello.items():
+            if not isinstance(value, dict) or not isinstance(value.get("client"), str) or type(value.get("train_rows")) is not int or value["train_rows"] < 0:
+                raise SiteError(f"hello: SuperNode {node} answered {value!r:.200}, not {{'client', 'train_rows', 'data_digest'}} (another app, or another fedmedbench version?)")
             name = value["client"]
             if name in node_of:
                 raise SiteError(f"hello: two SuperNodes (ids {node_of[name]} and {node}) say they are site {name}")
             if name not in self.names:
                 raise SiteError(f"hello: SuperNode {node} is site {name}, which is not a client of run {self.cfg.run} ({', '.join(self.names)})")
             node_of[name], rows[name] = node, int(value["train_rows"])
+            digest = value.get("data_digest")
+            if name in self.expected_digests and digest != self.expected_digests[name]:
+                raise SiteError(f"hello: site {name}: its data digest is {digest}, the run expects {self.expected_digests[name]} (another store or split than the run was planned on); refused")
+            self.site_digests[name] = digest
+            if value.get("fingerprint") != self.fingerprint:  # the site's fedmedbench reads the config otherwise
+                raise SiteError(f"hello: site {name}: it reads the run config as fingerprint {value.get('fingerprint')}, the server as {self.fingerprint} (another fedmedbench version on the site?); refused")
         missing = [n for n in self.names if n not in node_of]
         if missing:
             raise SiteError(f"hello: no SuperNode serves site(s) {', '.join(missing)}")
@@ -99,21 +127,32 @@ class FlowerTransport:
         results = self._by_site(self._exchange("train", {node: None for node in self._nodes()}, f"round {round_index} train", round=round_index))
         out = []
         for name, (reply, config) in zip(self.names, results):
-            if self.reference is not None:
-                check_reply(f"round {round_index}: site {name}", reply, self.reference)
-            out.append((reply, float(config["loss"]), json.loads(config["rows"])))
+            check_reply(f"round {round_index} train: site {name}", reply, self.reference)
+            try:
+                loss, rows = float(config["loss"]), json.loads(config["rows"])
+            except (KeyError, TypeError, ValueError):
+                raise SiteError(f"round {round_index} train: site {name}: the reply carries no training loss and history rows; refused") from None
+            if not math.isfinite(loss):
+                raise SiteError(f"round {round_index} train: site {name}: training loss {loss} is not finite; refused")
+            out.append((reply, loss, rows))
+        check_same_shape(f"round {round_index} train", {name: reply for name, (reply, _, _) in zip(self.names, out)})
         return out
 
     def answer(self, round_index, queries):
         results = self._exchange("query.answer", dict(zip(self._nodes(), queries)), f"round {round_index} answer", round=round_index)
-        return [value for value, _ in self._by_site(results)]
+        answers = [value for value, _ in self._by_site(results)]
+        for name, value in zip(self.names, answers):
+            check_finite_payload(f"round {round_index} answer: site {name}", value)
+        check_same_shape(f"round {round_index} answer", dict(zip(self.names, answers)))
+        return answers
 
     def evaluate(self, round_index, packages, with_test):
         results = self._exchange("evaluate", dict(zip(self._nodes(), packages)), f"round {round_index} evaluate", round=round_index, with_test=with_test)
         out = []
         for name, (value, _) in zip(self.names, self._by_site(results)):
-            check_scores(f"round {round_index}: site {name} val", value["val"])
+            check_evaluation(f"round {round_index} evaluate: site {name}", value, with_test)
             out.append((value["val"], value["test"]))
+        check_same_shape(f"round {round_index} evaluate", {name: {"val": val, "test": test} for name, (val, test) in zip(self.names, out)})
         return out
 
     def keep(self, round_index, names):
@@ -122,7 +161,15 @@ class FlowerTransport:
 
     def final(self):
         results = self._exchange("query.final", {node: None for node in self._nodes()}, "final")
-        return {name: value for name, (value, _) in zip(self.names, self._by_site(results))}
+        out = {}
+        for name, (value, _) in zip(self.names, self._by_site(results)):
+            withheld = check_final(f"final: site {name}", value, self.reference, self.cfg.rounds)
+            if withheld:  # the site's node config keeps them there: the run folder notes it
+                self.withheld[name] = withheld
+            out[name] = {**value, "model": value.get("model"), "predictions": value.get("predictions", {})}
+        check_same_shape("final", {name: value["test"] for name, value in out.items()})
+        check_finite_payload("final", {name: value["model"] for name, value in out.items() if value["model"] is not None})
+        return out
 
 
 def read_run_config(path: str):
@@ -138,7 +185,11 @@ def main(grid: Grid, context: Context) -> None:
     settings = context.run_config
     cfg = read_run_config(str(settings["run-config"]))
     reply_timeout = float(settings.get("reply-timeout", 0)) or None
-    transport = FlowerTransport(grid, cfg, float(settings.get("nodes-timeout", 300)), reply_timeout)
+    expected = json.loads(str(settings.get("site-digests", "") or "{}"))  # {site: data digest}, optional
+    transport = FlowerTransport(grid, cfg, float(settings.get("nodes-timeout", 300)), reply_timeout, expected)
     serve(cfg, Path(str(settings["out"])), transport, progress=True)
-    traffic = {"bytes_sent": transport.bytes_sent, "bytes_received": transport.bytes_received, "rounds": cfg.rounds, "sites": len(transport.names)}
+    traffic = {"bytes_sent": transport.bytes_sent, "bytes_received": transport.bytes_received, "rounds": cfg.rounds, "sites": len(transport.names),
+               # what each site reads (its data digest, as the engine's checkpoints digest it) and what a
+               # site kept to itself (node config share-model / share-predictions = false)
+               "data_digests": transport.site_digests, "withheld": transport.withheld}  # fmt: skip
     (Path(str(settings["out"])) / "federation.json").write_text(json.dumps(traffic, indent=2) + "\n")

@@ -522,8 +522,11 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
+    # A federated site may keep its model to itself (node config share-model=false): listed as withheld.
+    shared = {n: best_models[n] for n in names if best_models[n] is not None}
+    withheld = {"withheld": [n for n in names if n not in shared]} if len(shared) < len(names) else {}
     with writing(out_dir / "model_best.pt", None):
-        ckpt_io.save_atomic({"clients": names, "models": compact_models({n: best_models[n] for n in names})}, out_dir / "model_best.pt")
+        ckpt_io.save_atomic({"clients": names, "models": compact_models(shared) if shared else None, **withheld}, out_dir / "model_best.pt")
     predictions = {f"{n}|{k}": v.numpy() for entry in selection.best.values() for n, preds in entry["predictions"].items() for k, v in preds.items()}
     with writing(out_dir / "predictions.npz", None):
         save_npz_atomic(predictions, out_dir / "predictions.npz")
