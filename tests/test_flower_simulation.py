@@ -77,7 +77,8 @@ def test_the_simulation_client_app_answers_every_message_the_generic_one_does():
 
     app = simulation.client_app({0: {"client": "A"}})
     assert sorted(app._registered_funcs) == sorted(clientapp.app._registered_funcs)
-    assert len(app._registered_funcs) == 7
+    steps = {"train.default", "evaluate.default", "query.hello", "query.setup", "query.answer", "query.keep", "query.final"}
+    assert steps <= set(app._registered_funcs)  # the round protocol's steps, at least
 
 
 def test_a_bad_run_is_refused_before_ray_starts_and_leaves_no_folder(tmp_path, tiny_task):
@@ -142,15 +143,23 @@ def test_a_snakemake_table_holds_an_engine_row_and_a_flower_row_with_equal_digit
     configs = [*map(str, CONFIGFILES), str(tmp_path / "flower.yaml")]
     command = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", *targets, "--configfile", *configs]
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    # Under the job server, as `make demo` runs: the Flower job starts Ray from a forked warm process.
+    run = subprocess.run([str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *command], capture_output=True, text=True, env=env, cwd=tmp_path)
     logs = "".join(p.read_text()[-3000:] for p in (out / "logs" / "train").rglob("*.log")) if (out / "logs").is_dir() else ""
     assert run.returncode == 0, run.stderr[-3000:] + logs
 
-    rows = {row[0]: row[1:] for row in csv.reader((out / "tables" / f"{TABLE}.csv").read_text().splitlines())}
+    # The table's CSV: one row per (row label, client); mean, std and seed count equal to every digit.
+    rows: dict = {}
+    for row in csv.DictReader((out / "tables" / f"{TABLE}.csv").read_text().splitlines()):
+        rows.setdefault(row["row"], {})[row["client"]] = (row["mean"], row["std"], row["n_seeds"])
     engine, flower = rows["FedAvg (engine)"], rows["FedAvg (Flower simulation)"]
-    assert engine == flower and any(c.strip() for c in engine)
-    md = {line.split("|")[1].strip(): line.split("|")[2:] for line in (out / "tables" / f"{TABLE}.md").read_text().splitlines() if line.startswith("|")}
-    assert md["FedAvg (engine)"] == md["FedAvg (Flower simulation)"]
+    assert list(engine) == ["A", "B", "C", "D", "E", "F", "Avg"] and engine == flower
+    assert 0 < float(engine["Avg"][0]) < 100
+    # The printed table: the two rows' cells are the same text.
+    md = (out / "tables" / f"{TABLE}.md").read_text()
+    cells = {line.split("|")[1].strip(): line.split("|")[2:] for line in md.splitlines() if line.startswith("| FedAvg")}
+    assert len(cells) == 2 and cells["FedAvg (engine)"] == cells["FedAvg (Flower simulation)"]
+    assert "identical on every site" in md
 
     runs = out / "train" / "prostate"
     for name in ("history.csv", "model_best.pt", "predictions.npz"):

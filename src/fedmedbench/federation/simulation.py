@@ -16,7 +16,7 @@ What a job gives ``train --threads`` is each simulated site's torch thread count
 ClientApp's ``threads`` node setting; default 1) and the server thread's: with the same count on
 both routes the numbers equal the engine's bit for bit on CPU (the same code, the same seeds, each
 site's state restored from its own file before every message, whichever Ray actor runs it).
-There is no server checkpoint yet (docs/federation.md, "Not yet"): a killed job starts over.
+A killed job starts over (``resume`` off: the sites' state was in the job's scratch folder).
 """
 
 from __future__ import annotations
@@ -30,10 +30,6 @@ from pathlib import Path
 import torch
 
 from fedmedbench.errors import ConfigError, FedmedbenchError
-
-# The messages the generic ClientApp answers (federation.clientapp): (category, action or None).
-MESSAGES = (("train", None), ("evaluate", None), ("query", "hello"), ("query", "setup"), ("query", "answer"), ("query", "keep"), ("query", "final"))
-
 
 def site_settings(cfg, state_dir: Path, threads: int, device: str) -> dict[int, dict]:
     """partition-id -> the node config a deployed SuperNode of that site would be given."""
@@ -58,9 +54,11 @@ def client_app(sites: dict[int, dict]):
         context.node_config = {**context.node_config, **sites[partition]}
         return clientapp.app(message, context)
 
-    for category, action in MESSAGES:
-        register = getattr(app, category)
-        register(action)(as_site) if action else register()(as_site)
+    # Every message the generic ClientApp answers ("train.default", "query.hello", ...), read from its
+    # registrations so that a message type added there is routed here too.
+    for full_name in clientapp.app._registered_funcs:
+        category, action = full_name.split(".")
+        getattr(app, category)(action)(as_site)
     return app
 
 
@@ -92,10 +90,11 @@ def backend_config(clients: int, device: str) -> dict:
     return {"client_resources": resources, "init_args": init}
 
 
-def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None = None, progress: bool = True, **_how) -> dict:
+def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None = None, **_how) -> dict:
     """Train the run ``cfg`` (a run config dict or RunConfig) into ``out_dir`` under Flower's
-    simulation runtime; returns final.json's content. ``device``/``threads`` as for
-    ``train``; the engine's other ways to run (checkpoint cadence, data workers) do not apply here."""
+    simulation runtime; returns final.json's content. ``device``/``threads`` as for ``train``; the
+    engine's other ways to run (``progress``: the ServerApp always logs its round lines; checkpoint
+    cadence, data workers) are accepted, so ``train`` calls both routes alike, and do not apply."""
     try:
         from flwr.simulation import run_simulation
     except ImportError as err:  # flwr without its simulation extra, or no flwr at all
@@ -122,8 +121,10 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
             # The run config as the deployment's ServerApp reads it (a file, method params merged there).
             (work / "run.json").write_text(json.dumps(cfg.to_dict(), sort_keys=True))
             read_run_config(str(work / "run.json"))  # an unknown method or parameter fails here, before Ray starts
-            # resume: false: the simulated sites' state lives in this job's temporary folder, gone with a killed job, so a rerun starts afresh
-            settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": 120.0, "reply-timeout": 0.0, "resume": False}
+            # resume: false: the simulated sites' state lives in this job's scratch folder (under a run id
+            # Flower draws anew for each simulation), gone with a killed job, so a rerun starts afresh;
+            # hence the server checkpoints only after the last round.
+            settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": 120.0, "reply-timeout": 0.0, "resume": False, "checkpoint-every": cfg.rounds}
             sites = site_settings(cfg, work / "sites", threads, device)
             run_simulation(
                 server_app=server_app(settings),
