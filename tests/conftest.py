@@ -147,7 +147,8 @@ class Killed(Exception):
 
 def interrupt_after_round(cfg, out, monkeypatch, round_index=1):
     """Train until the checkpoint of ``round_index`` is written, then stop as a killed job would."""
-    from fedmedbench.fl import engine, faults
+    from fedmedbench import faults
+    from fedmedbench.fl import engine
 
     def fake_kill(pid, sig):
         raise Killed

@@ -33,7 +33,7 @@ from fedmedbench.data.images import read_mask
 from fedmedbench.data.staging import remove_stale
 from fedmedbench.data.store import staged_dir, write_split_csv
 from fedmedbench.errors import DataError
-from fedmedbench.fl import faults
+from fedmedbench import faults
 from tests.conftest import realdata_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -382,7 +382,7 @@ def test_an_extraction_killed_at_any_member_reruns_to_the_same_tree(tmp_path, ki
 
 PREPROCESS = """
 import sys
-from fedmedbench.fl import faults
+from fedmedbench import faults
 from fedmedbench.data import fundus as F
 faults.arm()
 F.preprocess({F.ARCHIVE: sys.argv[1]}, sys.argv[2], "fedlwr", size=16, log=lambda m: None)

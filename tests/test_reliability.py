@@ -19,7 +19,8 @@ import yaml
 
 from fedmedbench import config as cfgmod
 from fedmedbench.errors import ConfigError, DivergenceError
-from fedmedbench.fl import engine, faults
+from fedmedbench import faults
+from fedmedbench.fl import engine
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import interrupt_after_round, tiny_run_config

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedmedbench.fl.faults import KILL_AT_ENV
+from fedmedbench.faults import KILL_AT_ENV
 from tests.conftest import tiny_run_config
 
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedmedbench.fl import runlock
-from fedmedbench.fl.faults import KILL_AT_ENV
+from fedmedbench.faults import KILL_AT_ENV
 from tests.conftest import tiny_run_config
 
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_path, new_folder
-from fedmedbench.fl import faults
+from fedmedbench import faults
 
 from .staging import remove_stale, staging_folder
 

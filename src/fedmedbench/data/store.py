@@ -36,7 +36,7 @@ import pandas as pd
 
 from ..errors import DataError, plain
 from ..files import new_folder
-from ..fl import faults
+from .. import faults
 from .staging import locked_atomic_file, staging_folder
 
 __all__ = [

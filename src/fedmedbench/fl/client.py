@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fedmedbench.errors import ConfigError
-from fedmedbench.fl import faults
+from fedmedbench import faults
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.data import ClientSplits, train_batches
 from fedmedbench.losses import build_loss

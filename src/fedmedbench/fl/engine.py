@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedmedbench import faults
 from fedmedbench.errors import ConfigError, DataError, DivergenceError
 from fedmedbench.files import atomic_file, atomic_write_text, new_folder
-from fedmedbench.fl import faults, placement
+from fedmedbench.fl import placement
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.fl.client import autocast, batch_to_device

@@ -54,7 +54,7 @@ import torch
 
 from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_file
-from fedmedbench.fl import faults
+from fedmedbench import faults
 
 MAGIC = b"FMBCKPT2"
 TRAILER = struct.Struct("<8sQQII")  # magic, index offset, index length, crc32(index), crc32(blobs)

@@ -2,11 +2,14 @@
 to prove that a job resumes from anywhere with the same numbers.
 
 ``FEDMEDBENCH_KILL_AT=<point>:<n>`` kills at the n-th time ``point`` is reached. Points:
-``round_end`` (after round n's checkpoint), ``train_step``, ``eval_batch`` and ``checkpoint_write``
+``round_end`` (after round n's checkpoint), ``round_trained`` (round n's training replies in, nothing aggregated), ``train_step``, ``eval_batch`` and ``checkpoint_write``
 (a checkpoint's tensor data handed to its writer thread, the index not yet written: a torn temporary,
 before the rename); for the data steps ``extract_member`` (before
 the n-th archive member is written; ``safe_extract`` arms itself) and ``store_write`` (a store
 client folder half written: images saved, labels not yet). Unset: every call is one dict lookup.
+
+It sits below both the data steps and the engine (both arm it and reach its points), so that the data
+layer imports nothing of training.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 import signal
 
 KILL_AT_ENV = "FEDMEDBENCH_KILL_AT"
-POINTS = ("round_end", "train_step", "eval_batch", "checkpoint_write", "extract_member", "store_write")
+POINTS = ("round_end", "round_trained", "train_step", "eval_batch", "checkpoint_write", "extract_member", "store_write")
 _armed: dict = {}
 
 
