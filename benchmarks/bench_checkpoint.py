@@ -53,7 +53,7 @@ from fedmedbench.files import atomic_file  # noqa: E402
 from fedmedbench.fl import engine  # noqa: E402
 from fedmedbench.fl import state as ckpt_io  # noqa: E402
 from fedmedbench.fl.seeding import client_generator, global_rng_state  # noqa: E402
-from fedmedbench.methods import load_method  # noqa: E402
+from fedmedbench.registry import load_method  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
 from fedmedbench.runconfig import RunConfig  # noqa: E402
 

@@ -16,7 +16,7 @@ import yaml
 from fedmedbench import config as cfgmod
 from fedmedbench import values
 from fedmedbench.errors import ConfigError
-from fedmedbench.methods import available_methods, method_defaults, param_schemas
+from fedmedbench.registry import available_methods, method_defaults, param_schemas
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import tiny_run_config
 

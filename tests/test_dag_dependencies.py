@@ -28,7 +28,7 @@ from PIL import Image
 from fedmedbench import sources
 from fedmedbench.data import download
 from fedmedbench.data.folders import FoldersDataError, discover_sites, list_pairs, listing_digest, write_example
-from fedmedbench.methods import find_method, forget
+from fedmedbench.registry import find_method, forget
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedmedbench import methods
+from fedmedbench import registry
 from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.errors import ConfigError
 from fedmedbench.methods import cffl, cgsv, fedavg, qfedavg
@@ -73,10 +73,10 @@ def fedavg_round(tiny):
 @pytest.mark.parametrize("name, module", [("qfedavg", qfedavg), ("cgsv", cgsv), ("cffl", cffl)])
 def test_every_parameter_is_declared_and_ranges_bite(name, module):
     assert set(module.PARAM_SCHEMA) == set(module.DEFAULTS)
-    assert methods.merge_params(name, {}, "methods." + name) == module.DEFAULTS  # defaults pass their schema
+    assert registry.merge_params(name, {}, "methods." + name) == module.DEFAULTS  # defaults pass their schema
     bad = {"qfedavg": {"q": -1.0}, "cgsv": {"gamma": 0.0}, "cffl": {"download": "all"}}[name]
     with pytest.raises(ConfigError):
-        methods.merge_params(name, bad, "methods." + name)
+        registry.merge_params(name, bad, "methods." + name)
 
 
 # --- q-FedAvg -------------------------------------------------------------------------------------

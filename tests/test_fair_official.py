@@ -344,8 +344,8 @@ def test_threshold_mask_keeps_ties_and_reference_reward_drops_the_smallest():
 
 @pytest.mark.parametrize("method", ["cffl", "cgsv"])
 def test_official_code_must_be_a_boolean(method):
-    from fedmedbench import methods
+    from fedmedbench import registry
     from fedmedbench.errors import ConfigError
 
     with pytest.raises(ConfigError, match=rf"methods\.{method}\.variants\.official\.official_code: expected boolean"):
-        methods.merge_params(method, {"official_code": "yes"}, f"methods.{method}.variants.official")
+        registry.merge_params(method, {"official_code": "yes"}, f"methods.{method}.variants.official")

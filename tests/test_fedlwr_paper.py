@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fedmedbench.errors import ConfigError
-from fedmedbench.methods import fedlwr, merge_params
+from fedmedbench.methods import fedlwr
+from fedmedbench.registry import merge_params
 from fedmedbench.report import fairness
 from tests.conftest import build_federation, tiny_run_config
 from tests.test_fedlwr_official import write_task

@@ -14,7 +14,7 @@ import pytest
 from fedmedbench import config as cfgmod
 from fedmedbench.errors import ConfigError
 from fedmedbench.fl import engine
-from fedmedbench.methods import forget
+from fedmedbench.registry import forget
 from tests.conftest import strip, tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[1]

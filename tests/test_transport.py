@@ -9,7 +9,7 @@ import pytest
 
 from fedmedbench.fl.engine import run_training
 from fedmedbench.fl.transport import InProcessTransport, SiteError, in_process_sites, serve
-from fedmedbench.methods import merge_params
+from fedmedbench.registry import merge_params
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import tiny_run_config
 

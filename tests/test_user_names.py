@@ -21,7 +21,7 @@ import yaml
 from fedmedbench import cli
 from fedmedbench import config as fmb
 from fedmedbench.errors import ConfigError
-from fedmedbench.methods import forget
+from fedmedbench.registry import forget
 from fedmedbench.report import escape
 from fedmedbench.report.compare import compare, empty_paper_table, write_report
 from fedmedbench.report.tables import seed_summary, write_table

@@ -91,7 +91,7 @@ def cmd_with_jobserver(args) -> None:
 def cmd_methods(args) -> None:
     """Every method: built in, installed plug-ins (entry points) and the config's `module:` plug-ins."""
     from fedmedbench import config as cfgmod
-    from fedmedbench.methods import available_methods, find_method, is_personalized, method_defaults
+    from fedmedbench.registry import available_methods, find_method, is_personalized, method_defaults
 
     configured = {}
     if args.config:

@@ -156,7 +156,7 @@ def validate(config: dict, source: str = "config") -> None:
 def check_method_section(method: str, section: dict, where: str) -> None:
     """The method's parameters, and each variant's keys: a method parameter (typed by the method)
     or a task key (typed by the task schema, as a partial override)."""
-    from fedmedbench.methods import check_param, merge_params
+    from fedmedbench.registry import check_param, merge_params
 
     module = section.get("module")
     merge_params(method, method_section_params(section), where, module)
@@ -507,7 +507,7 @@ def method_params(config: dict, run: str) -> tuple[dict, dict]:
     section = config.get("methods", {}).get(method)
     if section is None:
         raise ValueError(f"run {run!r}: method {method!r} has no section under 'methods' in the config")
-    from fedmedbench.methods import merge_params
+    from fedmedbench.registry import merge_params
 
     params = merge_params(method, method_section_params(section), f"methods.{method}", section.get("module"))
     overrides: dict = {}
@@ -528,7 +528,7 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
     defaults included (read strictly through RunConfig, so a wrong key fails here, at DAG time)."""
     if task not in config["tasks"]:
         raise ConfigError(f"unknown task {task!r}; tasks in the config: {', '.join(config['tasks'])}")
-    from fedmedbench.methods import find_method
+    from fedmedbench.registry import find_method
 
     spec = config["tasks"][task]
     method, variant = split_run(run)

@@ -57,10 +57,10 @@ def warm_up() -> None:
     import fedmedbench.cli  # noqa: F401
     import fedmedbench.fl.engine  # noqa: F401
     import fedmedbench.report.figures  # noqa: F401  (matplotlib: ~0.4 s for each of the demo's ~20 figure jobs)
-    import fedmedbench.methods as methods
+    from fedmedbench import registry
 
-    for name in methods.builtin_methods():  # plug-ins are imported by each job: their edits count
-        methods.load_method(name)
+    for name in registry.builtin_methods():  # plug-ins are imported by each job: their edits count
+        registry.load_method(name)
     torch.optim.SGD([torch.nn.Parameter(torch.empty(0))], lr=0.1)  # caches the optimizer's dynamo wrappers
 
 

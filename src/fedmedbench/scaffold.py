@@ -162,7 +162,7 @@ def check_name(name: str) -> None:
     """``name`` can be a new package and method: a lowercase identifier that names nothing installed,
     importable or built in, so that the package's own ``pip install -e`` never replaces a distribution
     and its import never shadows a module (or is shadowed by one). One line naming ``name`` and why."""
-    from fedmedbench.methods import builtin_methods, entry_point_methods
+    from fedmedbench.registry import builtin_methods, entry_point_methods
 
     where = f"new-method: {name!r}"
     if not NAME_PATTERN.match(name):

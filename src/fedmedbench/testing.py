@@ -62,7 +62,7 @@ def tiny_run_config(method_module: str, root: str | Path, method: str | None = N
     the pipeline reads a run config: an unknown key is an error naming it.
     """
     from fedmedbench.config import deep_merge
-    from fedmedbench.methods import merge_params
+    from fedmedbench.registry import merge_params
     from fedmedbench.runconfig import RunConfig
 
     method = method or method_module.split(".")[0]

@@ -65,7 +65,7 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
     (the same seed, model initialisation and data generator), from the node's own data only."""
     from fedmedbench.fl.data import load_clients
     from fedmedbench.fl.seeding import client_generator, seed_everything
-    from fedmedbench.methods import load_method
+    from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
     from fedmedbench.runconfig import RunConfig
 

@@ -173,7 +173,7 @@ class FlowerTransport:
 
 
 def read_run_config(path: str):
-    from fedmedbench.methods import merge_params
+    from fedmedbench.registry import merge_params
     from fedmedbench.runconfig import RunConfig
 
     cfg = RunConfig.from_dict(json.loads(Path(path).read_text()), where=path)

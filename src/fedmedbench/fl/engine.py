@@ -30,10 +30,10 @@ from fedmedbench.fl.client import autocast, batch_to_device
 from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, eval_batches, load_clients, load_test_only
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
 from fedmedbench.losses import build_loss
-from fedmedbench.methods import load_method, merge_params
 from fedmedbench.metrics import METERS, METRIC_DESCRIPTIONS
 from fedmedbench.models import build_model
 from fedmedbench.progress import Progress
+from fedmedbench.registry import load_method, merge_params
 from fedmedbench.runconfig import RunConfig
 
 log = logging.getLogger("fedmedbench.engine")

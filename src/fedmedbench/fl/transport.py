@@ -203,7 +203,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True) -> dict:
 
     from fedmedbench.fl import engine
     from fedmedbench.fl.seeding import seed_everything
-    from fedmedbench.methods import load_method
+    from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
     from fedmedbench.progress import Progress
 
@@ -250,7 +250,7 @@ def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
 
     from fedmedbench.fl.data import load_clients
     from fedmedbench.fl.seeding import client_generator, seed_everything
-    from fedmedbench.methods import load_method
+    from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
 
     device = device or torch.device("cpu")
