@@ -85,7 +85,22 @@ def cmd_with_jobserver(args) -> None:
     # Snakemake runs a YTE template in a profile or --configfile while parsing its arguments, before
     # the Snakefile could refuse it: refused here first.
     refuse_templated_configs(args.cmd)
-    raise SystemExit(with_jobserver(args.cmd))
+    raise SystemExit(with_jobserver(args.cmd, main, warm_up_jobs))
+
+
+def warm_up_jobs() -> None:
+    """What the job server imports once, before forking its jobs: what every training job imports,
+    without running any tensor operation."""
+    import torch
+    import torch._dynamo  # noqa: F401  (imported by the first optimizer of every job)
+
+    import fedmedbench.fl.engine  # noqa: F401
+    import fedmedbench.report.figures  # noqa: F401  (matplotlib: ~0.4 s for each of the demo's ~20 figure jobs)
+    from fedmedbench import registry
+
+    for name in registry.builtin_methods():  # plug-ins are imported by each job: their edits count
+        registry.load_method(name)
+    torch.optim.SGD([torch.nn.Parameter(torch.empty(0))], lr=0.1)  # caches the optimizer's dynamo wrappers
 
 
 def cmd_methods(args) -> None:

@@ -21,6 +21,9 @@ files, same exit status) and reports the exit status back.
   SLURM started runs inside its allocation (its cgroup: CPUs, memory, GPU), so both run in-process,
   cold, as they would without a server, never in the server's environment or outside their
   allocation. The warm start is for jobs that Snakemake runs locally in the active environment.
+
+The server knows no command: the CLI hands it the function that runs one (``run``, its ``main``) and
+the one that warms it up (``warm_up``), so this module imports nothing of the package above it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 SOCKET_ENV = "FEDMEDBENCH_JOBSERVER"
 SCOPE_ENV = "FEDMEDBENCH_JOBSERVER_SCOPE"
@@ -49,22 +53,11 @@ LENGTH = struct.Struct("!Q")
 log = logging.getLogger("fedmedbench.jobserver")
 
 
-def warm_up() -> None:
-    """Import what every training job imports, without running any tensor operation."""
-    import torch
-    import torch._dynamo  # noqa: F401  (imported by the first optimizer of every job)
-
-    import fedmedbench.cli  # noqa: F401
-    import fedmedbench.fl.engine  # noqa: F401
-    import fedmedbench.report.figures  # noqa: F401  (matplotlib: ~0.4 s for each of the demo's ~20 figure jobs)
-    from fedmedbench import registry
-
-    for name in registry.builtin_methods():  # plug-ins are imported by each job: their edits count
-        registry.load_method(name)
-    torch.optim.SGD([torch.nn.Parameter(torch.empty(0))], lr=0.1)  # caches the optimizer's dynamo wrappers
+# A job: its argv in, its exit status out (the CLI's ``main``).
+Run = Callable[[list[str]], int]
 
 
-def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
+def _child(conn: socket.socket, request: dict, fds: list[int], run: Run) -> None:
     """Run one job in the forked child; never returns."""
     code = 1
     try:
@@ -82,9 +75,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, daemon=True).start()
-        from fedmedbench.cli import main
-
-        code = main(request["argv"])
+        code = run(request["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # a bug: its traceback goes to the job's log, as in-process
@@ -120,7 +111,7 @@ def die_with_parent(lifeline: int, path: str) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def serve(path: str, lifeline: int | None = None) -> None:
+def serve(path: str, run: Run, warm_up: Callable[[], None], lifeline: int | None = None) -> None:
     if lifeline is not None:
         die_with_parent(lifeline, path)
     # Listen first, warm up second: the command starts at once (a Snakemake call with nothing to do
@@ -143,7 +134,7 @@ def serve(path: str, lifeline: int | None = None) -> None:
             if lifeline is not None:
                 os.close(lifeline)  # a job outlives the server if it must
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _child(conn, request, fds)
+            _child(conn, request, fds, run)
         for fd in fds:
             os.close(fd)
         conn.close()
@@ -207,8 +198,9 @@ def run_remotely(argv: list[str]) -> int | None:
     return STATUS.unpack(data)[0]
 
 
-def with_jobserver(command: list[str]) -> int:
-    """Run ``command`` with a job server for its training jobs."""
+def with_jobserver(command: list[str], run: Run, warm_up: Callable[[], None]) -> int:
+    """Run ``command`` with a job server for its training jobs: each job is ``run(argv)`` in a child
+    forked from the server, which called ``warm_up()`` once."""
     folder = tempfile.mkdtemp(prefix="fedmedbench-jobserver-")
     path = str(Path(folder) / "socket")
     lifeline, keepalive = os.pipe()  # not inherited by `command` (non-inheritable fds)
@@ -216,7 +208,7 @@ def with_jobserver(command: list[str]) -> int:
     if pid == 0:
         try:
             os.close(keepalive)
-            serve(path, lifeline)
+            serve(path, run, warm_up, lifeline)
         finally:
             os._exit(1)
     os.close(lifeline)
