@@ -16,9 +16,11 @@ Numbers:
   *unique*: each distinct content once, found independently of the checkpoint code (SHA-256 of the
   bytes of every storage); *file*: the checkpoint's size on disk.
 - write times are medians over ``--reps`` interleaved repetitions of: a raw write of as many bytes
-  as the new file (a buffer already in memory, written to a temporary, fsynced, renamed: what
-  ``atomic_file`` does, and no less), the new ``save_checkpoint``, a raw write of the state's bytes,
-  the old writer.
+  as the new file (a buffer already in memory, written to a temporary, fsynced, renamed over the
+  previous file, which is kept as ``.prev``: the checkpoint's policy, and no less), the new
+  ``save_checkpoint``, the same raw write done in the checkpoint's pieces with its early writeback
+  (``state._Writer``), a raw write of the state's bytes, the old writer. Files stay between
+  repetitions, so every write replaces the one before, as in a run.
 - peak memory: each writer in its own process, which loaded the state from a checkpoint (no build
   peak above the state's size); the rise of ``ru_maxrss`` during the write, and of ``VmHWM`` after
   resetting the high-water mark through ``/proc/self/clear_refs`` (the same kernel counter).
@@ -159,9 +161,23 @@ def distinct_models(selection) -> tuple[int, int]:
 
 
 def raw_write(buffer: memoryview, path: Path) -> None:
-    """The floor: bytes already in memory, to a temporary, fsynced, renamed (``atomic_file``)."""
+    """The floor: bytes already in memory, to a temporary, fsynced, renamed (``atomic_file``), the
+    file it replaces kept as ``.prev``: the checkpoint's fsync and rename policy, one ``write``."""
     with atomic_file(path) as handle:
         handle.write(buffer)
+        if path.exists():
+            os.replace(path, ckpt_io.previous(path))
+
+
+def raw_write_pieces(buffer: memoryview, path: Path) -> None:
+    """The same, written as the checkpoint writes: ``CHUNK`` pieces through the checkpoint's own writer
+    step (``state._Writer``: the disk's writeback started every ``WRITEBACK`` bytes)."""
+    with atomic_file(path) as handle:
+        writer = ckpt_io._Writer(handle, 0)
+        for start in range(0, len(buffer), ckpt_io.CHUNK):
+            writer(buffer[start : start + ckpt_io.CHUNK])
+        if path.exists():
+            os.replace(path, ckpt_io.previous(path))
 
 
 def timed(fn, *args) -> float:
@@ -235,19 +251,21 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict) -> dic
     for path in (new, old, sel_new, sel_old):
         path.unlink()
 
-    # Interleaved, so load from other processes hits every variant alike.
+    # Interleaved, so load from other processes hits every variant alike. Files are kept between
+    # repetitions, so each write replaces the previous one and keeps it as ``.prev``, as in a run.
     buffer = memoryview(torch.randint(0, 256, (max(state_bytes, new_size),), dtype=torch.uint8).numpy())
-    times = {"raw_file": [], "new": [], "raw_state": [], "old": [], "dedup_pass": [], "raw_file_cpu": [], "new_cpu": []}
+    times = {"raw_file": [], "raw_pieces": [], "new": [], "raw_state": [], "old": [], "dedup_pass": [], "raw_file_cpu": [], "raw_pieces_cpu": [], "new_cpu": []}
     for _ in range(reps):
-        for key, fn, args in (("raw_file", raw_write, (buffer[:new_size], tmp / "raw.bin")), ("new", ckpt_io.save_checkpoint, (obj, tmp / "checkpoint.pt"))):
+        variants = (("raw_file", raw_write, (buffer[:new_size], tmp / "raw.bin")), ("new", ckpt_io.save_checkpoint, (obj, tmp / "checkpoint.pt")), ("raw_pieces", raw_write_pieces, (buffer[:new_size], tmp / "pieces.bin")))
+        for key, fn, args in variants:
             wall, cpu = cpu_timed(fn, *args)
             times[key].append(wall)
             times[f"{key}_cpu"].append(cpu)
-        times["raw_state"].append(timed(raw_write, buffer[:state_bytes], tmp / "raw.bin"))
+        times["raw_state"].append(timed(raw_write, buffer[:state_bytes], tmp / "raw-state.bin"))
         times["old"].append(timed(ckpt_io.save_checkpoint_v1, obj, tmp / "old.pt"))
         times["dedup_pass"].append(timed(lambda: ckpt_io._Packer(ckpt_io._Blobs()).pack(obj)))
-        for path in tmp.iterdir():
-            path.unlink()
+    for path in tmp.iterdir():
+        path.unlink()
     del buffer
     median = {k: statistics.median(v) for k, v in times.items()}
 
@@ -330,11 +348,11 @@ def report(results: list[dict]) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['task']} | {r['selection_models']} | {r['selection_distinct']} | {mb(r['model_bytes'])} | {mb(r['selection_old_file'])} | {mb(r['selection_new_file'])} | {r['selection_new_file'] / (r['selection_distinct'] * r['model_bytes']):.3f} |")
-    print("\n| task | raw write of the new file's bytes s | new write s | new / raw (same bytes) | CPU s raw / new | raw write of the state's bytes s | old write s | old / raw (same bytes) | new / raw of the state | walk + compare s |")
+    print("\n| task | raw write of the new file's bytes s (one write / pieces + writeback) | new write s | new / raw, same bytes (one write / pieces) | CPU s raw / new | raw write of the state's bytes s | old write s | old / raw (same bytes) | new / raw of the state | walk + compare s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         t = r["times"]
-        print(f"| {r['task']} | {t['raw_file']:.3f} | {t['new']:.3f} | {t['new'] / t['raw_file']:.2f} | {t['raw_file_cpu']:.2f} / {t['new_cpu']:.2f} | {t['raw_state']:.3f} | {t['old']:.3f} | {t['old'] / t['raw_state']:.2f} | {t['new'] / t['raw_state']:.2f} | {t['dedup_pass']:.3f} |")
+        print(f"| {r['task']} | {t['raw_file']:.3f} / {t['raw_pieces']:.3f} | {t['new']:.3f} | {t['new'] / t['raw_file']:.2f} / {t['new'] / t['raw_pieces']:.2f} | {t['raw_file_cpu']:.2f} / {t['new_cpu']:.2f} | {t['raw_state']:.3f} | {t['old']:.3f} | {t['old'] / t['raw_state']:.2f} | {t['new'] / t['raw_state']:.2f} | {t['dedup_pass']:.3f} |")
     print("\n| task | resident MiB before the write | peak rise, new MiB (ru_maxrss / VmHWM) | peak rise, old MiB (ru_maxrss / VmHWM) |")
     print("|---|---:|---:|---:|")
     for r in results:

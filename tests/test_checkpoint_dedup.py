@@ -162,6 +162,69 @@ def test_the_old_format_is_still_read(tmp_path):
     assert back["round"] == 2 and back["history"] == obj["history"] and torch.equal(back["w"], obj["w"])
 
 
+
+def mixed_state() -> dict:
+    """Duplicates (copies of one weight), a view, contents differing only in the middle, small
+    tensors below ``SMALL`` (staged on the host path) and an empty one."""
+    torch.manual_seed(0)
+    weights = torch.randn(3000)
+    differ = weights.clone()
+    differ[1500] += 1.0
+    return {"server": weights, "clients": [weights.clone(), weights.clone()], "differ": differ, "view": weights[10:20], "small": [torch.arange(7.0), torch.arange(7.0), torch.ones(3, dtype=torch.int64)], "empty": torch.empty(0)}
+
+
+def test_the_device_path_writes_the_same_file_as_the_host_path(tmp_path, monkeypatch):
+    """The path for device memory (CUDA: compared with torch.equal on the device, copied to the host in
+    CHUNK pieces, each copy holding a queue slot) forced on CPU tensors, with pieces of 1 KiB and one
+    slot: byte for byte the file the host path writes (memcmp, views of the tensors' memory). It has
+    never run on a GPU here; this test is what exercises its code."""
+    obj = mixed_state()
+    ckpt_io.save_checkpoint(obj, tmp_path / "host.pt")
+    monkeypatch.setattr(ckpt_io, "_DEVICE_PATH", True)
+    monkeypatch.setattr(ckpt_io, "CHUNK", 1024)  # the 12,000-byte weights: 12 pieces
+    monkeypatch.setattr(ckpt_io, "QUEUE", 1)  # every copied piece waits for the one before to be written
+    calls = {"equal": 0, "cpu": 0}
+    real_equal, real_cpu = torch.equal, torch.Tensor.cpu
+    monkeypatch.setattr(ckpt_io.torch, "equal", lambda a, b: calls.__setitem__("equal", calls["equal"] + 1) or real_equal(a, b))
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t: calls.__setitem__("cpu", calls["cpu"] + 1) or real_cpu(t))
+    monkeypatch.setattr(ckpt_io, "_MEMCMP", None)
+    ckpt_io.save_checkpoint(obj, tmp_path / "device.pt")
+    assert (tmp_path / "device.pt").read_bytes() == (tmp_path / "host.pt").read_bytes()
+    # Compared on the device: the two client copies (equal) and `differ` (same size and ends) with the
+    # server's weights. Copied to the host: 12 + 12 pieces of the two distinct 12,000-byte storages, one
+    # piece each for arange(7) and ones(3), and the samples: the ends of the 4 storages of 12,000
+    # bytes, the whole of the 3 small ones (the empty one needs none).
+    assert calls["equal"] == 3 and calls["cpu"] == 24 + 2 + 4 + 3
+    back = ckpt_io.load_checkpoint(tmp_path / "device.pt")
+    assert torch.equal(back["differ"], obj["differ"]) and all(torch.equal(c, obj["server"]) for c in back["clients"])
+    assert back["view"].untyped_storage().data_ptr() == back["server"].untyped_storage().data_ptr()
+    index = json.loads(read_index(tmp_path / "device.pt"))
+    assert index["blobs"] == [12000, 12000, 28, 24, 0]  # weights, differ, arange(7) once, ones(3) int64, the empty one
+
+
+@pytest.mark.skipif(ckpt_io._SYNC_FILE_RANGE is None, reason="needs Linux's sync_file_range")
+def test_the_writer_starts_the_disks_writeback_over_every_byte_and_falls_back_when_refused(tmp_path, monkeypatch):
+    obj = {"w": torch.arange(50_000, dtype=torch.float32), "v": torch.arange(30_000, dtype=torch.int64)}
+    monkeypatch.setattr(ckpt_io, "CHUNK", 8192)
+    monkeypatch.setattr(ckpt_io, "WRITEBACK", 65536)
+    ranges = []
+    real = ckpt_io._SYNC_FILE_RANGE
+    monkeypatch.setattr(ckpt_io, "_SYNC_FILE_RANGE", lambda fd, start, n, flags: ranges.append((start, n, flags)) or real(fd, start, n, flags))
+    ckpt_io.save_checkpoint(obj, tmp_path / "c.pt")
+    blobs = 200_000 + 240_000
+    assert ranges[0][0] == len(ckpt_io.MAGIC) and all(a + n == b for (a, n, _), (b, _, _) in zip(ranges, ranges[1:]))  # contiguous
+    assert all(n >= 65536 and flags == 2 for _, n, flags in ranges)  # SYNC_FILE_RANGE_WRITE only: no waiting
+    assert blobs + 8 - 65536 < ranges[-1][0] + ranges[-1][1] <= blobs + 8  # the rest: the fsync's
+    back = ckpt_io.load_checkpoint(tmp_path / "c.pt")
+    assert torch.equal(back["w"], obj["w"]) and torch.equal(back["v"], obj["v"])
+
+    ranges.clear()
+    monkeypatch.setattr(ckpt_io, "_SYNC_FILE_RANGE", lambda fd, start, n, flags: ranges.append(start) or -1)  # refused (EINVAL, ...)
+    ckpt_io.save_checkpoint(obj, tmp_path / "c.pt")
+    assert ranges == [len(ckpt_io.MAGIC)]  # asked once, then left to the fsync
+    back = ckpt_io.load_checkpoint(tmp_path / "c.pt")
+    assert torch.equal(back["w"], obj["w"]) and torch.equal(back["v"], obj["v"])
+
 # VmHWM, not ru_maxrss: Linux carries the parent's resident size at fork into a child's ru_maxrss,
 # and pytest's process is large; VmHWM is this process's own high-water mark, and can be reset.
 PEAK = """
