@@ -49,11 +49,19 @@ def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_pre
 
 
 def load_rows(prediction_files: dict[str, Path], task: str, clients: list[str], per_client: int = 1, centre_slice: bool = False) -> list[dict]:
-    """Rows of the figure from each run's ``predictions.npz`` (same test items for every run)."""
+    """Rows of the figure from each run's ``predictions.npz`` (same test items for every run). A
+    client missing from a run's file (a federated site that kept its predictions to itself:
+    ``share-predictions=false``) has no row: it is left out with a warning, not guessed."""
     arrays = {run: np.load(path) for run, path in prediction_files.items()}
     first = next(iter(arrays.values()))
     rows = []
     for client in clients:
+        withheld = [run for run, a in arrays.items() if f"{client}|pred" not in a.files or f"{client}|image" not in a.files]
+        if withheld:
+            import logging
+
+            logging.getLogger("fedmedbench.report").warning("qualitative figure: %s has no predictions of site %s (withheld by the site); its row is left out", ", ".join(withheld), client)
+            continue
         for i in range(min(per_client, len(first[f"{client}|image"]))):
             rows.append(
                 {
