@@ -45,3 +45,24 @@ def test_ood_cohorts_are_refused_in_one_line(tmp_path, tiny_task):
     run = merged(tiny_run_config(store, split, "fedavg", rounds=1, clients=["A", "B"], ood_clients=["C"]))
     with pytest.raises(SiteError, match="ood_clients"):
         serve(run, tmp_path / "x", InProcessTransport([]), progress=False)
+
+
+def test_the_engines_sites_hand_the_kept_model_over_without_keeping_a_copy(tmp_path, tiny_task):
+    """The engine's sites (``hold_kept=False``) keep nothing: its ``Selection`` holds the one copy of a
+    kept model (paper scale: one model per client in memory, not two). A site that holds its kept
+    model (a Flower site, ``serve`` in-process) holds the very tensors it returned, no copy either."""
+    store, split = tiny_task
+    run = merged(tiny_run_config(store, split, "fedavg", rounds=1))
+    site = in_process_sites(run)[0]
+    engine_site = type(site)(run, site.client, site.device, hold_kept=False)
+    state, predictions = engine_site.keep(1)
+    assert engine_site.kept is None and set(state) == set(site.client.eval_model().state_dict())
+    state, _ = site.keep(1)
+    assert site.kept["model"] is state and site.kept["round"] == 1
+
+
+def test_in_process_sites_are_not_resumed_by_serve(tmp_path, tiny_task):
+    store, split = tiny_task
+    run = merged(tiny_run_config(store, split, "fedavg", rounds=1))
+    with pytest.raises(SiteError, match="round 3: in-process sites keep no snapshots of their own; resume an in-process run with the engine"):
+        InProcessTransport(in_process_sites(run)).resume(3, [])

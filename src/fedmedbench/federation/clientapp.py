@@ -13,8 +13,18 @@ model / its qualitative predictions (``predictions.npz`` samples) on the site: o
 go up, and the server notes what the site withheld (``federation.json``, ``model_best.pt``). Flower starts a fresh ClientApp for every message, so everything the client
 holds between rounds (its models, optimizer state, data generator, a method's deputies or personal
 models, the model kept by selection) is the method's own ``Client.state_dict`` (the same state a
-checkpoint holds), written atomically to ``<state-dir>/run-<run id>/<client>.pt`` after each
+checkpoint holds), written atomically to ``<state-dir>/run-<key>/<client>.pt`` after each
 message and read back before the next.
+
+Resume: ``<key>`` is stable across a restarted server (Flower gives every ``flwr run`` a new run
+id): a digest of the run's ``out`` folder (its run config's ``out``; the run id where there is none,
+as in Flower's simulation runtime). When the server checkpoints round r it says so in its next
+message (``snapshot=r`` on round r+1's train message), and the site first copies its state file,
+then still its state at the end of round r, to ``<client>.round-<r>.pt``; it keeps the snapshots of
+the two latest checkpointed rounds (the server's checkpoint and the ``.prev`` it falls back to). A
+restarted server's ``resume`` message names its checkpoint's round: the site goes back to that
+snapshot (or to its state file, if that is still at the end of that round), else it refuses in one
+line naming the site and round.
 """
 
 from __future__ import annotations
@@ -55,9 +65,60 @@ def withheld(context: Context) -> list[str]:
     return [what for what in ("model", "predictions") if not node_flag(context, f"share-{what}")]
 
 
+def run_key(context: Context) -> str:
+    """The name of this run's state folder, the same for a restarted server: a digest of the run
+    folder the server writes (``out``), else Flower's run id."""
+    import hashlib
+
+    out = context.run_config.get("out") if context.run_config else None
+    return hashlib.sha256(str(out).encode()).hexdigest()[:16] if out else str(context.run_id)
+
+
 def state_file(context: Context) -> Path:
-    folder = Path(str(node_setting(context, "state-dir", "fedmedbench-site"))) / f"run-{context.run_id}"
+    folder = Path(str(node_setting(context, "state-dir", "fedmedbench-site"))) / f"run-{run_key(context)}"
     return folder / f"{node_setting(context, 'client')}.pt"
+
+
+def snapshot_file(context: Context, round_index: int) -> Path:
+    """The site's state at the end of checkpointed round ``round_index``."""
+    path = state_file(context)
+    return path.with_name(f"{path.stem}.round-{round_index}.pt")
+
+
+def snapshots(context: Context) -> dict[int, Path]:
+    path = state_file(context)
+    found = {}
+    for candidate in path.parent.glob(f"{path.stem}.round-*.pt"):
+        number = candidate.name[len(path.stem) + len(".round-") : -len(".pt")]
+        if number.isdigit():
+            found[int(number)] = candidate
+    return found
+
+
+def copy_atomic(source: Path, target: Path) -> None:
+    from fedmedbench.files import atomic_file
+
+    with atomic_file(target) as handle:
+        handle.write(source.read_bytes())
+
+
+def round_done(path: Path) -> int | None:
+    """The round whose end the state file ``path`` holds (None: mid-round, or no such file)."""
+    from fedmedbench.fl import state as ckpt_io
+
+    return ckpt_io.load(path).get("round_done") if path.is_file() else None
+
+
+def take_snapshot(context: Context, round_index: int) -> None:
+    """Copy the state file (the end of checkpointed round ``round_index``) to its snapshot; keep the
+    two latest snapshots (the server's checkpoint and its ``.prev``)."""
+    path = state_file(context)
+    if round_done(path) != round_index:
+        raise SiteError(f"site {node_setting(context, 'client')}: the server checkpointed round {round_index}, but this site's state at {path} is not at the end of that round; refused")
+    copy_atomic(path, snapshot_file(context, round_index))
+    found = snapshots(context)
+    for number in sorted(found)[:-2]:
+        found[number].unlink(missing_ok=True)
 
 
 def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -> Site:
@@ -118,12 +179,14 @@ def approve(context: Context, fingerprint: str) -> None:
         raise SiteError(f"site {node_setting(context, 'client')}: this SuperNode is approved for run config fingerprint {approved}, the server sent {fingerprint}; refused")
 
 
-def save_site(site: Site, context: Context) -> None:
+def save_site(site: Site, context: Context, done: int | None = None) -> None:
+    """``done``: the round this state is the end of (after its evaluate or keep message; 0 after
+    setup), what a resumed server may go back to; None mid-round."""
     from fedmedbench.fl import state as ckpt_io
 
     path = state_file(context)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ckpt_io.save_atomic({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict()}, path)
+    ckpt_io.save_atomic({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict(), "round_index": site.client.round_index, "round_done": done}, path)
 
 
 def error_reply(message: Message, name: str, err: Exception) -> Message:
@@ -138,15 +201,19 @@ def reply(message: Message, value, **config) -> Message:
     return Message(pack(value, **config), reply_to=message)
 
 
-def handle(message: Message, context: Context, step) -> Message:
+def handle(message: Message, context: Context, step, ends_round: bool = False) -> Message:
     """Run ``step(site, payload, config) -> value | (value, reply config)`` on the loaded site, save
-    it, reply; a failure goes back as one line naming the site (the server stops with it)."""
+    it, reply; a failure goes back as one line naming the site (the server stops with it).
+    ``ends_round``: after this step the state is the end of the message's round (evaluate, keep)."""
     name = str(context.node_config.get("client", "?"))
     try:
         site = load_site(context)
         check_fingerprint(site, context, config_of(message.content))
-        value = step(site, unpack(message.content, f"server message to site {name}"), config_of(message.content))
-        save_site(site, context)
+        config = config_of(message.content)
+        if int(config.get("snapshot", -1)) >= 0:  # the server checkpointed that round: keep the site's state of it
+            take_snapshot(context, int(config["snapshot"]))
+        value = step(site, unpack(message.content, f"server message to site {name}"), config)
+        save_site(site, context, int(config["round"]) if ends_round else None)
         value, config = value if isinstance(value, tuple) else (value, {})
         return reply(message, value, **config)
     except Exception as err:  # the server reports it: it names the site and the round
@@ -183,7 +250,9 @@ def setup(message: Message, context: Context) -> Message:
         site = build_site(config["cfg"], context, train_rows)
         site.cfg_json, site.train_rows = config["cfg"], train_rows
         site.start(unpack(message.content, f"server setup for site {name}"))
-        save_site(site, context)
+        for old in snapshots(context).values():  # a fresh start: an earlier run's snapshots are not this one's
+            old.unlink(missing_ok=True)
+        save_site(site, context, 0)
         return reply(message, {"client": name})
     except Exception as err:
         return error_reply(message, name, err)
@@ -211,13 +280,45 @@ def evaluate(message: Message, context: Context) -> Message:
         val, test = site.evaluate(int(config["round"]), package, bool(config["with_test"]))
         return {"val": val, "test": test}
 
-    return handle(message, context, step)
+    return handle(message, context, step, ends_round=True)
 
 
 @app.query("keep")
 def keep(message: Message, context: Context) -> Message:
     # The server does not need the kept model now: it stays here until the final message.
-    return handle(message, context, lambda site, _p, config: site.keep(int(config["round"])) and None)
+    return handle(message, context, lambda site, _p, config: site.keep(int(config["round"])) and None, ends_round=True)
+
+
+@app.query("resume")
+def resume(message: Message, context: Context) -> Message:
+    """A restarted server continues after its checkpoint of round ``round``: this site goes back to
+    its state at the end of that round, or refuses in one line naming the site and round."""
+    name = str(context.node_config.get("client", "?"))
+    try:
+        config = config_of(message.content)
+        round_index, path = int(config["round"]), state_file(context)
+        snapshot = snapshots(context).get(round_index)
+        if snapshot is None and round_done(path) == round_index:
+            take_snapshot(context, round_index)  # the state file is that round's end: a later restart may need it again
+            snapshot = snapshot_file(context, round_index)
+        if snapshot is None:
+            have = sorted(snapshots(context))
+            raise SiteError(
+                f"site {name}: cannot resume after round {round_index}: no snapshot of that round in {path.parent} "
+                f"(snapshots of round(s) {have or 'none'}; the state file is {'missing' if not path.is_file() else f'at round {round_done(path)}' if round_done(path) is not None else 'mid-round'}); refused"
+            )
+        from fedmedbench.fl import state as ckpt_io
+
+        saved = ckpt_io.load(snapshot)
+        if saved["cfg"] != config["cfg"]:
+            raise SiteError(f"site {name}: cannot resume after round {round_index}: its snapshot {snapshot} was made for another run config; refused")
+        copy_atomic(snapshot, path)
+        for number, later in snapshots(context).items():  # a dead run's snapshots past the checkpoint are not this run's
+            if number > round_index:
+                later.unlink(missing_ok=True)
+        return reply(message, {"client": name, "round": round_index})
+    except Exception as err:
+        return error_reply(message, name, err)
 
 
 @app.query("final")

@@ -5,13 +5,18 @@ Run config (``flwr run ... --run-config``): ``run-config`` (a resolved run confi
 Snakemake passes to ``fedmedbench train``; its data paths are not opened here: the server opens no
 store), ``out`` (the run folder: history.csv, final.json, model_best.pt, predictions.npz, written
 as the engine writes them), ``nodes-timeout`` (seconds to wait for every site's SuperNode) and
-``reply-timeout`` (seconds a round waits for the sites' replies; 0: no limit).
+``reply-timeout`` (seconds a round waits for the sites' replies; 0: no limit). Checkpoints:
+``checkpoint-every`` (rounds, default 1), ``checkpoint-every-seconds`` (default 0) and ``resume``
+(default true: a restarted server continues after the run folder's checkpoint, the sites going back
+to their state of that round; false: start afresh); ``kill-at`` is a test hook (``faults.py``:
+e.g. ``round_end:2`` kills this server after round 2's checkpoint).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -73,6 +78,7 @@ class FlowerTransport:
                 raise SiteError(f"{where}: no reply within {self.reply_timeout} s (the SuperNode stopped or lost its connection)")
             if message.has_error():
                 meaning = FLOWER_ERRORS.get(message.error.code, "Flower reported an error")
+        self.snapshot_round = -1  # a checkpointed round the sites have not been told of yet (serve's resume)
                 reason = " ".join(str(message.error.reason).split())[:300]  # one line, whatever the traceback
                 raise SiteError(f"{where}: {meaning} (Flower error {message.error.code}: {reason})")
             if "error" in message.content:
@@ -124,7 +130,9 @@ class FlowerTransport:
         return [self.node[name] for name in self.names]
 
     def train(self, round_index):
-        results = self._by_site(self._exchange("train", {node: None for node in self._nodes()}, f"round {round_index} train", round=round_index))
+        # A checkpoint since the last message rides on this one: each site first snapshots its state, still that round's end.
+        snapshot, self.snapshot_round = self.snapshot_round, -1
+        results = self._by_site(self._exchange("train", {node: None for node in self._nodes()}, f"round {round_index} train", round=round_index, snapshot=snapshot))
         out = []
         for name, (reply, config) in zip(self.names, results):
             check_reply(f"round {round_index} train: site {name}", reply, self.reference)
@@ -139,6 +147,26 @@ class FlowerTransport:
         return out
 
     def answer(self, round_index, queries):
+    # --- resume (transport.serve): the sites keep their own state of the checkpointed rounds ---------
+    def snapshot(self, round_index):
+        """The server checkpointed ``round_index``: said on the next message (no extra round trip);
+        until then each site's state file is still that round's end (clientapp.take_snapshot)."""
+        self.snapshot_round = round_index
+
+    def resume(self, round_index, packages):
+        """A restarted server: every site goes back to its state at the end of ``round_index``; a site
+        that cannot is refused in one line naming it and the round. ``packages``: the round-0
+        packages, for the shape of a valid reply only (nothing is sent)."""
+        self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
+        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", round=round_index, cfg=self.cfg_json)
+
+    def data_fingerprint(self):
+        """What the sites read (each one's data digest from hello, in client order), for the checkpoint:
+        a checkpoint of data rebuilt since on any site is not resumed."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps([self.site_digests.get(name) for name in self.names]).encode()).hexdigest()[:16]
+
         results = self._exchange("query.answer", dict(zip(self._nodes(), queries)), f"round {round_index} answer", round=round_index)
         answers = [value for value, _ in self._by_site(results)]
         for name, value in zip(self.names, answers):
@@ -187,7 +215,12 @@ def main(grid: Grid, context: Context) -> None:
     reply_timeout = float(settings.get("reply-timeout", 0)) or None
     expected = json.loads(str(settings.get("site-digests", "") or "{}"))  # {site: data digest}, optional
     transport = FlowerTransport(grid, cfg, float(settings.get("nodes-timeout", 300)), reply_timeout, expected)
-    serve(cfg, Path(str(settings["out"])), transport, progress=True)
+    if str(settings.get("kill-at", "")):  # a test hook: the engine's FEDMEDBENCH_KILL_AT (faults.py) for this server
+        from fedmedbench import faults
+
+        os.environ[faults.KILL_AT_ENV] = str(settings["kill-at"])
+    serve(cfg, Path(str(settings["out"])), transport, progress=True, checkpoint_every=int(settings.get("checkpoint-every", 1)),
+          checkpoint_every_seconds=float(settings.get("checkpoint-every-seconds", 0)), resume=bool(settings.get("resume", True)))  # fmt: skip
     traffic = {"bytes_sent": transport.bytes_sent, "bytes_received": transport.bytes_received, "rounds": cfg.rounds, "sites": len(transport.names),
                # what each site reads (its data digest, as the engine's checkpoints digest it) and what a
                # site kept to itself (node config share-model / share-predictions = false)

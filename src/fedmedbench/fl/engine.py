@@ -29,6 +29,7 @@ from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.fl.client import autocast, batch_to_device
 from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, eval_batches, load_clients, load_test_only
 from fedmedbench.fl.seeding import client_generator, global_rng_state, seed_everything, set_global_rng_state
+from fedmedbench.fl.transport import InProcessTransport, Site, run_rounds
 from fedmedbench.losses import build_loss
 from fedmedbench.metrics import METERS, METRIC_DESCRIPTIONS
 from fedmedbench.models import build_model
@@ -452,54 +453,16 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     last_round, history = restore(checkpoint_path, *fingerprints, server, clients, selection, history_log)
     saved_version = selection.version  # the selection file the last checkpoint refers to
     remove_stale_files(out_dir, saved_version)
-    if last_round == 0:
-        history_log.reset()
-        for client in clients:
-            client.receive(server.package(client.index, 0))
 
     rounds = cfg.rounds
     bar = Progress(rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", initial=last_round, interval=0.0, enabled=progress)
     last_saved = time.monotonic()
-    for round_index in range(last_round + 1, rounds + 1):
-        replies, train_losses = [], []
-        for client in clients:
-            client.round_index = round_index
-            if cfg.local_epoch_curve:
-                client.epoch_probe = local_epoch_probe(cfg, device, history)
-                client.epoch_probe(client, 0)  # right after receiving the server's model
-            train_losses.append(client.train(cfg.local_epochs))
-            check_finite(round_index, client.name, "local model", train_losses[-1], client.model.state_dict())
-            replies.append(client.reply())
-        queries = server.query(round_index, replies)
-        if queries is not None:
-            for client, query, reply in zip(clients, queries, replies):
-                reply["answer"] = client.answer(query)
-        server.aggregate(round_index, replies)
-        for index, values in server.round_log(round_index).items():
-            history += [{"round": round_index, "client": names[index], "split": "server", "metric": k, "value": float(v)} for k, v in values.items()]
-        for client in clients:
-            client.receive(server.package(client.index, round_index))
 
-        val, test = {}, {}
-        with_test = round_index % curve_every(cfg) == 0 or round_index == rounds
-        for client in clients:
-            eval_model = client.eval_model()
-            check_finite(round_index, client.name, "evaluated model", None, eval_model.state_dict())
-            val[client.name] = evaluate(eval_model, client.data.val, cfg, device)
-            if with_test:
-                test[client.name] = evaluate(eval_model, client.data.test, cfg, device)
-            history.append({"round": round_index, "client": client.name, "split": "train", "metric": "loss", "value": train_losses[client.index]})
-            for split_name, scores in (("val", val), ("test", test)):
-                for metric_name, value in scores.get(client.name, {}).items():
-                    history.append({"round": round_index, "client": client.name, "split": split_name, "metric": metric_name, "value": value})
-        for key, covered in (selection.improved(val, round_index) if selection_open(cfg, round_index) else {}).items():
-            models = {n: {k: v.detach().cpu().clone() for k, v in clients[names.index(n)].eval_model().state_dict().items()} for n in covered}
-            predictions = {n: predict_samples(clients[names.index(n)].eval_model(), clients[names.index(n)].data.test, cfg, device) for n in covered}
-            selection.record(key, round_index, val, models, predictions)
+    def round_end(round_index: int, val: dict, test: dict) -> None:
+        nonlocal saved_version, last_saved
         mean_val = sum(v[metric] for v in val.values()) / len(val)
         mean_test = f", mean test {sum(t[metric] for t in test.values()) / len(test):.4f}" if test else ""
         bar.update(1, f"mean val {metric} {mean_val:.4f}{mean_test}")
-
         # Every checkpoint_every rounds, once checkpoint_every_seconds have passed since the last one
         # (a fast GPU job need not spend its time writing), and after the last round.
         due = round_index % checkpoint_every == 0 and time.monotonic() - last_saved >= checkpoint_every_seconds
@@ -507,6 +470,15 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
             saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprints, server, clients, selection, history, saved_version, history_log)
             last_saved = time.monotonic()
             faults.reached("round_end")
+
+    # The one round loop of the project (fl/transport.py), here over the clients of this process.
+    # The sites hold no kept models of their own: ``keep`` hands the evaluated model to the
+    # ``Selection``, the one copy (final_test and ood_test read it there).
+    transport = InProcessTransport([Site(cfg, client, device, hold_kept=False) for client in clients])
+    if last_round == 0:
+        history_log.reset()
+        transport.start([server.package(index, 0) for index in range(len(clients))])
+    run_rounds(cfg, server, transport, names, selection, history, last_round + 1, round_end)
     bar.close()
     test, flags, counts = final_test(selection, clients, cfg, device)
     ood = ood_test(selection, clients, cohorts, cfg, device) if cohorts else None

@@ -17,6 +17,7 @@ method and no Flower.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Protocol
 
 import torch
@@ -35,11 +36,14 @@ def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class Site:
     """One client's side of the round protocol, around the method's ``Client``."""
 
-    def __init__(self, cfg, client, device: torch.device):
+    def __init__(self, cfg, client, device: torch.device, hold_kept: bool = True):
         self.cfg, self.client, self.device = cfg, client, device
         self.name = client.name
         # The model kept at the last selection that covered this site: {"round", "model", "predictions"}.
+        # ``hold_kept=False`` (the engine): the site keeps nothing itself; the caller's ``Selection``
+        # holds the one copy (a paper-scale run keeps one model per client, not two).
         self.kept: dict | None = None
+        self.hold_kept = hold_kept
         self.cfg_json, self.train_rows = None, None  # how a Flower site rebuilds itself (federation.clientapp)
 
     def start(self, package) -> None:
@@ -81,7 +85,8 @@ class Site:
         model = self.client.eval_model()
         state = detached(model.state_dict())
         predictions = predict_samples(model, self.client.data.test, self.cfg, self.device)
-        self.kept = {"round": round_index, "model": state, "predictions": predictions}
+        if self.hold_kept:  # the same tensors as returned (and recorded by the Selection): no second copy
+            self.kept = {"round": round_index, "model": state, "predictions": predictions}
         return state, predictions
 
     def final(self) -> dict:
@@ -126,6 +131,12 @@ class Transport(Protocol):
 
     def final(self) -> dict[str, dict]: ...
 
+    def snapshot(self, round_index: int) -> None: ...
+
+    def resume(self, round_index: int, packages: list) -> None: ...
+
+    def data_fingerprint(self) -> str: ...
+
 
 class InProcessTransport:
     """Every site in this process, called in client order (the engine's simulation)."""
@@ -153,16 +164,34 @@ class InProcessTransport:
     def final(self):
         return {site.name: site.final() for site in self.sites}
 
+    def snapshot(self, round_index):
+        """Nothing to do: whoever checkpoints an in-process run holds its clients' states (the engine's
+        checkpoint stores them)."""
+
+    def resume(self, round_index, packages):
+        raise SiteError(f"round {round_index}: in-process sites keep no snapshots of their own; resume an in-process run with the engine (fedmedbench train)")
+
+    def data_fingerprint(self):
+        """The engine's ``data_digest`` of what the sites read (their store rows and split file)."""
+        from pathlib import Path
+
+        from fedmedbench.fl.data import data_digest
+
+        cfg = self.sites[0].cfg
+        return data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients])
+
 
 def run_rounds(cfg, server, transport: Transport, names: list[str], selection, history: list[dict], first_round: int, on_round_end: Callable[[int, dict, dict], None] | None = None) -> None:
     """Rounds ``first_round`` .. ``cfg.rounds`` of the method's ``server`` with the sites behind
     ``transport``: appends history.csv's rows to ``history`` and records the selections in
     ``selection`` (the engine's ``Selection``). ``on_round_end(round, val, test)``: progress and
     checkpoints, after the round's rows and selection."""
+    from fedmedbench import faults
     from fedmedbench.fl.engine import curve_every, selection_open
 
     for round_index in range(first_round, cfg.rounds + 1):
         trained = transport.train(round_index)
+        faults.reached("round_trained")  # a test hook: a server killed mid-round (the sites have trained)
         replies = [reply for reply, _, _ in trained]
         for _, _, rows in trained:
             history += rows
@@ -192,16 +221,26 @@ def run_rounds(cfg, server, transport: Transport, names: list[str], selection, h
             on_round_end(round_index, val, test)
 
 
-def serve(cfg, out_dir, transport: Transport, progress: bool = True) -> dict:
+def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_every: int = 1, checkpoint_every_seconds: float = 0, resume: bool = True) -> dict:
     """The server's side of a whole run: the method's ``Server`` (built from the config alone: the
     server opens no store), the rounds over ``transport``, then the sites' final test scores, and the
     run folder's outputs (history.csv, final.json, model_best.pt, predictions.npz) exactly as the
-    engine writes them. ``cfg``: a ``RunConfig`` whose method params are merged."""
-    import inspect
+    engine writes them. ``cfg``: a ``RunConfig`` whose method params are merged.
+
+    Checkpoints as the engine's (``engine.save_state``: server state, selection, history log, the
+    global RNG; FMBCKPT2) at the engine's cadence (``checkpoint_every`` rounds, once
+    ``checkpoint_every_seconds`` have passed, and after the last round), each announced to the sites
+    first (``transport.snapshot``: they keep their own state of that round). The checkpoint holds no
+    client state: the sites hold it. A restarted server (``resume``) whose run folder holds a valid
+    checkpoint of this config and of the sites' data continues from the next round, after telling the
+    sites which round to go back to (``transport.resume``); a site that cannot is refused in one line."""
     import logging
     from pathlib import Path
 
+    from fedmedbench.errors import ConfigError
+    from fedmedbench import faults
     from fedmedbench.fl import engine
+    from fedmedbench.fl import state as ckpt_io
     from fedmedbench.fl.seeding import seed_everything
     from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
@@ -209,25 +248,52 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True) -> dict:
 
     if cfg.ood_clients:
         raise SiteError(f"run {cfg.run}: ood_clients {list(cfg.ood_clients)}: test-only cohorts are not served over a transport yet; run it with the engine")
+    if checkpoint_every < 1:
+        raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
+    if not checkpoint_every_seconds >= 0:
+        raise ConfigError(f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}")
     method = load_method(cfg.method, cfg.method_module)
     names = list(cfg.clients)
     # The engine's initialisation: the same seed, then the model, so the server holds the weights
     # every site built for itself.
     seed_everything(cfg.seed, torch.device("cpu"))
+    faults.arm()
     server = method.Server(cfg, build_model(cfg.model), len(names))
+    packages = [server.package(index, 0) for index in range(len(names))]  # before a restore changes the server
     per_client = {"auto": method.PERSONALIZED, "per_client": True, "pooled": False}[cfg.selection_scope]
     selection = engine.Selection(names, cfg.selection_metric, per_client=per_client)
-    history: list[dict] = []
-    transport.start([server.package(index, 0) for index in range(len(names))])
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     log = logging.getLogger("fedmedbench.federation")
-    bar = Progress(cfg.rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", interval=0.0, enabled=progress)
     metric = cfg.selection_metric
+    checkpoint_path = out_dir / "checkpoint.pt"
+    fingerprints = (cfg.fingerprint(), transport.data_fingerprint())
+    history_log = ckpt_io.HistoryLog(engine.history_file(out_dir))
+    last_round, history = engine.restore(checkpoint_path, *fingerprints, server, [], selection, history_log) if resume else (0, [])
+    saved_version = selection.version
+    engine.remove_stale_files(out_dir, saved_version)
+    if last_round == 0:
+        history_log.reset()
+        transport.start(packages)
+    else:
+        transport.resume(last_round, packages)  # every site back to its state at the checkpointed round
+    del packages
+    bar = Progress(cfg.rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", initial=last_round, interval=0.0, enabled=progress)
+    last_saved = time.monotonic()
 
     def round_end(round_index, val, test):
+        nonlocal saved_version, last_saved
         mean_test = f", mean test {sum(t[metric] for t in test.values()) / len(test):.4f}" if test else ""
         bar.update(1, f"mean val {metric} {sum(v[metric] for v in val.values()) / len(val):.4f}{mean_test}")
+        due = round_index % checkpoint_every == 0 and time.monotonic() - last_saved >= checkpoint_every_seconds
+        if due or round_index == cfg.rounds:
+            # The sites first: a checkpoint is only ever written for a round they can go back to.
+            transport.snapshot(round_index)
+            saved_version = engine.save_state(out_dir, checkpoint_path, round_index, fingerprints, server, [], selection, history, saved_version, history_log)
+            last_saved = time.monotonic()
+            faults.reached("round_end")
 
-    run_rounds(cfg, server, transport, names, selection, history, 1, round_end)
+    run_rounds(cfg, server, transport, names, selection, history, last_round + 1, round_end)
     bar.close()
     finals = transport.final()
     for entry in selection.best.values():  # the kept models, where the sites kept them
@@ -235,12 +301,9 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True) -> dict:
             entry["models"][name] = finals[name]["model"]
             entry["predictions"][name] = finals[name]["predictions"]
     test = {name: finals[name]["test"] for name in names}
-    extra = {}
-    if "flags" in inspect.signature(engine.write_outputs).parameters:
-        extra = {"flags": {n: f["flags"] for n, f in finals.items() if f["flags"]}, "class_counts": {n: f["counts"] for n, f in finals.items()}}
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return engine.write_outputs(cfg, out_dir, names, selection, test, history, out_dir / "checkpoint.pt", None, **extra)
+    flags = {n: f["flags"] for n, f in finals.items() if f["flags"]}
+    counts = {n: f["counts"] for n, f in finals.items()}
+    return engine.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, None, flags=flags, class_counts=counts)
 
 
 def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
