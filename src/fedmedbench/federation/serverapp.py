@@ -59,6 +59,7 @@ class FlowerTransport:
         # Rides on every message: a site whose stored state was made for another run config refuses.
         self.fingerprint = cfg.fingerprint()
         self.reference = None  # the global model's state: the shape of a valid reply
+        self.snapshot_round = -1  # a checkpointed round the sites have not been told of yet (serve's resume)
         self.bytes_sent = self.bytes_received = 0  # payload bytes (records), each way
         self.node = self._find_sites(nodes_timeout)
 
@@ -78,7 +79,6 @@ class FlowerTransport:
                 raise SiteError(f"{where}: no reply within {self.reply_timeout} s (the SuperNode stopped or lost its connection)")
             if message.has_error():
                 meaning = FLOWER_ERRORS.get(message.error.code, "Flower reported an error")
-        self.snapshot_round = -1  # a checkpointed round the sites have not been told of yet (serve's resume)
                 reason = " ".join(str(message.error.reason).split())[:300]  # one line, whatever the traceback
                 raise SiteError(f"{where}: {meaning} (Flower error {message.error.code}: {reason})")
             if "error" in message.content:
@@ -126,6 +126,26 @@ class FlowerTransport:
         self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
         self._exchange("query.setup", dict(zip(self._nodes(), packages)), "setup", cfg=self.cfg_json, train_rows=self.train_rows)
 
+    # --- resume (transport.serve): the sites keep their own state of the checkpointed rounds ---------
+    def snapshot(self, round_index):
+        """The server checkpointed ``round_index``: said on the next message (no extra round trip);
+        until then each site's state file is still that round's end (clientapp.take_snapshot)."""
+        self.snapshot_round = round_index
+
+    def resume(self, round_index, packages):
+        """A restarted server: every site goes back to its state at the end of ``round_index``; a site
+        that cannot is refused in one line naming it and the round. ``packages``: the round-0
+        packages, for the shape of a valid reply only (nothing is sent)."""
+        self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
+        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", round=round_index, cfg=self.cfg_json)
+
+    def data_fingerprint(self):
+        """What the sites read (each one's data digest from hello, in client order), for the checkpoint:
+        a checkpoint of data rebuilt since on any site is not resumed."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps([self.site_digests.get(name) for name in self.names]).encode()).hexdigest()[:16]
+
     def _nodes(self):
         return [self.node[name] for name in self.names]
 
@@ -147,26 +167,6 @@ class FlowerTransport:
         return out
 
     def answer(self, round_index, queries):
-    # --- resume (transport.serve): the sites keep their own state of the checkpointed rounds ---------
-    def snapshot(self, round_index):
-        """The server checkpointed ``round_index``: said on the next message (no extra round trip);
-        until then each site's state file is still that round's end (clientapp.take_snapshot)."""
-        self.snapshot_round = round_index
-
-    def resume(self, round_index, packages):
-        """A restarted server: every site goes back to its state at the end of ``round_index``; a site
-        that cannot is refused in one line naming it and the round. ``packages``: the round-0
-        packages, for the shape of a valid reply only (nothing is sent)."""
-        self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
-        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", round=round_index, cfg=self.cfg_json)
-
-    def data_fingerprint(self):
-        """What the sites read (each one's data digest from hello, in client order), for the checkpoint:
-        a checkpoint of data rebuilt since on any site is not resumed."""
-        import hashlib
-
-        return hashlib.sha256(json.dumps([self.site_digests.get(name) for name in self.names]).encode()).hexdigest()[:16]
-
         results = self._exchange("query.answer", dict(zip(self._nodes(), queries)), f"round {round_index} answer", round=round_index)
         answers = [value for value, _ in self._by_site(results)]
         for name, value in zip(self.names, answers):
