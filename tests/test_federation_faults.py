@@ -362,7 +362,7 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
         federation.start_supernode("C", good)
         out2 = tmp_path / "run2"
         outcome = {}
-        runner = threading.Thread(target=lambda: outcome.update(result=federation.run({"run-config": str(tmp_path / "run.json"), "out": str(out2), "nodes-timeout": 30, "reply-timeout": 40}, timeout=300)))
+        runner = threading.Thread(target=lambda: outcome.update(result=federation.run({"run-config": str(tmp_path / "run.json"), "out": str(out2), "nodes-timeout": 240, "reply-timeout": 40}, timeout=300)))
         runner.start()
         state_b = tmp_path / "federation" / "site-B" / "state"
         deadline = time.monotonic() + 90

@@ -50,6 +50,9 @@ class FlowerTransport:
 
     def __init__(self, grid: Grid, cfg, nodes_timeout: float = 300.0, reply_timeout: float | None = None, expected_digests: dict[str, str] | None = None):
         self.grid, self.cfg, self.reply_timeout = grid, cfg, reply_timeout
+        # hello, setup and resume start every site's ClientApp and open its data (seconds to minutes on
+        # a busy machine): they wait as long as the sites' connection may take, not a step's bound.
+        self.nodes_timeout = nodes_timeout
         # {site: data digest} the run expects (optional): a site whose store or split differs is refused.
         self.expected_digests = dict(expected_digests or {})
         self.site_digests: dict[str, str] = {}  # what each site said in hello (federation.json records it)
@@ -64,19 +67,21 @@ class FlowerTransport:
         self.node = self._find_sites(nodes_timeout)
 
     # --- messaging ------------------------------------------------------------------------------
-    def _exchange(self, message_type: str, payloads: dict[int, object], step: str, **config) -> dict[int, tuple[object, dict]]:
+    def _exchange(self, message_type: str, payloads: dict[int, object], step: str, wait: float | None = None, **config) -> dict[int, tuple[object, dict]]:
         """Send ``payloads[node]`` to each node; {node: (payload, reply config)}, or one error line
-        naming the site and step for a missing, failed or malformed reply."""
+        naming the site and step for a missing, failed or malformed reply. ``wait``: seconds to wait
+        for the replies (default ``reply_timeout``; getting the sites ready waits ``nodes_timeout``)."""
+        wait = self.reply_timeout if wait is None else wait
         messages = [Message(pack(value, fingerprint=self.fingerprint, **config), node, message_type, group_id=step) for node, value in payloads.items()]
         self.bytes_sent += sum(payload_bytes(m.content) for m in messages)
-        replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(messages, timeout=self.reply_timeout)}
+        replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(messages, timeout=wait)}
         site_of = {node: name for name, node in getattr(self, "node", {}).items()}
         out = {}
         for node in payloads:
             where = f"{step}: site {site_of.get(node, f'node {node}')}"
             message = replies.get(node)
             if message is None:
-                raise SiteError(f"{where}: no reply within {self.reply_timeout} s (the SuperNode stopped or lost its connection)")
+                raise SiteError(f"{where}: no reply within {wait} s (the SuperNode stopped or lost its connection)")
             if message.has_error():
                 meaning = FLOWER_ERRORS.get(message.error.code, "Flower reported an error")
                 reason = " ".join(str(message.error.reason).split())[:300]  # one line, whatever the traceback
@@ -95,7 +100,7 @@ class FlowerTransport:
                 raise SiteError(f"{len(list(self.grid.get_node_ids()))} SuperNode(s) connected within {timeout:.0f} s; the run needs one per client: {', '.join(self.names)}")
             time.sleep(0.5)
         nodes = sorted(self.grid.get_node_ids())
-        hello = self._exchange("query.hello", {node: None for node in nodes}, "hello", cfg=self.cfg_json)
+        hello = self._exchange("query.hello", {node: None for node in nodes}, "hello", wait=self.nodes_timeout, cfg=self.cfg_json)
         node_of, rows = {}, {}
         for node, (value, _) in hello.items():
             if not isinstance(value, dict) or not isinstance(value.get("client"), str) or type(value.get("train_rows")) is not int or value["train_rows"] < 0:
@@ -124,7 +129,7 @@ class FlowerTransport:
     # --- the transport ------------------------------------------------------------------------
     def start(self, packages):
         self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
-        self._exchange("query.setup", dict(zip(self._nodes(), packages)), "setup", cfg=self.cfg_json, train_rows=self.train_rows)
+        self._exchange("query.setup", dict(zip(self._nodes(), packages)), "setup", wait=self.nodes_timeout, cfg=self.cfg_json, train_rows=self.train_rows)
 
     # --- resume (transport.serve): the sites keep their own state of the checkpointed rounds ---------
     def snapshot(self, round_index):
@@ -137,7 +142,7 @@ class FlowerTransport:
         that cannot is refused in one line naming it and the round. ``packages``: the round-0
         packages, for the shape of a valid reply only (nothing is sent)."""
         self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
-        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", round=round_index, cfg=self.cfg_json)
+        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", wait=self.nodes_timeout, round=round_index, cfg=self.cfg_json)
 
     def data_fingerprint(self):
         """What the sites read (each one's data digest from hello, in client order), for the checkpoint:
