@@ -34,6 +34,7 @@ where the ``flower`` extra (flwr) is not installed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import filecmp
 import json
 import os
@@ -213,8 +214,9 @@ def main() -> None:
         sites = {name: {"store": str(store), "split": str(split)} for name in configs[args.methods[0]][args.rounds]["clients"]}
         ab_app = flower_poll_app(tmp / "flower-app-flower-poll")
         started = time.perf_counter()
-        with local_federation(sites if timed else {}, tmp / "federation") as federation:
-            print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes)\n")
+        with local_federation(sites, tmp / "federation") if timed else contextlib.nullcontext() as federation:
+            if timed:
+                print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes)\n")
             for rep in range(args.repeats):
                 for method in timed:
                     by_rounds = configs[method]

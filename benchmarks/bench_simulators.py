@@ -24,6 +24,7 @@ legs' ``model_best.pt`` tensors (2R rounds). Refuses in one line where flwr or R
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -78,7 +79,16 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def measured(command: list[str], log: Path) -> tuple[float, int]:
+def stop_tree(process: psutil.Process) -> None:
+    """End a leg and every process it started (Ray's included), children first."""
+    procs = process.children(recursive=True) + [process]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
+
+
+def measured(command: list[str], log: Path, timeout: float) -> tuple[float, int]:
     """Run ``command``; (its reported seconds, peak RSS of its process tree in bytes)."""
     with log.open("w") as handle:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=handle, text=True, env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
@@ -95,7 +105,12 @@ def measured(command: list[str], log: Path) -> tuple[float, int]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    out, _ = proc.communicate()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # e.g. Ray's raylet that never came up on an overloaded machine
+        stop_tree(root)
+        done.set()
+        sys.exit(f"bench_simulators.py: {' '.join(command[2:6])} did not end within {timeout:.0f} s (stopped); its log: {log}\n{log.read_text()[-1500:]}")
     done.set()
     sampler.join()
     if proc.returncode != 0:
@@ -133,6 +148,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="R: each leg runs R and 2R rounds")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--leg-timeout", type=float, default=900, help="seconds one run may take before the benchmark stops it and refuses")
     parser.add_argument("--child", choices=["engine", "flower"], help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--split", help=argparse.SUPPRESS)
@@ -159,7 +175,7 @@ def main() -> None:
                     command = [sys.executable, __file__, "--child", leg, "--task", args.task, "--rounds", str(rounds), "--store", str(store), "--split", str(split), "--out", str(out)]
                     if args.paper:
                         command.append("--paper")
-                    seconds, peak = measured(command, tmp / f"{leg}-{rounds}-{rep}.log")
+                    seconds, peak = measured(command, tmp / f"{leg}-{rounds}-{rep}.log", args.leg_timeout)
                     times[leg][rounds].append(seconds)
                     peaks[leg].append(peak)
             diffs.append(max_weight_difference(tmp / f"engine-{2 * r}-{rep}" / "model_best.pt", tmp / f"flower-{2 * r}-{rep}" / "model_best.pt"))
