@@ -541,13 +541,9 @@ def _read_volume(path: Path, nifti_axis: int) -> tuple[np.ndarray, dict]:
     and its geometry (SimpleITK's direction, origin and spacing, in (i, j, k) order)."""
     import SimpleITK as sitk  # imported here: only preprocessing needs it
 
-    from .prostate.raw import check_nifti_complete
-    from .prostate.sites import ProstateDataError
+    from .nifti import check_nifti_complete
 
-    try:
-        check_nifti_complete(path)  # SimpleITK reads a cut-short .nii.gz as zeros without complaint
-    except ProstateDataError as exc:
-        raise FoldersDataError(str(exc)) from exc
+    check_nifti_complete(path, FoldersDataError)  # SimpleITK reads a cut-short .nii.gz as zeros without complaint
     try:
         image = sitk.ReadImage(str(path))
         array = sitk.GetArrayFromImage(image)
