@@ -159,6 +159,9 @@ def load_site(context: Context) -> Site:
     site = build_site(saved["cfg"], context, saved["train_rows"])
     site.load_state_dict(saved["site"])
     site.cfg_json, site.train_rows = saved["cfg"], saved["train_rows"]
+    # The engine sets the client's round before training and it stays set through that round's
+    # answer, evaluation (PRR-FL's receive reads it: round 0 loads the package into p) and keep.
+    site.client.round_index = int(saved.get("round_index", 0))
     return site
 
 
