@@ -25,7 +25,7 @@ from PIL import Image
 from fedmedbench.cli import main
 from fedmedbench.config import model_size_problem
 from fedmedbench.data import folders as F
-from fedmedbench.data.inspect import inspect_folders
+from fedmedbench.data.folders.inspect import inspect_folders
 from fedmedbench.data.store import SPLITS
 from tests.conftest import SHARED_ENV, realdata_dir, shared_dir
 

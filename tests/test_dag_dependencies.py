@@ -27,7 +27,8 @@ from PIL import Image
 
 from fedmedbench import sources
 from fedmedbench.data import download
-from fedmedbench.data.folders import FoldersDataError, discover_sites, list_pairs, listing_digest, write_example
+from fedmedbench.data.digest import listing_digest
+from fedmedbench.data.folders import FoldersDataError, discover_sites, list_pairs, write_example
 from fedmedbench.registry import find_method, forget
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from fedmedbench.data import folders as F
-from fedmedbench.data.inspect import inspect_folders
+from fedmedbench.data.folders.inspect import inspect_folders
 from fedmedbench.data.store import open_client, read_split_csv
 from fedmedbench.errors import ConfigError, DataError
 

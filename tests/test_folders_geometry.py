@@ -16,6 +16,7 @@ from PIL import Image
 
 from fedmedbench import config as cfgmod
 from fedmedbench.data import folders as F
+from fedmedbench.data.folders.reading import _to_uint8
 from fedmedbench.data.store import open_client
 from fedmedbench.errors import ConfigError, DataError, FedmedbenchError
 
@@ -357,10 +358,10 @@ def test_a_nearly_constant_deep_image_falls_back_to_its_min_max():
     """Percentiles that coincide (a flat image with a few marks) would divide by zero: min..max."""
     flat = np.full((40, 40), 500, np.uint16)
     flat[0, :3] = (600, 700, 900)  # 3 of 1600 pixels: both percentiles are 500
-    scaled, scaling = F._to_uint8(flat, Path("flat.png"))
+    scaled, scaling = _to_uint8(flat, Path("flat.png"))
     assert scaling["intensity"] == "uint16 500..900 (min..max of 500..900) scaled to 0..255, clipped outside"
     assert scaled[0, :3].tolist() == [64, 128, 255] and scaled[1, 0] == 0  # (v - 500) / 400 * 255, rounded
-    constant = F._to_uint8(np.full((4, 4), 7.5, np.float32), Path("c.tif"))
+    constant = _to_uint8(np.full((4, 4), 7.5, np.float32), Path("c.tif"))
     assert constant[1]["intensity"] == "float32 constant 7.5" and not constant[0].any()
 
 

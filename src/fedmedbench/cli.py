@@ -165,7 +165,7 @@ def cmd_preprocess(args) -> None:
 def cmd_check_data(args) -> None:
     """What the pipeline will understand of each data section, before anything trains; exit 1 on any problem."""
     from fedmedbench import config as cfgmod
-    from fedmedbench.data import inspect
+    from fedmedbench.data.folders import inspect
     from fedmedbench.errors import closest
 
     # Merged but not completed: completing a `folders` section reads its layout, whose problems are

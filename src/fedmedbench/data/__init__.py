@@ -5,8 +5,9 @@ A built-in family is a package ``fedmedbench.data.<family>`` whose files show it
 ``sites.py`` (the clients of each protocol, the counts of record, the family's error),
 ``download.py`` (the raw files, where they come from, their licences and manual steps), ``raw.py``
 (reading the raw release into the canonical store), ``splits.py`` (the splits of record) and
-``synthetic.py`` (the synthetic twin, in the release's formats). ``folders`` (a user's own data) is
-one module. Every family, through ``load_family``, provides:
+``synthetic.py`` (the synthetic twin, in the release's formats). ``folders`` (a user's own data) has
+its own parts (options, reading, splits, example writer, check-data). Every family, through
+``load_family``, provides:
 
 - ``DOWNLOADS: list[DownloadSpec]``: the raw files (archives or single files such as a metadata CSV);
   ``spec.filename`` is the name under ``raw/``; ``spec.url == "manual"`` stops with ``spec.manual_step``.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def _loop_error(link: str, target: str):
-    from .folders import FoldersDataError  # here, not at the top: folders imports this module
+    from .folders.options import FoldersDataError  # here, not at the top: the DAG imports this module, numpy-free
 
     return FoldersDataError(f"{link}: a symbolic link loop (it leads back to {target}, a folder that contains it); remove the link or point it at a folder outside")
 
@@ -30,7 +30,7 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
         with os.scandir(folder) as listing:
             entries = sorted(listing, key=lambda e: e.name)
     except OSError as err:
-        from .folders import FoldersDataError
+        from .folders.options import FoldersDataError
 
         raise FoldersDataError(f"{folder}: cannot list the folder ({err.strerror})") from None
     folders = []

@@ -10,7 +10,7 @@ prints it, and folders' preprocessing logs it first.
 
 It is fast on hundreds of images because images are read only for their header (Pillow's lazy
 open, tifffile's or SimpleITK's header); masks are read fully (their values are the point), with the
-readers preprocessing uses (``images.read_mask``, ``folders._read_volume``), and the layout,
+readers preprocessing uses (``images.read_mask``, ``reading._read_volume``), and the layout,
 ``labels.csv`` and the split are checked by folders' own functions, so what is reported is what
 preprocessing will see. Nothing here imports torch: the data layer knows nothing of training (the
 caller passes its model's size rule).
@@ -30,15 +30,27 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import folders as F
-from .images import read_mask
-from .store import SPLITS
+from ..images import read_mask
+from ..store import SPLITS
+from .options import LABELS_FILE, FoldersDataError, FoldersOptions
+from .reading import (
+    _check_root,
+    _geometry_difference,
+    _labelled_images,
+    _map_mask,
+    _read_volume,
+    _relative,
+    _unlisted_message,
+    discover_sites,
+    list_pairs,
+)
+from .splits import _read_user_split, _seeded_split
 
 __all__ = ["DataReport", "SiteReport", "builtin_line", "image_header", "inspect_folders"]
 
 THREADS = 2  # header reads are I/O bound; two threads stay polite on a shared machine
 MAX_FILE_PROBLEMS = 10  # per site: the first unreadable files are named, the rest counted
-# Pillow modes as folders.read_image sees them (P/PA become RGBA, CMYK/YCbCr/LAB/HSV RGB).
+# Pillow modes as reading.read_image sees them (P/PA become RGBA, CMYK/YCbCr/LAB/HSV RGB).
 _GREY_MODES = ("1", "L", "LA", "I", "F")
 _COLOUR_MODES = ("RGB", "RGBA", "P", "PA", "CMYK", "YCbCr", "LAB", "HSV")
 
@@ -70,7 +82,7 @@ class SiteReport:
 @dataclass
 class DataReport:
     name: str
-    options: F.FoldersOptions
+    options: FoldersOptions
     sites: list[SiteReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -136,7 +148,7 @@ def _percent(x: float) -> str:
 
 
 def image_header(path: str | os.PathLike) -> tuple[int, int, str]:
-    """(H, W, "grey" | "colour") of a 2-D image from its header, as ``folders.read_image`` would
+    """(H, W, "grey" | "colour") of a 2-D image from its header, as ``reading.read_image`` would
     decode it (TIFFs as tifffile sees them, as preprocessing reads them with tifffile first)."""
     path = Path(path)
     errors = []
@@ -146,7 +158,7 @@ def image_header(path: str | os.PathLike) -> tuple[int, int, str]:
 
             with tifffile.TiffFile(path) as tif:
                 return _shape_kind(tuple(tif.series[0].shape), path)
-        except F.FoldersDataError:
+        except FoldersDataError:
             raise
         except Exception as exc:  # tifffile raises many types (bad tags, truncated header)
             errors.append(f"tifffile: {exc}")
@@ -157,16 +169,16 @@ def image_header(path: str | os.PathLike) -> tuple[int, int, str]:
             mode, (width, height) = img.mode, img.size
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         errors.append(f"{exc}" if not errors else f"Pillow: {exc}")
-        raise F.FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)})") from None
+        raise FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)})") from None
     if mode in _GREY_MODES or mode.startswith("I;16"):
         return height, width, "grey"
     if mode in _COLOUR_MODES:
         return height, width, "colour"
-    raise F.FoldersDataError(f"{path}: unsupported Pillow mode {mode}")
+    raise FoldersDataError(f"{path}: unsupported Pillow mode {mode}")
 
 
 def _shape_kind(shape: tuple[int, ...], path: Path) -> tuple[int, int, str]:
-    """folders.read_image's reading of an array shape: H x W grey, H x W x 1|2 grey (+ alpha),
+    """reading.read_image's reading of an array shape: H x W grey, H x W x 1|2 grey (+ alpha),
     H x W x 3|4 colour, planar 3|4 x H x W colour."""
     if len(shape) == 3 and shape[0] in (3, 4) and shape[-1] not in (3, 4):
         shape = (*shape[1:], shape[0])
@@ -174,12 +186,12 @@ def _shape_kind(shape: tuple[int, ...], path: Path) -> tuple[int, int, str]:
         return shape[0], shape[1], "grey"
     if len(shape) == 3 and shape[-1] in (1, 2, 3, 4):
         return shape[0], shape[1], "grey" if shape[-1] in (1, 2) else "colour"
-    raise F.FoldersDataError(f"{path}: expected a grey or colour 2-D image, got array shape {shape}")
+    raise FoldersDataError(f"{path}: expected a grey or colour 2-D image, got array shape {shape}")
 
 
 def _volume_header(path: Path, nifti_axis: int) -> tuple[tuple[int, int, int], dict]:
     """(slices, H, W) of a NIfTI volume cut along ``nifti_axis``, and its geometry as
-    ``folders._read_volume`` gives it, from the header alone."""
+    ``reading._read_volume`` gives it, from the header alone."""
     import SimpleITK as sitk
 
     reader = sitk.ImageFileReader()
@@ -187,11 +199,11 @@ def _volume_header(path: Path, nifti_axis: int) -> tuple[tuple[int, int, int], d
     try:
         reader.ReadImageInformation()
     except RuntimeError as exc:
-        raise F.FoldersDataError(f"{path}: cannot read as NIfTI ({str(exc).strip().splitlines()[-1]})") from None
+        raise FoldersDataError(f"{path}: cannot read as NIfTI ({str(exc).strip().splitlines()[-1]})") from None
     size = reader.GetSize()  # (i, j, k)
     if len(size) != 3:
-        raise F.FoldersDataError(f"{path}: expected a 3-D volume, got {len(size)} dimensions {size}")
-    # folders._read_volume: array order (k, j, i), NIfTI axis a first, the others in array order.
+        raise FoldersDataError(f"{path}: expected a 3-D volume, got {len(size)} dimensions {size}")
+    # reading._read_volume: array order (k, j, i), NIfTI axis a first, the others in array order.
     height, width = (size[a] for a in (2, 1, 0) if a != nifti_axis)
     geometry = {"direction": reader.GetDirection(), "origin": reader.GetOrigin(), "spacing": reader.GetSpacing()}
     return (size[nifti_axis], height, width), geometry
@@ -209,38 +221,38 @@ class _Pair:
     problem: str | None = None
 
 
-def _read_pair(pair: tuple, options: F.FoldersOptions) -> _Pair:
+def _read_pair(pair: tuple, options: FoldersOptions) -> _Pair:
     stem, image_path, mask_path, fmt = pair
     out = _Pair()
     try:
         if fmt == "nifti":
             (out.slices, h, w), grid = _volume_header(image_path, options.nifti_axis)
             out.size, out.channels = (h, w), "grey"
-            mask, mask_grid = F._read_volume(mask_path, options.nifti_axis)
+            mask, mask_grid = _read_volume(mask_path, options.nifti_axis)
             if mask.shape != (out.slices, h, w):
-                raise F.FoldersDataError(f"{image_path} has shape {(out.slices, h, w)} (slices, H, W) but its mask "
+                raise FoldersDataError(f"{image_path} has shape {(out.slices, h, w)} (slices, H, W) but its mask "
                                          f"{mask_path} has {mask.shape}")
-            differs = F._geometry_difference(grid, mask_grid)  # as folders._volume_samples refuses it
+            differs = _geometry_difference(grid, mask_grid)  # as reading._volume_samples refuses it
             if differs is not None:
-                raise F.FoldersDataError(f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
+                raise FoldersDataError(f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
                                          "(image vs mask); resample the mask onto its image (nearest neighbour) or fix its header")
             if mask.dtype.kind == "f" and (not np.isfinite(mask).all() or not np.array_equal(mask, np.round(mask))):
-                raise F.FoldersDataError(f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values")
+                raise FoldersDataError(f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values")
             mask = mask.astype(np.int64)
         else:
             h, w, out.channels = image_header(image_path)
             out.size = (h, w)
-            mask = read_mask(mask_path, error=F.FoldersDataError)[None]
+            mask = read_mask(mask_path, error=FoldersDataError)[None]
             if mask.shape[1:] != (h, w):
-                raise F.FoldersDataError(f"{image_path} is {w}x{h} but its mask {mask_path} is {mask.shape[2]}x{mask.shape[1]}")
+                raise FoldersDataError(f"{image_path} is {w}x{h} but its mask {mask_path} is {mask.shape[2]}x{mask.shape[1]}")
         found, counts = np.unique(mask, return_counts=True)
         out.values = dict(zip(found.tolist(), counts.tolist()))
         mapping = options.class_of_value
         if any(v not in mapping for v in out.values):
-            F._map_mask(found, mapping, mask_path)  # raises preprocessing's own message
+            _map_mask(found, mapping, mask_path)  # raises preprocessing's own message
         background = [v for v, c in mapping.items() if c == 0]
         out.foreground = (mask.reshape(len(mask), -1).shape[1] - np.isin(mask, background).reshape(len(mask), -1).sum(1)).tolist()
-    except F.FoldersDataError as exc:
+    except FoldersDataError as exc:
         out.problem = str(exc)
     return out
 
@@ -250,18 +262,18 @@ def _read_pair(pair: tuple, options: F.FoldersOptions) -> _Pair:
 # ---------------------------------------------------------------------------
 
 
-def inspect_folders(options: Mapping | F.FoldersOptions, name: str = "", *,
+def inspect_folders(options: Mapping | FoldersOptions, name: str = "", *,
                     size_problem: Callable[[int, int], str | None] | None = None, threads: int = THREADS) -> DataReport:
     """The report of one ``folders`` data section; never raises for bad data (each problem is a line
     of the report). ``options`` that are themselves wrong raise ``ConfigError``. ``size_problem(H, W)``:
     why the task's model cannot take images of that size, or None (the caller knows the model; the
     data layer does not)."""
-    options = F.FoldersOptions.from_dict(options, where=f"data.{name}" if name else "folders")
+    options = FoldersOptions.from_dict(options, where=f"data.{name}" if name else "folders")
     report = DataReport(name, options)
     try:
-        root = F._check_root(options.root)
-        sites = F.discover_sites(root, options.kind)
-    except F.FoldersDataError as exc:
+        root = _check_root(options.root)
+        sites = discover_sites(root, options.kind)
+    except FoldersDataError as exc:
         report.problems.append(str(exc))
         return report
     with ThreadPoolExecutor(max(1, threads)) as pool:
@@ -289,12 +301,12 @@ def _check_channels(report: DataReport, site: SiteReport, kinds: list[tuple[Path
             f"(e.g. {first['grey']} is grey, {first['colour']} is colour); preprocessing needs one kind per site")
 
 
-def _segmentation_site(root: Path, site: str, options: F.FoldersOptions, report: DataReport, pool) -> pd.DataFrame | None:
+def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: DataReport, pool) -> pd.DataFrame | None:
     rep = SiteReport(site, class_pixels=[0] * options.num_classes)
     report.sites.append(rep)
     try:
-        pairs = F.list_pairs(root, site)
-    except F.FoldersDataError as exc:
+        pairs = list_pairs(root, site)
+    except FoldersDataError as exc:
         report.problems.append(str(exc))
         return None
     read = list(pool.map(lambda pair: _read_pair(pair, options), pairs))
@@ -316,7 +328,7 @@ def _segmentation_site(root: Path, site: str, options: F.FoldersOptions, report:
                 rep.class_pixels[index] += n
         foreground = got.foreground if len(got.foreground) == got.slices else [np.nan] * got.slices
         # As folders._segmentation_site builds the store: one row per image or slice, a volume one group.
-        rows += [{"group": f"{site}/{stem}", "source": F._relative(image_path, root), "foreground": fg} for fg in foreground]
+        rows += [{"group": f"{site}/{stem}", "source": _relative(image_path, root), "foreground": fg} for fg in foreground]
     _file_problems(report, site, problems)
     _check_channels(report, rep, kinds)
     meta = pd.DataFrame(rows, columns=["group", "source", "foreground"])
@@ -324,13 +336,13 @@ def _segmentation_site(root: Path, site: str, options: F.FoldersOptions, report:
     return meta
 
 
-def _classification_sites(root: Path, options: F.FoldersOptions, report: DataReport, pool) -> dict[str, pd.DataFrame | None]:
+def _classification_sites(root: Path, options: FoldersOptions, report: DataReport, pool) -> dict[str, pd.DataFrame | None]:
     try:
-        table = F._labelled_images(root, options)  # labels.csv: columns, labels, files
-    except F.FoldersDataError as exc:
+        table = _labelled_images(root, options)  # labels.csv: columns, labels, files
+    except FoldersDataError as exc:
         report.problems.append(str(exc))
         return {}
-    unlisted = F._unlisted_message(root, table)  # preprocessing stops on it; the rest is still worth seeing
+    unlisted = _unlisted_message(root, table)  # preprocessing stops on it; the rest is still worth seeing
     if unlisted:
         report.problems.append(unlisted)
     tables = {site: rows.reset_index(drop=True) for site, rows in table.groupby("site", sort=True)}
@@ -338,7 +350,7 @@ def _classification_sites(root: Path, options: F.FoldersOptions, report: DataRep
     def header(path):
         try:
             return image_header(path)
-        except F.FoldersDataError as exc:
+        except FoldersDataError as exc:
             return str(exc)
 
     metas = {}
@@ -356,7 +368,7 @@ def _classification_sites(root: Path, options: F.FoldersOptions, report: DataRep
             kinds.append((path, got[2]))
         _file_problems(report, site, problems)
         _check_channels(report, rep, kinds)
-        sources = [F._relative(p, root) for p in table["path"]]
+        sources = [_relative(p, root) for p in table["path"]]
         # As folders._classification_site builds the store: an image without a group is its own group.
         groups = [f"{site}/{g}" if g else f"{site}/{s}" for g, s in zip(table["group"], sources)]
         metas[site] = pd.DataFrame({"group": groups, "source": sources, "foreground": np.nan})
@@ -373,8 +385,8 @@ def _split(report: DataReport, metas: dict[str, pd.DataFrame | None]) -> None:
             return
         notes: list[str] = []
         try:
-            chosen = F._read_user_split(Path(options.split_csv), metas, notes.append)
-        except F.FoldersDataError as exc:
+            chosen = _read_user_split(Path(options.split_csv), metas, notes.append)
+        except FoldersDataError as exc:
             report.problems.append(str(exc))
             return
         # folders logs "folders <site>: warning: <what>"; the report names the site as its other lines do.
@@ -385,8 +397,8 @@ def _split(report: DataReport, metas: dict[str, pd.DataFrame | None]) -> None:
             if meta is None:
                 continue
             try:
-                chosen[site] = F._seeded_split(site, meta, options, "seeded", options.seed)
-            except F.FoldersDataError as exc:
+                chosen[site] = _seeded_split(site, meta, options, "seeded", options.seed)
+            except FoldersDataError as exc:
                 report.problems.append(str(exc))
     for site, (rows, names) in chosen.items():
         rep = report.site(site)
@@ -426,7 +438,7 @@ def _check_classes(report: DataReport) -> None:
     for k, name in enumerate(names):
         if totals[k] == 0:
             how = (f"mask_values {dict(sorted(report.options.class_of_value.items()))} map no value found to it"
-                   if kind == "segmentation" else f"no row of {F.LABELS_FILE} has this label")
+                   if kind == "segmentation" else f"no row of {LABELS_FILE} has this label")
             report.problems.append(f"class {k} {name!r} has no {what} in any site ({how})")
     for s in counted:  # a class some sites lack (label skew) is legal, and worth knowing: one line per site
         absent = [f"{k} {name!r}" for k, name in enumerate(names) if getattr(s, per_class)[k] == 0 and totals[k]]
