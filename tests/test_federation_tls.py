@@ -98,7 +98,10 @@ def test_tls_and_supernode_auth_equal_the_engine_and_refuse_strangers(tmp_path, 
     (tmp_path / "run.json").write_text(json.dumps(cfg))
     sites = {name: {"store": str(store), "split": str(split)} for name in cfg["clients"]}
 
-    with local_federation(sites, tmp_path / "fed", tls=True, supernode_auth=True) as fed:
+    # warm: the app processes forked from one interpreter that has imported torch (federation.warm;
+    # Flower's entry points and arguments unchanged, TLS included): a fresh process per message
+    # would make this test cost ~3x the CPU (measured: 260 s vs 72 s of CPU, all processes).
+    with local_federation(sites, tmp_path / "fed", tls=True, supernode_auth=True, warm=True) as fed:
         connection = (fed.workdir / "flwr-home" / "config.toml").read_text()
         assert f'root-certificates = "{fed.tls.ca_cert}"' in connection and "insecure" not in connection
         # A plain TLS client: the handshake needs the CA; the certificate names 127.0.0.1.
