@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
@@ -238,6 +239,10 @@ def read_run_config(path: str):
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     settings = context.run_config
+    # The server's own arithmetic (aggregation, CGSV's reputations, FedCE's coefficients) on as many
+    # CPU threads as the engine run it should equal (`train --threads`; the sites: node setting
+    # `threads`): torch's default, one per core, sums in another order (the last digits differ).
+    torch.set_num_threads(int(settings.get("threads", 1)))
     cfg = read_run_config(str(settings["run-config"]))
     reply_timeout = float(settings.get("reply-timeout", 0)) or None
     expected = json.loads(str(settings.get("site-digests", "") or "{}"))  # {site: data digest}, optional
