@@ -365,11 +365,12 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
         outcome = {}
         runner = threading.Thread(target=lambda: outcome.update(result=federation.run({"run-config": str(tmp_path / "run.json"), "out": str(out2), "nodes-timeout": 240, "reply-timeout": 40}, timeout=300)))
         runner.start()
-        state_b = tmp_path / "federation" / "site-B" / "state"
-        deadline = time.monotonic() + 280  # hello and setup: seconds on an idle machine
-        while not any(state_b.rglob("B.pt")) and runner.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert any(state_b.rglob("B.pt")), f"the run was not set up on site B: {outcome}"
+        # Site B has sent 3 replies (run 1's hello, run 2's hello and setup): the run is set up on it.
+        log_b = tmp_path / "federation" / "supernode-B.log"
+        deadline = time.monotonic() + 280  # seconds on an idle machine
+        while log_b.read_text().count("Sent successfully") < 3 and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert log_b.read_text().count("Sent successfully") >= 3, f"the run was not set up on site B: {outcome}"
         node_b = federation.processes[2]
         os.killpg(node_b.pid, signal.SIGKILL)
         runner.join(320)
