@@ -191,6 +191,7 @@ def main() -> None:
     parser.add_argument("--timed", nargs="*", default=None, help="of these, the ones run through the real federation (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="R: each side runs R and 2R rounds")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warm", action="store_true", help="local_federation(warm=True): the app processes forked from one warm interpreter (federation/warm.py)")
     parser.add_argument("--ab", nargs="*", default=["fedavg"], help="methods also run with Flower's own reply polling")
     parser.add_argument("--no-paper-models", action="store_true", help="skip the codec overhead at the papers' model sizes")
     parser.add_argument("--json", help="also write the numbers here")
@@ -214,7 +215,7 @@ def main() -> None:
         sites = {name: {"store": str(store), "split": str(split)} for name in configs[args.methods[0]][args.rounds]["clients"]}
         ab_app = flower_poll_app(tmp / "flower-app-flower-poll")
         started = time.perf_counter()
-        with local_federation(sites, tmp / "federation") if timed else contextlib.nullcontext() as federation:
+        with local_federation(sites, tmp / "federation", **({"warm": True} if args.warm else {})) if timed else contextlib.nullcontext() as federation:
             if timed:
                 print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes)\n")
             for rep in range(args.repeats):
