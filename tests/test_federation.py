@@ -1,24 +1,33 @@
 """Flower's deployment runtime computes what the engine computes (fedmedbench.federation).
 
 The codec tests check that a method's payloads cross Flower's records bit for bit and that a bad
-reply is refused in one line naming the site. The end-to-end test starts a real ``flower-superlink``
-and three ``flower-supernode`` processes on 127.0.0.1 (free ports; every process ended however the
-test ends), runs FedAvg for 2 rounds with ``flwr run`` and compares the run folder with the
-engine's byte for byte. Skipped where the ``flower`` extra is not installed."""
+reply is refused in one line naming the site. The end-to-end matrix starts ONE real
+``flower-superlink`` and three ``flower-supernode`` processes on 127.0.0.1 (free ports; every process
+ended however the tests end), runs every built-in method, PRR-FL's official variant and the
+``new-method`` scaffold's plug-in for 2 rounds with ``flwr run`` (all submitted at once), and
+compares each run folder with the engine's byte for byte. Skipped where the ``flower`` extra is not
+installed."""
 
 import filecmp
 import json
 import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 flwr = pytest.importorskip("flwr")
 
+from fedmedbench.federation.local import APP_DIR  # noqa: E402
 from fedmedbench.federation.messages import check_reply, pack, unpack  # noqa: E402
 from fedmedbench.fl.engine import run_training  # noqa: E402
 from fedmedbench.fl.transport import SiteError  # noqa: E402
-from tests.conftest import tiny_run_config  # noqa: E402
+from fedmedbench.registry import builtin_methods  # noqa: E402
+from tests.conftest import tiny_run_config, write_tiny_task  # noqa: E402
 
 
 def test_payloads_cross_flower_records_bit_for_bit():
@@ -64,22 +73,94 @@ def test_a_malformed_reply_is_refused_naming_the_site(reply, message):
         check_reply("site A", reply, {"w": torch.zeros(2)})
 
 
-@pytest.mark.slow
-def test_a_real_federation_equals_the_engine_byte_for_byte(tmp_path, tiny_task):
-    from fedmedbench.federation.local import local_federation
+# --- the matrix: every method on one real federation --------------------------------------------
+PLUGIN_SRC = Path(__file__).resolve().parents[1] / "examples" / "fedxyz" / "src"  # the new-method scaffold's output
+OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
+# run name -> (method, overrides of the tiny run config): every built-in method with its defaults
+# (HarmoFL: the paper's flow), PRR-FL's official variant (config.yaml's prrfl `official`) beside its
+# default, and the scaffold's plug-in, imported from its source folder as a site would import it.
+MATRIX = {name: (name, {}) for name in builtin_methods()}
+MATRIX["prrfl-official"] = ("prrfl", {"method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}, "selection_window": 0.2, "selection_scope": "pooled"})
+MATRIX["fedxyz"] = ("fedxyz", {"method_module": "fedxyz.method"})
 
-    store, split = tiny_task
-    cfg = tiny_run_config(store, split, "fedavg", rounds=2)
-    # One CPU thread on both sides (the sites' default): another count changes summation order.
-    run_training(cfg, tmp_path / "engine", threads=1, progress=False)
-    (tmp_path / "run.json").write_text(json.dumps(cfg))
-    sites = {name: {"store": str(store), "split": str(split)} for name in cfg["clients"]}
-    with local_federation(sites, tmp_path / "federation") as federation:
-        result = federation.run({"run-config": str(tmp_path / "run.json"), "out": str(tmp_path / "flower")}, timeout=900)
-    assert (tmp_path / "flower" / "final.json").is_file(), result.stdout[-4000:] + result.stderr[-2000:]
-    for name in ("final.json", "history.csv", "model_best.pt", "predictions.npz"):
-        assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
-    traffic = json.loads((tmp_path / "flower" / "federation.json").read_text())
+
+def _flwr_json(federation, *args: str, timeout: float = 120.0):
+    result = federation.flwr(*args, "--format", "json", timeout=timeout)
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"flwr {' '.join(args)} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}") from None
+
+
+@pytest.fixture(scope="module")
+def federated_matrix(tmp_path_factory):
+    """Every MATRIX run on ONE federation (a SuperLink and three SuperNodes, started once): all runs
+    submitted at once (the SuperLink runs them side by side, each SuperNode serves their messages one
+    at a time), the engine's reference runs computed here meanwhile. Yields (root, {run: status})."""
+    from fedmedbench.federation.local import CONNECTION, local_federation
+
+    root = tmp_path_factory.mktemp("matrix")
+    store, split = write_tiny_task(root / "data")
+    with pytest.MonkeyPatch.context() as patch:
+        # The plug-in is importable in this process (the engine's run) and on every site (the
+        # SuperNodes' app processes inherit PYTHONPATH), as an installed plug-in would be.
+        patch.syspath_prepend(str(PLUGIN_SRC))
+        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(PLUGIN_SRC), os.environ.get("PYTHONPATH", "")) if p))
+        patch.setenv("FLWR_TELEMETRY_ENABLED", "0")  # no telemetry calls from a test
+        # Each SuperExec asks its node/link for a task every second by default: 0.1 s here.
+        patch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
+        sites = {name: {"store": str(store), "split": str(split)} for name in ("A", "B", "C")}
+        with local_federation(sites, root / "federation", warm=True) as federation:
+            configs, submitted = {}, {}
+            for name, (method, overrides) in MATRIX.items():
+                cfg = tiny_run_config(store, split, method, rounds=2, **overrides)
+                cfg["run"] = name
+                configs[name] = cfg
+                (root / f"{name}.json").write_text(json.dumps(cfg))
+                settings = f'run-config="{root / f"{name}.json"}" out="{root / "flower" / name}"'
+                command = [str(Path(sys.executable).with_name("flwr")), "run", str(APP_DIR), CONNECTION, "--run-config", settings, "--format", "json"]
+                submitted[name] = subprocess.Popen(command, env=federation.env, cwd=federation.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            run_ids = {}
+            for name, process in submitted.items():
+                output = process.communicate(timeout=300)[0]
+                assert process.returncode == 0, f"flwr run of {name}: {output[-3000:]}"
+                run_ids[json.loads(output)["run-id"]] = name
+            # The engine's runs, while the federation works. One CPU thread on both sides (the
+            # sites' default): another count changes float summation order.
+            for name, cfg in configs.items():
+                run_training(cfg, root / "engine" / name, threads=1, progress=False)
+            # A run is done when its ServerApp wrote federation.json (its last file) and Flower says
+            # so; `flwr ls` (a CLI process, a second of CPU) only every 30 s, or once every run has
+            # its file. The limit only catches a hang: on a 2-core machine shared with other test
+            # runs (load 25-58) the 20 runs took about 25 minutes.
+            deadline, status, asked = time.monotonic() + 3600, {}, 0.0
+            while len(status) < len(run_ids):
+                assert time.monotonic() < deadline, f"runs not finished within 3600 s: {sorted(set(run_ids.values()) - set(status))}; logs in {federation.workdir}"
+                time.sleep(2)
+                written = all((root / "flower" / name / "federation.json").is_file() for name in run_ids.values())
+                if written or time.monotonic() - asked > 30:
+                    asked = time.monotonic()
+                    for run in _flwr_json(federation, "ls")["runs"]:
+                        if run["run-id"] in run_ids and run["status"].startswith("finished"):
+                            status[run_ids[run["run-id"]]] = (run["status"], run["run-id"])
+            logs = {}
+            for name, (state, run_id) in status.items():
+                if state != "finished:completed":
+                    result = federation.flwr("log", str(run_id), CONNECTION, "--show", timeout=60)
+                    logs[name] = (result.stdout + result.stderr)[-4000:]
+            yield root, status, logs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_every_method_on_a_real_federation_equals_the_engine_byte_for_byte(federated_matrix, name):
+    root, status, logs = federated_matrix
+    assert status[name][0] == "finished:completed", f"{name}: {status[name]}\n{logs.get(name, '')}"
+    engine, flower = root / "engine" / name, root / "flower" / name
+    for output in OUTPUTS:
+        assert filecmp.cmp(engine / output, flower / output, shallow=False), f"{name}: {output} differs from the engine's"
+    assert json.loads((flower / "final.json").read_text())["method"] == MATRIX[name][0]
+    traffic = json.loads((flower / "federation.json").read_text())
     assert traffic["sites"] == 3 and traffic["bytes_sent"] > 0 and traffic["bytes_received"] > 0
 
 
