@@ -5,6 +5,7 @@ every copy written, history inside) and after (``FMBCKPT2``, fl/state.py), measu
     python benchmarks/bench_checkpoint.py                      # prostate, camelyon17, skin (paper sizes)
     python benchmarks/bench_checkpoint.py --tasks prostate --reps 5
     python benchmarks/bench_checkpoint.py --small               # tiny models: a smoke run in seconds
+    python benchmarks/bench_checkpoint.py --skip peaks history  # the write times alone (a busy machine)
 
 The state is the engine's own, at the end of a round: config.yaml's task (model, optimizer, clients)
 with FedAvg, the real ``Server``/``Client`` objects (each client took one optimizer step, so Adam or
@@ -233,7 +234,7 @@ def measure_peaks(task: str, small: bool, tmp: Path) -> dict:
         state_file.unlink()
 
 
-def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict) -> dict:
+def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, history: bool = True) -> dict:
     cfg, server, clients, selection = build_state(task, small)
     obj = checkpoint_object(server, clients, selection)
     model_bytes = sum(v.numel() * v.element_size() for v in clients[0].model.state_dict().values())
@@ -275,7 +276,7 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict) -> dic
     rows = history_rows(cfg, cfg.rounds)
     per_round = len(rows) // cfg.rounds
     history_times = {}
-    for rounds_done in (1, cfg.rounds):
+    for rounds_done in (1, cfg.rounds) if history else ():
         history = rows[: rounds_done * per_round]
         timing = {"new": [], "old": [], "new_rows": [], "old_rows": []}
         for _ in range(reps):
@@ -322,14 +323,16 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny models (a smoke run)")
     parser.add_argument("--dir", default=None, help="where to write (default: the system's temporary folder)")
     parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--skip", nargs="+", default=[], choices=("peaks", "history"), help="leave these tables out (on a busy machine: the write times alone)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"CPU, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; sizes: {'small' if args.small else 'paper'}\n")
     results = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        peaks = {task: measure_peaks(task, args.small, Path(tmp)) for task in args.tasks}  # before this process grows
+        # Peaks first, before this process grows.
+        peaks = {task: {} if "peaks" in args.skip else measure_peaks(task, args.small, Path(tmp)) for task in args.tasks}
         for task in args.tasks:
-            results.append(bench_task(task, args.small, args.reps, Path(tmp), peaks[task]))
+            results.append(bench_task(task, args.small, args.reps, Path(tmp), peaks[task], "history" not in args.skip))
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
@@ -353,11 +356,15 @@ def report(results: list[dict]) -> None:
     for r in results:
         t = r["times"]
         print(f"| {r['task']} | {t['raw_file']:.3f} / {t['raw_pieces']:.3f} | {t['new']:.3f} | {t['new'] / t['raw_file']:.2f} / {t['new'] / t['raw_pieces']:.2f} | {t['raw_file_cpu']:.2f} / {t['new_cpu']:.2f} | {t['raw_state']:.3f} | {t['old']:.3f} | {t['old'] / t['raw_state']:.2f} | {t['new'] / t['raw_state']:.2f} | {t['dedup_pass']:.3f} |")
+    if not all(r.get("peak_new") for r in results):
+        return
     print("\n| task | resident MiB before the write | peak rise, new MiB (ru_maxrss / VmHWM) | peak rise, old MiB (ru_maxrss / VmHWM) |")
     print("|---|---:|---:|---:|")
     for r in results:
         new, old = r["peak_new"], r["peak_old"]
         print(f"| {r['task']} | {new['resident_mib']:.0f} | {new['ru_rise_mib']:.1f} / {new['hwm_rise_mib']:.1f} | {old['ru_rise_mib']:.1f} / {old['hwm_rise_mib']:.1f} |")
+    if not all(r["history"] for r in results):
+        return
     print("\n| task | history rows at round 1 / last | new save_state s, round 1 → last | old checkpoint s, round 1 → last | history part, new ms (append the round's rows) | history part, old ms (all rows in the checkpoint) |")
     print("|---|---|---|---|---|---|")
     for r in results:
