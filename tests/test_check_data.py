@@ -1,4 +1,4 @@
-"""`fedmedbench check-data` (fedmedbench.data.inspect): what the pipeline will understand of a user's
+"""`fedmedbench check-data` (fedmedbench.data.folders.inspect): what the pipeline will understand of a user's
 own data, before anything trains. Numbers on folders' example data (counts, splits, class pixel
 shares computed by hand from what write_example drew), one line per problem on bad data (exit 1, no
 traceback), the same summary at the head of the preprocessing log, and the real samples of
