@@ -69,7 +69,7 @@ SMALL_MODELS = {
 
 
 def run_config(task: str, small: bool) -> RunConfig:
-    config = cfgmod.load_config(ROOT / "config.yaml")
+    config = cfgmod.load_config(ROOT / "config" / "config.yaml")
     cfg = cfgmod.resolve_run(config, task, "fedavg", 0)
     if small:
         cfg["model"] = {**cfg["model"], **SMALL_MODELS[task]}

@@ -64,7 +64,7 @@ def main() -> None:
         raise SystemExit(f"bench_dag: {problem}")
     from fedmedbench import config as cfgmod
 
-    files = [ROOT / "config.yaml", ROOT / "workflow/profiles/demo/demo.yaml"]
+    files = [ROOT / "config" / "config.yaml", ROOT / "workflow/profiles/demo/demo.yaml"]
     config = cfgmod.load_config(*files)
     jobs = sorted({job for name in config["experiments"] for job in cfgmod.experiment_runs(config, name)})
     rows = [

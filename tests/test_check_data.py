@@ -184,7 +184,7 @@ def test_check_data_exits_1_with_one_line_per_problem_and_no_traceback(tmp_path)
     options = _bad_segmentation_data(tmp_path)
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text(yaml.safe_dump({"data": {"mine": {"family": "folders", **options}}}))
-    result = subprocess.run([sys.executable, "-m", "fedmedbench", "check-data", "--config", "config.yaml", str(overlay),
+    result = subprocess.run([sys.executable, "-m", "fedmedbench", "check-data", "--config", "config/config.yaml", str(overlay),
                              "--dataset", "mine"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
@@ -241,7 +241,7 @@ def test_check_data_on_a_config_points_built_in_families_to_their_counts(tmp_pat
     overlay.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "run_name": "x",
                                        "data": {"mine": {"family": "folders", **example["options"]}}}))
     with pytest.raises(SystemExit) as exit_:
-        main(["check-data", "--config", str(ROOT / "config.yaml"), str(overlay)])
+        main(["check-data", "--config", str(ROOT / "config" / "config.yaml"), str(overlay)])
     lines = capsys.readouterr().out.splitlines()
     assert exit_.value.code == 0
     assert lines[0] == (f"data.prostate: built-in family prostate: its preprocessing checks the release's layout and counts of record; "

@@ -21,7 +21,7 @@ from fedmedbench.runconfig import RunConfig
 from tests.conftest import tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = cfgmod.load_config(ROOT / "config.yaml")
+BASE = cfgmod.load_config(ROOT / "config" / "config.yaml")
 TASK = "prostate"
 
 
@@ -165,9 +165,9 @@ def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path):
     bad = tmp_path / "overlay.yaml"
     bad.write_text("tasks:\n  prostate:\n    rounds: [1,\n    batch_size: 4\n  bad: : x\n")
     with pytest.raises(ConfigError, match=rf"{bad}:\d+:\d+: YAML syntax error: "):
-        cfgmod.load_config(ROOT / "config.yaml", bad)
+        cfgmod.load_config(ROOT / "config" / "config.yaml", bad)
     result = subprocess.run(
-        [sys.executable, "-m", "fedmedbench", "train", "--config", str(ROOT / "config.yaml"), str(bad), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")],
+        [sys.executable, "-m", "fedmedbench", "train", "--config", str(ROOT / "config" / "config.yaml"), str(bad), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")],
         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert result.returncode == 1
@@ -184,5 +184,5 @@ def test_checkpoint_cadence_is_not_part_of_the_run_config():
 
 
 def test_the_demo_overlay_is_valid():
-    cfgmod.load_config(ROOT / "config.yaml", ROOT / "workflow/profiles/demo/demo.yaml")
-    assert yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())["rerun-incomplete"] is True
+    cfgmod.load_config(ROOT / "config" / "config.yaml", ROOT / "workflow/profiles/demo/demo.yaml")
+    assert yaml.safe_load((ROOT / "workflow/profiles/default/config.yaml").read_text())["rerun-incomplete"] is True

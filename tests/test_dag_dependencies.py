@@ -33,7 +33,7 @@ from fedmedbench.registry import find_method, forget
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-COPIED = ("Snakefile", "config.yaml", "workflow", "profiles", "envs", "src", "resources")
+COPIED = ("config", "workflow", "src", "resources")
 
 CONTRACT = '''
 from fedmedbench.fl.client import Client
@@ -125,7 +125,7 @@ def test_a_plugins_digest_covers_its_package_and_the_users_modules_it_imports(pl
 def test_a_builtin_method_has_no_digest_in_the_run_config():
     from fedmedbench import config as cfgmod
 
-    run = cfgmod.resolve_run(cfgmod.load_config(ROOT / "config.yaml"), "prostate", "fedavg", 0)
+    run = cfgmod.resolve_run(cfgmod.load_config(ROOT / "config" / "config.yaml"), "prostate", "fedavg", 0)
     assert run["method_digest"] is None and run["method_module"] is None
 
 

@@ -285,7 +285,7 @@ def test_a_folders_segmentation_table_defaults_to_foreground_dice(tmp_path):
     from fedmedbench import config as cfgmod
 
     F.write_example(tmp_path / "data")
-    base = cfgmod.load_config(ROOT / "config.yaml")
+    base = cfgmod.load_config(ROOT / "config" / "config.yaml")
     change = {
         "data": {"mysites": {"family": "folders", "root": str(tmp_path / "data"), "kind": "segmentation", "mask_values": {0: 0, 128: 1, 255: 2}}},
         "tasks": {"mysites": {"dataset": "mysites", "kind": "segmentation"}},

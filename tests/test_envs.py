@@ -1,4 +1,4 @@
-"""envs/*.yaml (for --use-conda users) pin the same versions as pyproject.toml."""
+"""workflow/envs/*.yaml (for --use-conda users) pin the same versions as pyproject.toml."""
 
 import re
 import tomllib
@@ -22,7 +22,7 @@ def pins(requirements):
 def test_every_dependency_is_pinned_and_envs_match():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pinned = pins(project["dependencies"] + project["optional-dependencies"]["dev"] + project["optional-dependencies"]["flower"])
-    env_files = sorted((ROOT / "envs").glob("*.yaml"))
+    env_files = sorted((ROOT / "workflow" / "envs").glob("*.yaml"))
     assert {p.stem for p in env_files} >= {"torch", "data", "report"}
     for path in env_files:
         env = yaml.safe_load(path.read_text())

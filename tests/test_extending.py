@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-COPIED = ("Snakefile", "config.yaml", "workflow", "profiles", "envs", "src", "resources", "examples")
+COPIED = ("config", "workflow", "src", "resources", "examples")
 
 
 def doc_blocks() -> dict[str, list[str]]:

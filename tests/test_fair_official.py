@@ -37,7 +37,7 @@ from fedmedbench.models import build_model
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import tiny_run_config, write_tiny_task
 
-CONFIG = Path(__file__).resolve().parents[1] / "config.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "config" / "config.yaml"
 
 
 def official_params(method: str) -> dict:

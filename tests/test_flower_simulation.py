@@ -136,12 +136,13 @@ OVERLAY = {
 
 @pytest.mark.slow
 def test_a_snakemake_table_holds_an_engine_row_and_a_flower_row_with_equal_digits(tmp_path):
-    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")  # the Snakefile's default configfile
+    (tmp_path / "config").mkdir()
+    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")  # the Snakefile's default configfile
     (tmp_path / "flower.yaml").write_text(yaml.safe_dump(OVERLAY))
     out = tmp_path / "results" / "e2e"
     targets = [f"results/e2e/tables/{TABLE}.{ext}" for ext in ("md", "csv")]  # relative to --directory, as the rules' outputs
     configs = [*map(str, CONFIGFILES), str(tmp_path / "flower.yaml")]
-    command = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", *targets, "--configfile", *configs]
+    command = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", *targets, "--configfile", *configs]
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
     # Under the job server, as `make demo` runs: the Flower job starts Ray from a forked warm process.
     run = subprocess.run([str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *command], capture_output=True, text=True, env=env, cwd=tmp_path)

@@ -153,7 +153,7 @@ def test_the_size_rule_agrees_with_a_forward_pass(model, sizes):
     assert 2 ** len(network.encoders) == cfgmod.UNET_DIVISOR if model["name"] == "unet" else True
 
 
-BASE = cfgmod.load_config(ROOT / "config.yaml")
+BASE = cfgmod.load_config(ROOT / "config" / "config.yaml")
 
 
 def _user_config(root, data=None, task=None):

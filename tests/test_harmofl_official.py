@@ -314,7 +314,7 @@ def official_test_logits(net: nn.Module, split, batch: int, amp: torch.Tensor, i
 
 
 def variant_run_config(task: str) -> dict:
-    return resolve_run(load_config(ROOT / "config.yaml"), task, "harmofl-official", 0)
+    return resolve_run(load_config(ROOT / "config" / "config.yaml"), task, "harmofl-official", 0)
 
 
 @pytest.mark.parametrize("task", ["prostate", "nuclei", "camelyon17"])
@@ -328,7 +328,7 @@ def test_official_variant_runs_the_official_network_on_every_task(task):
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert norms and all(m.weight is None and m.running_mean is None for m in norms)
     assert not [k for k in model.state_dict() if "running" in k or "num_batches" in k]
-    paper = RunConfig.from_dict(resolve_run(load_config(ROOT / "config.yaml"), task, "harmofl", 0))
+    paper = RunConfig.from_dict(resolve_run(load_config(ROOT / "config" / "config.yaml"), task, "harmofl", 0))
     assert paper.model.bn == "standard"  # the paper rows keep their network
 
 

@@ -27,7 +27,7 @@ DEMO = ROOT / "workflow" / "profiles" / "demo" / "demo.yaml"
 
 # --- PRR-FL: the official flow under the tables' selection rule ------------------------------------------
 def test_prrfl_official_flow_under_the_tables_selection_rule():
-    cfg = fmb.load_config(ROOT / "config.yaml")
+    cfg = fmb.load_config(ROOT / "config" / "config.yaml")
     paper = fmb.resolve_run(cfg, "skin", "prrfl", 0)
     official = fmb.resolve_run(cfg, "skin", "prrfl-official", 0)
     tablesel = fmb.resolve_run(cfg, "skin", "prrfl-official_tablesel", 0)
@@ -48,8 +48,8 @@ def test_prrfl_official_flow_under_the_tables_selection_rule():
 
 
 def test_demo_ood_title_claims_no_real_cohort_size():
-    assert "427" in fmb.experiment(fmb.load_config(ROOT / "config.yaml"), "prrfl_table3_ood").title
-    demo = fmb.experiment(fmb.load_config(ROOT / "config.yaml", DEMO), "prrfl_table3_ood")
+    assert "427" in fmb.experiment(fmb.load_config(ROOT / "config" / "config.yaml"), "prrfl_table3_ood").title
+    demo = fmb.experiment(fmb.load_config(ROOT / "config" / "config.yaml", DEMO), "prrfl_table3_ood")
     assert "427" not in demo.title and "synthetic" in demo.title
 
 

@@ -18,7 +18,7 @@ from fedmedbench.registry import forget
 from tests.conftest import strip, tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = cfgmod.load_config(ROOT / "config.yaml")
+BASE = cfgmod.load_config(ROOT / "config" / "config.yaml")
 
 FEDAVG_TWIN = '''
 """FedAvg again, through nothing but the contract."""
@@ -151,6 +151,6 @@ def test_the_methods_listing_includes_config_plugins(tmp_path, plugin):
         methods:
           fedtwin: {module: my_lab.fedtwin, strength: 0.1}
     """))
-    listing = run_cli("methods", "--config", str(ROOT / "config.yaml"), str(overlay), pythonpath=[plugin.parents[1]])
+    listing = run_cli("methods", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), pythonpath=[plugin.parents[1]])
     assert listing.returncode == 0, listing.stderr
     assert any(line.startswith("fedtwin ") and "config: my_lab.fedtwin" in line for line in listing.stdout.splitlines())

@@ -165,7 +165,7 @@ def test_a_damaged_checkpoint_falls_back_and_gives_the_same_numbers(tmp_path, ti
 
 # --- 4. config keys ---------------------------------------------------------------------------------
 def config_with(tmp_path, edit):
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     edit(config)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -10,7 +10,7 @@ from fedmedbench.data.folders import write_example
 from fedmedbench.errors import FedmedbenchError
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = cfgmod.load_config(ROOT / "config.yaml")
+BASE = cfgmod.load_config(ROOT / "config" / "config.yaml")
 
 
 def user_config(root, task=None, data=None):

@@ -28,7 +28,7 @@ from fedmedbench.report.tables import seed_summary, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-BASE = fmb.load_config(ROOT / "config.yaml")
+BASE = fmb.load_config(ROOT / "config" / "config.yaml")
 XSS = "<img src=x onerror=alert(1)>"
 
 
@@ -133,7 +133,7 @@ def test_a_paper_table_and_a_series_run_that_lead_elsewhere_are_refused():
 def test_train_by_hand_refuses_the_run_name_in_one_line(tmp_path, capsys):
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text("run_name: '..'\n")
-    code = cli.main(["train", "--config", str(ROOT / "config.yaml"), str(overlay), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")])
+    code = cli.main(["train", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(lines) == 1 and "ConfigError: " in lines[0] and "run_name: the run name '..'" in lines[0]
     assert not (tmp_path / "run").exists()
@@ -216,8 +216,8 @@ def test_read_yaml_and_load_config_refuse_a_yte_template(tmp_path, capsys):
     with pytest.raises(ConfigError, match=re.escape(expected)):
         fmb.read_yaml(overlay)
     with pytest.raises(ConfigError, match=re.escape(expected)):
-        fmb.load_config(ROOT / "config.yaml", overlay)
-    code = cli.main(["train", "--config", str(ROOT / "config.yaml"), str(overlay), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")])
+        fmb.load_config(ROOT / "config" / "config.yaml", overlay)
+    code = cli.main(["train", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(lines) == 1 and expected in lines[0]
     (tmp_path / "off.yaml").write_text("__use_yte__: false\nrun_name: x\n")  # present at all: refused, whatever its value
@@ -244,6 +244,18 @@ def test_the_yaml_files_snakemake_reads_first_are_found_on_its_command_line(tmp_
     assert found("python", "-m", "snakemake", "--profile", "user", "--workflow-profile=none") == ["user/profile.yaml"]
     assert found("snakemake", "--workflow-profile", "none", env={"SNAKEMAKE_PROFILE": "user"}) == ["user/profile.yaml"]
     assert found("pytest", "--configfile", "a.yaml") == []
+    # A workflow laid out as the catalog's (workflow/Snakefile): Snakemake's third place for the
+    # default profile, workflow/profiles/default beside the Snakefile, when ./profiles/default is absent.
+    (tmp_path / "workflow" / "profiles" / "default").mkdir(parents=True)
+    (tmp_path / "workflow" / "Snakefile").write_text("")
+    (tmp_path / "workflow" / "profiles" / "default" / "config.yaml").write_text("cores: 3\n")
+    assert found("snakemake", "--cores", "2") == ["profiles/default/config.yaml"]  # ./profiles/default first, as Snakemake
+    (tmp_path / "profiles" / "default" / "config.yaml").unlink()
+    (tmp_path / "profiles" / "default").rmdir()
+    assert found("snakemake", "--cores", "2") == ["workflow/profiles/default/config.yaml"]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "Snakefile").write_text("")
+    assert found("snakemake", "-s", "elsewhere/Snakefile") == []  # beside the Snakefile given, not workflow/
 
 
 def test_with_jobserver_refuses_a_yte_overlay_or_profile_before_snakemake_runs_it(tmp_path, capsys):
@@ -263,9 +275,10 @@ def test_with_jobserver_refuses_a_yte_overlay_or_profile_before_snakemake_runs_i
 def test_plain_snakemake_runs_a_yte_overlay_before_the_snakefile_which_then_stops(tmp_path):
     """What docs/reliability.md says: Snakemake evaluates the template while reading its arguments,
     before our Snakefile exists for it; the Snakefile refuses the overlay, so no job runs."""
-    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
     overlay, marker = yte_overlay(tmp_path)
-    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "-n", "--cores", "1", "--configfile", str(overlay)]
+    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "--cores", "1", "--configfile", str(overlay)]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)})
     assert result.returncode != 0
     assert f"{overlay}: __use_yte__: asks Snakemake to run the Python in this file" in result.stdout + result.stderr
@@ -275,8 +288,9 @@ def test_plain_snakemake_runs_a_yte_overlay_before_the_snakefile_which_then_stop
 
 def test_the_snakefile_refuses_a_yte_config_yaml_before_snakemake_reads_it(tmp_path):
     marker = tmp_path / "MARKER"
-    (tmp_path / "config.yaml").write_text(YTE.format(marker=str(marker)) + (ROOT / "config.yaml").read_text().replace("run_name:", "old_run_name:", 1))
-    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "-n", "--cores", "1", "--workflow-profile", "none"]
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(YTE.format(marker=str(marker)) + (ROOT / "config" / "config.yaml").read_text().replace("run_name:", "old_run_name:", 1))
+    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "--cores", "1", "--workflow-profile", "none"]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)})
     assert result.returncode != 0 and "config.yaml: __use_yte__" in result.stdout + result.stderr
     assert not marker.exists()  # `configfile:` never read it
@@ -403,7 +417,7 @@ def test_the_generated_readme_runs_the_method_on_a_folders_task(tmp_path, monkey
     (tmp_path / "readmefed.yaml").write_text(yaml.safe_dump(overlay))
     forget()
     try:
-        config = fmb.load_config(ROOT / "config.yaml", tmp_path / "readmefed.yaml")
+        config = fmb.load_config(ROOT / "config" / "config.yaml", tmp_path / "readmefed.yaml")
         assert config["data"]["mydata"]["family"] == "folders" and config["tasks"]["mydata"]["clients"] == ["siteA", "siteB", "siteC"]
         jobs = fmb.experiment_runs(config, "mydata_table")
         assert [run for _, run, _ in jobs] == ["fedavg", "fedprox", "readmefed"]

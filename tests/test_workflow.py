@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     configs = [*map(str, CONFIGFILES), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
     flags = [a for a in args if not a.endswith(".yaml")]
-    snakemake_cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--cores", "2", *flags, "--configfile", *configs]
+    snakemake_cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(workdir), "--cores", "2", *flags, "--configfile", *configs]
     dry = {"-n", "--dry-run"} & set(flags)
     cmd = snakemake_cmd if dry else [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *snakemake_cmd]  # as `make demo`
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}
@@ -37,7 +37,8 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     # Every path of the run holds a space: each one is quoted in the rules' shell commands.
     tmp_path = tmp_path / "with space"
     tmp_path.mkdir()
-    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")  # the Snakefile's default configfile
+    (tmp_path / "config").mkdir()
+    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")  # the Snakefile's default configfile
 
     # `all` builds the data the selected experiments read; every family's split is asked for too, so
     # that each synthetic twin goes through download, extraction, parsing and splitting.
@@ -79,8 +80,9 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
 
 
 def test_real_config_plans_every_download_and_preprocessing(tmp_path):
-    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")
-    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "--cores", "1"]
+    (tmp_path / "config").mkdir()
+    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")
+    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "--cores", "1"]
     dry = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)})
     assert dry.returncode == 0, dry.stderr[-2000:]
     jobs = planned_jobs(dry)
@@ -89,7 +91,7 @@ def test_real_config_plans_every_download_and_preprocessing(tmp_path):
     assert "gdrive:1TtrjnlnJ1yqr5m4LUGMelKTQXtvZaru-" in dry.stdout  # the real sources, not synthetic twins
     assert "synthesize" not in jobs
     # A plain `snakemake` uses the default profile (rerun-incomplete, show-failed-logs).
-    assert f"workflow specific profile {ROOT / 'profiles' / 'default'}" in dry.stdout + dry.stderr
+    assert f"workflow specific profile {ROOT / 'workflow' / 'profiles' / 'default'}" in dry.stdout + dry.stderr
 
 
 def test_lint_and_format_are_clean():

@@ -505,12 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
         "channels, mask values and their classes' pixel shares (or images per class), groups; then each problem "
         "in one line (exit 1 if any)",
     )
-    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...] (default: %(default)s)")
+    p.add_argument("--config", nargs="+", default=["config/config.yaml"], help="config/config.yaml [overlay.yaml ...] (default: %(default)s)")
     p.add_argument("--dataset", help="only this data section (default: every one; built-in families get one line)")
     p.set_defaults(func=cmd_check_data)
 
     p = command("methods", "list every method (built in and plug-ins), its origin and parameters")
-    p.add_argument("--config", nargs="*", default=[], help="config.yaml [overlay.yaml ...]: also list the plug-ins its methods name with module:")
+    p.add_argument("--config", nargs="*", default=[], help="config/config.yaml [overlay.yaml ...]: also list the plug-ins its methods name with module:")
     p.set_defaults(func=cmd_methods)
 
     p = command("new-method", "write a pip-installable package with a method of your own (and its test)")
@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_new_method)
 
     p = command("estimate", "time a few rounds per kind of job and project the cost of the experiments (jobs, GPU-hours, wall-hours)")
-    p.add_argument("--config", nargs="+", default=["config.yaml"], help="config.yaml [overlay.yaml ...] (default: %(default)s)")
+    p.add_argument("--config", nargs="+", default=["config/config.yaml"], help="config/config.yaml [overlay.yaml ...] (default: %(default)s)")
     p.add_argument("--experiments", nargs="+", help="the experiments to project (default: the config's selected_experiments, else all)")
     p.add_argument("--rounds-to-time", type=int, default=2, help="k: each kind of job is timed for 1 and k rounds (default: %(default)s)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs the real run will have (default: %(default)s)")
@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("train", "run one federated training job (what each of the pipeline's training jobs runs)")
     p.add_argument("--run-config", help="the resolved run config as JSON (what Snakemake passes)")
-    p.add_argument("--config", nargs="+", help="config.yaml [overlay.yaml ...] (instead of --run-config)")
+    p.add_argument("--config", nargs="+", help="config/config.yaml [overlay.yaml ...] (instead of --run-config)")
     p.add_argument("--task", help="the task, a key of the config's tasks (with --config)")
     p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedprox-mu0.1")
     p.add_argument("--seed", type=int, help="the seed (with --config)")

@@ -24,6 +24,10 @@ from fedmedbench.runconfig import RunConfig, Strict, field_names
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+# The workflow's configuration, relative to the working directory, where the Snakemake workflow
+# catalog's layout puts it (the Snakefile's `configfile:`, the CLI's default --config). It was
+# config.yaml at the checkout's root before: a path to that old place gets one line naming this one.
+DEFAULT_CONFIG = Path("config") / "config.yaml"
 
 # Run-config keys a task section may set; its other keys (dataset, protocol) say which data to use.
 RUN_IDENTITY_KEYS = ("task", "method", "variant", "run", "seed", "data", "method_params", "method_module", "method_digest")
@@ -291,11 +295,41 @@ def check_references(config: dict, source: str) -> None:
 YTE_KEY = "__use_yte__"
 
 
+def moved_config(path: str | Path) -> Path | None:
+    """The config/config.yaml that replaced a missing ``config.yaml`` beside it (the configuration's
+    place before it moved), else None."""
+    path = Path(path)
+    new = path.parent / DEFAULT_CONFIG
+    if path.name == "config.yaml" and path.parent.name != "config" and not path.exists() and new.is_file():
+        return new
+    return None
+
+
+def moved_config_error(path: str | Path, new: Path) -> ConfigError:
+    return ConfigError(f"{path}: no such file: the workflow's configuration moved to {new} (the Snakemake catalog's layout)")
+
+
+def check_config_location() -> None:
+    """In the Snakefile, before its ``configfile:``: a working directory laid out before the move (its
+    own config.yaml, no config/config.yaml) gets one line naming the new place, not Snakemake's
+    missing-file error."""
+    if not DEFAULT_CONFIG.exists() and Path("config.yaml").is_file():
+        raise ConfigError(
+            f"{DEFAULT_CONFIG}: no such file: the workflow's configuration moved from config.yaml to {DEFAULT_CONFIG} "
+            f"(the Snakemake catalog's layout): move {Path('config.yaml').resolve()} there"
+        )
+
+
 def read_yaml(path: str | Path) -> dict:
     """A YAML config file as a mapping; a syntax error is one line with file, line and column."""
     try:
         with open(path, encoding="utf-8") as handle:
             loaded = yaml.load(handle, Loader=YAML_LOADER)
+    except FileNotFoundError:
+        new = moved_config(path)
+        if new is None:
+            raise
+        raise moved_config_error(path, new) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -316,6 +350,8 @@ def read_yaml(path: str | Path) -> dict:
     return loaded
 
 
+# Where Snakemake looks for the Snakefile when none is given (snakemake.common.SNAKEFILE_CHOICES).
+SNAKEFILE_NAMES = ("Snakefile", "snakefile", "workflow/Snakefile", "workflow/snakefile")
 # A profile folder's settings file as Snakemake names it (profile.yaml, config.yaml, config.v9+.yaml).
 PROFILE_FILE = re.compile(r"^(profile|config)(\.v\d+\+)?\.yaml$")
 
@@ -337,7 +373,7 @@ def _profile_files(profile: str) -> list[Path]:
 def snakemake_yaml_files(command: list[str], env: dict | None = None) -> list[Path]:
     """The YAML files that the command line ``snakemake ...`` (or ``python -m snakemake ...``) makes
     Snakemake read as templates before it reads the Snakefile: its profiles (``--profile``,
-    ``$SNAKEMAKE_PROFILE``, ``--workflow-profile``, else ``profiles/default``) and the config files
+    ``$SNAKEMAKE_PROFILE``, ``--workflow-profile``, else ``profiles/default`` beside the Snakefile) and the config files
     given with ``--configfile(s)`` or listed by a profile. Empty for any other command."""
     if command and Path(command[0]).name == "snakemake":
         args = command[1:]
@@ -345,11 +381,11 @@ def snakemake_yaml_files(command: list[str], env: dict | None = None) -> list[Pa
         args = command[3:]
     else:
         return []
-    options: dict[str, list[str]] = {"--configfile": [], "--profile": [], "--workflow-profile": []}
+    options: dict[str, list[str]] = {"--configfile": [], "--profile": [], "--workflow-profile": [], "--snakefile": []}
     i = 0
     while i < len(args):
         key, eq, value = args[i].partition("=")
-        key = "--configfile" if key == "--configfiles" else key
+        key = {"--configfiles": "--configfile", "-s": "--snakefile"}.get(key, key)
         i += 1
         if key not in options:
             continue
@@ -364,10 +400,15 @@ def snakemake_yaml_files(command: list[str], env: dict | None = None) -> list[Pa
                 break
     env = os.environ if env is None else env
     profiles = options["--profile"] or ([env["SNAKEMAKE_PROFILE"]] if env.get("SNAKEMAKE_PROFILE") else [])
-    # The workflow profile as Snakemake finds it: the path given, or profiles/<name>; by default profiles/default.
+    # The workflow profile as Snakemake finds it: the path given, or profiles/<name>, or profiles/<name>
+    # beside the Snakefile (workflow/profiles/default for a plain `snakemake`); by default `default`.
     workflow = (options["--workflow-profile"] or ["default"])[-1]
     if workflow != "none":
-        profiles += [str(p) for p in (Path(workflow), Path("profiles") / workflow) if p.exists()][:1]
+        candidates = [Path(workflow), Path("profiles") / workflow]
+        snakefile = options["--snakefile"][-1:] or [n for n in SNAKEFILE_NAMES if Path(n).is_file()][:1]
+        if snakefile:
+            candidates.append(Path(snakefile[0]).parent / "profiles" / workflow)
+        profiles += [str(p) for p in candidates if p.exists()][:1]
     files: list[Path] = []
     for profile in profiles:
         for found in [] if profile == "none" else _profile_files(profile):
@@ -383,7 +424,7 @@ def refuse_templated_configs(command: list[str]) -> None:
     """Before Snakemake starts: every YAML file it would read first (profiles, --configfile) is read
     by our reader, which refuses ``__use_yte__`` (Snakemake would run the file's Python)."""
     for path in snakemake_yaml_files(command):
-        if path.is_file():
+        if path.is_file() or moved_config(path) is not None:  # a config named at its old place: one line
             read_yaml(path)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tiny synthetic pipeline submitted through workflow/profiles/slurm to a real single-node SLURM
 # with accounting (started by cluster.sh). Config: the end-to-end test's layers (tests/tiny.py:
-# config.yaml, the demo overlay, tests/tiny.yaml), then tests/slurm/slurm.yaml (two training jobs).
+# config/config.yaml, the demo overlay, tests/tiny.yaml), then tests/slurm/slurm.yaml (two training jobs).
 # The executor plugin polls job states with its default, sacct (no --slurm-status-command).
 # Asserts: the run completed and made its outputs; every job Snakemake submitted is COMPLETED in
 # accounting; the training jobs, and only they, held a GPU (`resources: gpu=1` -> sbatch --gpus=1).
@@ -43,7 +43,7 @@ cleanup() {
 trap cleanup EXIT
 
 "$repo/tests/slurm/cluster.sh" start
-cp "$repo/config.yaml" "$work/"   # the Snakefile's default configfile
+mkdir -p "$work/config" && cp "$repo/config/config.yaml" "$work/config/"   # the Snakefile's default configfile
 layers=$(cd "$repo" && python -m tests.tiny)
 mapfile -t configs <<< "$layers"
 # Record each sbatch and sacct call: the training jobs must be submitted with a GPU, and the executor
@@ -57,7 +57,7 @@ export PATH="$work/bin:$PATH"
 cd "$work"
 started=$(date +%Y-%m-%dT%H:%M:%S)
 timeout -k 60 "$TIMEOUT" snakemake results/slurm/report.md results/slurm/tables/harmofl_table1_prostate.md \
-  -s "$repo/Snakefile" --workflow-profile "$repo/workflow/profiles/slurm" \
+  -s "$repo/workflow/Snakefile" --workflow-profile "$repo/workflow/profiles/slurm" \
   --configfile "${configs[@]}" "$repo/tests/slurm/slurm.yaml" --jobs 4 \
   --slurm-init-seconds-before-status-checks 2 \
   --default-resources slurm_account=root mem_mb=1000 runtime=10 \

@@ -5,7 +5,9 @@ import shlex
 import sys
 from pathlib import Path
 
-SRC = Path(workflow.basedir) / "src"
+# The checkout: the Snakefile is workflow/Snakefile (the catalog's layout), so one folder up.
+REPO = Path(workflow.basedir).parent
+SRC = REPO / "src"
 sys.path.insert(0, str(SRC))
 
 from fedmedbench import config as fmb  # noqa: E402  (light: no torch)
@@ -15,7 +17,8 @@ from fedmedbench.data.download import local_source  # noqa: E402
 # Read by our reader first, so a YAML syntax error is one line with file, line and column
 # (Snakemake's own message names neither), and a config asking Snakemake to evaluate Python
 # (`__use_yte__`) is refused before the `configfile:` below lets Snakemake read it.
-fmb.read_yaml("config.yaml")
+fmb.check_config_location()
+fmb.read_yaml(fmb.DEFAULT_CONFIG)
 # Overlays given with --configfile: Snakemake read them (and ran a YTE template in them) before
 # this file runs; refused all the same so that such a run stops here. `fedmedbench
 # with-jobserver snakemake ...` refuses them before Snakemake starts (docs/reliability.md).
@@ -23,7 +26,7 @@ for overlay in workflow.configfiles:
     fmb.read_yaml(overlay)
 
 
-configfile: "config.yaml"
+configfile: "config/config.yaml"
 
 
 # A user's own data (`family: folders`): its protocol, and its tasks' per-kind defaults and sites.
@@ -32,7 +35,7 @@ fmb.complete_user_data(config, "config")
 fmb.validate(config, "config")
 
 ROOT = str(fmb.results_root(config))
-RESOURCES = str(Path(workflow.basedir) / "resources")
+RESOURCES = str(REPO / "resources")
 # Jobs run `python -m fedmedbench` from this checkout, so neither the venv nor a conda env needs the
 # package installed.
 # (The prefix is formatted once more per job, hence the doubled braces.)

@@ -8,7 +8,7 @@ rule synthesize:
     log:
         f"{ROOT}/logs/data/synthesize_{{dataset}}.log",
     conda:
-        "../../envs/data.yaml"
+        "../envs/data.yaml"
     params:
         family=family_name,
         options=synthetic_options,
@@ -27,7 +27,7 @@ rule download:
     log:
         f"{ROOT}/logs/data/download_{{dataset}}_{{file}}.log",
     conda:
-        "../../envs/data.yaml"
+        "../envs/data.yaml"
     params:
         source=download_source,
         # --sha256, and the stamp of a file downloaded by hand (its replacement re-runs this job).
@@ -46,7 +46,7 @@ rule extract:
     log:
         f"{ROOT}/logs/data/extract_{{dataset}}_{{archive}}.log",
     conda:
-        "../../envs/data.yaml"
+        "../envs/data.yaml"
     shell:
         "python -m fedmedbench extract --archive {input:q} --out {output:q} &> {log:q}"
 
@@ -60,7 +60,7 @@ rule preprocess:
     log:
         f"{ROOT}/logs/data/preprocess_{{dataset}}_{{protocol}}.log",
     conda:
-        "../../envs/data.yaml"
+        "../envs/data.yaml"
     params:
         family=family_name,
         raw=raw_arguments,
@@ -79,7 +79,7 @@ rule split:
     log:
         f"{ROOT}/logs/data/split_{{dataset}}_{{protocol}}.log",
     conda:
-        "../../envs/data.yaml"
+        "../envs/data.yaml"
     params:
         family=family_name,
         options=split_options,

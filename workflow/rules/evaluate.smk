@@ -11,6 +11,6 @@ rule collect_metrics:
     log:
         f"{ROOT}/logs/eval/{{experiment}}.log",
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     shell:
         "python -m fedmedbench collect --out {output:q} {input:q} &> {log:q}"

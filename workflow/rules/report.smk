@@ -19,7 +19,7 @@ rule table:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("table")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/tables/{{experiment}}",
@@ -46,7 +46,7 @@ rule convergence_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("table")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}_convergence",
@@ -65,7 +65,7 @@ rule reproduction_report:
     log:
         f"{ROOT}/logs/report/report.log",
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiments=experiments_json,
         paper_table_digest=paper_tables_digest,  # their content: an edited table re-runs the report
@@ -89,7 +89,7 @@ rule sweep_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("sweep")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}",
@@ -113,7 +113,7 @@ rule qualitative_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("qualitative")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}",
@@ -138,7 +138,7 @@ rule ampnorm_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("ampnorm")),
     conda:
-        "../../envs/torch.yaml"
+        "../envs/torch.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}",
@@ -162,7 +162,7 @@ rule layer_cka_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("layer_cka")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}",
@@ -187,7 +187,7 @@ rule fairness_curves_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("fairness_curves")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}",
@@ -211,7 +211,7 @@ rule fairness_bars_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("fairness_bars")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}",
@@ -242,7 +242,7 @@ rule ood_table:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("ood_table")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/tables/{{experiment}}",
@@ -267,7 +267,7 @@ rule retrogress_figure:
     wildcard_constraints:
         experiment=name_pattern(experiments_of("retrogress")),
     conda:
-        "../../envs/report.yaml"
+        "../envs/report.yaml"
     params:
         experiment=experiment_json,
         prefix=f"{ROOT}/figures/{{experiment}}",

@@ -17,7 +17,7 @@ rule train:
     benchmark:
         f"{ROOT}/benchmarks/train/{{task}}/{{run}}/seed{{seed}}.tsv"
     conda:
-        "../../envs/torch.yaml"
+        "../envs/torch.yaml"
     threads: 1
     # checkpoint_every and data_workers are resources, not params: they cannot change any number, so
     # changing them must neither re-run finished jobs nor discard a killed job's checkpoint.
