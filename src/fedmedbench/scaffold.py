@@ -57,7 +57,7 @@ import torch
 from fedmedbench.fl.client import Client as BaseClient
 from fedmedbench.fl.server import Server as BaseServer
 
-# Hyperparameters: `methods.{name}.<key>` in config.yaml (and its variants). Types come from these
+# Hyperparameters: `methods.{name}.<key>` in config/config.yaml (and its variants). Types come from these
 # values (a string is never read as a number or a boolean); checked when Snakemake builds the DAG.
 DEFAULTS = {{"mu": 0.0}}
 # Optional: ranges, choices, and the type of a parameter whose default is None (JSON Schema).

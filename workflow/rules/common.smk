@@ -5,8 +5,11 @@ import shlex
 import sys
 from pathlib import Path
 
-# The checkout: the Snakefile is workflow/Snakefile (the catalog's layout), so one folder up.
-REPO = Path(workflow.basedir).parent
+# The checkout: this file is workflow/rules/common.smk (the catalog's layout), two folders down.
+# Taken from this file, not from workflow.basedir (the main Snakefile's folder), so that a workflow
+# using this one as a module (`module: snakefile: <checkout>/workflow/Snakefile`) finds src/ and
+# resources/ here too.
+REPO = Path(str(workflow.current_basedir)).parents[1]
 SRC = REPO / "src"
 sys.path.insert(0, str(SRC))
 

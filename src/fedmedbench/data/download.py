@@ -130,7 +130,7 @@ def _html_message(source: str, head: bytes, manual_step: str | None) -> str:
     snippet = head[:80].decode("utf-8", "replace").strip()
     how = manual_step or (
         "download the file by hand in a browser and set the archive path for this dataset "
-        "in config.yaml (data.<dataset>.archive)"
+        "in config/config.yaml (data.<dataset>.archive)"
     )
     return (
         f"{source} returned an HTML page instead of the file (starts with {snippet!r}). "
@@ -199,7 +199,7 @@ def _fetch_gdrive(file_id: str, sink: _HashingSink, manual_step: str | None) -> 
     try:
         gdown.download(id=file_id, output=sink, quiet=False)
     except Exception as exc:  # gdown raises its own and requests' exception types
-        hint = manual_step or "download it by hand and set the archive path in config.yaml"
+        hint = manual_step or "download it by hand and set the archive path in config/config.yaml"
         raise DownloadError(f"gdrive:{file_id}: gdown could not download the file ({exc}). {hint}") from exc
 
 

@@ -19,7 +19,7 @@ DOWNLOAD = DownloadSpec(
     manual_step=(
         "Download the Camelyon17-WILDS v1.0 archive (~10.7 GB tar.gz) by hand from "
         f"{URL} (also linked from https://wilds.stanford.edu/downloads; WILDS saves it as archive.tar.gz) "
-        f"and set data.camelyon17.files.{ARCHIVE}.archive in config.yaml to its path."
+        f"and set data.camelyon17.files.{ARCHIVE}.archive in config/config.yaml to its path."
     ),
     homepage="https://wilds.stanford.edu/datasets/#camelyon17",
 )

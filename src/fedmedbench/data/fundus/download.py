@@ -19,7 +19,7 @@ DOWNLOAD = DownloadSpec(
     manual_step=(
         f"If Google Drive refuses the download (quota or virus-scan page), open "
         f"https://drive.google.com/file/d/{DRIVE_ID}/view (the link in the DoFE and Fed-LWR READMEs), download "
-        "the zip by hand and set data.fundus.files.Fundus.zip.archive in config.yaml to its path."
+        "the zip by hand and set data.fundus.files.Fundus.zip.archive in config/config.yaml to its path."
     ),
     homepage="https://github.com/emma-sjwang/Dofe",
 )

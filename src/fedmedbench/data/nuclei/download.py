@@ -21,7 +21,7 @@ _MONUSEG_LICENCE = (
 def _drive_step(upstream: str, page: str, filename: str) -> str:
     return (
         f"If Google Drive refuses the download (quota or virus-scan page), open {page}, download "
-        f"'{upstream}' by hand and set data.nuclei.files.{filename}.archive in config.yaml to its path."
+        f"'{upstream}' by hand and set data.nuclei.files.{filename}.archive in config/config.yaml to its path."
     )
 
 
@@ -76,7 +76,7 @@ DOWNLOADS = [
         manual_step=(
             "If the download fails, fetch TNBC_NucleiSegmentation.zip (v1.0) by hand from "
             "https://zenodo.org/records/1175282 and set "
-            f"data.nuclei.files.{TNBC_ZIP}.archive in config.yaml to its path."
+            f"data.nuclei.files.{TNBC_ZIP}.archive in config/config.yaml to its path."
         ),
         homepage="https://zenodo.org/records/1175282",
     ),

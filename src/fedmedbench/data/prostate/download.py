@@ -15,7 +15,7 @@ DOWNLOAD = DownloadSpec(
     ),
     manual_step=(
         "If Google Drive refuses the download (quota or virus-scan page), open https://liuquande.github.io/SAML/, "
-        "download Processed_data_nii.zip by hand and set data.prostate.files.Processed_data_nii.zip.archive in config.yaml to its path."
+        "download Processed_data_nii.zip by hand and set data.prostate.files.Processed_data_nii.zip.archive in config/config.yaml to its path."
     ),
     homepage="https://liuquande.github.io/SAML/",
 )

@@ -25,7 +25,7 @@ ISIC_LICENCE = (
 def _ham_manual_step(filename: str, what: str) -> str:
     return (
         f"Open {HAM_DOI} (Harvard Dataverse, HAM10000), accept the dataset terms, download {what} and set "
-        f"data.skin.files.{filename}.archive in config.yaml to the path of the downloaded file."
+        f"data.skin.files.{filename}.archive in config/config.yaml to the path of the downloaded file."
     )
 
 
@@ -56,7 +56,7 @@ DOWNLOADS = [
         sha256="de17ec44cb25ea9c3f6378ba18d69224c740afd62e86ec2edc6a894d6aa663d3",
         licence=HAM_LICENCE,
         manual_step=(
-            "Set data.skin.files.HAM10000_metadata.csv.archive in config.yaml to "
+            "Set data.skin.files.HAM10000_metadata.csv.archive in config/config.yaml to "
             "resources/ham10000/HAM10000_metadata.csv (FLamby's byte copy of the Dataverse file, sha256 pinned). "
             f"Or open {HAM_DOI}, accept the terms, download HAM10000_metadata in its original format (CSV with "
             "the 'dataset' column; the Kaggle copy lacks it and cannot be used), set that key to its path and "
@@ -73,7 +73,7 @@ DOWNLOADS = [
         manual_step=(
             "Download https://isic-challenge-data.s3.amazonaws.com/2017/ISIC-2017_Training_Data.zip "
             "(ISIC 2017 challenge, https://challenge.isic-archive.com/data/#2017) in a browser and set "
-            "data.skin.files.ISIC-2017_Training_Data.zip.archive in config.yaml to its path."
+            "data.skin.files.ISIC-2017_Training_Data.zip.archive in config/config.yaml to its path."
         ),
         homepage="https://challenge.isic-archive.com/landing/2017/",
     ),
@@ -85,7 +85,7 @@ DOWNLOADS = [
         licence=ISIC_LICENCE,
         manual_step=(
             "Download https://isic-challenge-data.s3.amazonaws.com/2017/ISIC-2017_Training_Part3_GroundTruth.csv "
-            "in a browser and set data.skin.files.ISIC-2017_Training_Part3_GroundTruth.csv.archive in config.yaml "
+            "in a browser and set data.skin.files.ISIC-2017_Training_Part3_GroundTruth.csv.archive in config/config.yaml "
             "to its path."
         ),
         homepage="https://challenge.isic-archive.com/landing/2017/",
