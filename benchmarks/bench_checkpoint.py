@@ -10,7 +10,7 @@ every copy written, history inside) and after (``FMBCKPT2``, fl/state.py), measu
 The state is the engine's own, at the end of a round: config.yaml's task (model, optimizer, clients)
 with FedAvg, the real ``Server``/``Client`` objects (each client took one optimizer step, so Adam or
 momentum buffers exist as in a run, then received the global model), the selection of that round
-and a history of the round's length. ``engine.save_state`` writes it as the engine does.
+and a history of the round's length. ``runfolder.save_state`` writes it as the engine does.
 
 Numbers:
 - *state*: bytes of every tensor storage the checkpoint holds (what ``torch.save`` writes);
@@ -25,7 +25,7 @@ Numbers:
 - peak memory: each writer in its own process, which loaded the state from a checkpoint (no build
   peak above the state's size); the rise of ``ru_maxrss`` during the write, and of ``VmHWM`` after
   resetting the high-water mark through ``/proc/self/clear_refs`` (the same kernel counter).
-- history: ``engine.save_state`` at round 1 and at round ``rounds`` (the history of all rounds
+- history: ``runfolder.save_state`` at round 1 and at round ``rounds`` (the history of all rounds
   before it already in the log / in memory), new vs old.
 """
 
@@ -53,9 +53,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from fedmedbench import config as cfgmod  # noqa: E402
 from fedmedbench.files import atomic_file  # noqa: E402
-from fedmedbench.fl import engine  # noqa: E402
+from fedmedbench.fl import evaluation, runfolder  # noqa: E402
 from fedmedbench.fl import state as ckpt_io  # noqa: E402
 from fedmedbench.fl.seeding import client_generator, global_rng_state  # noqa: E402
+from fedmedbench.fl.selection import Selection  # noqa: E402
 from fedmedbench.registry import load_method  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
 from fedmedbench.runconfig import RunConfig  # noqa: E402
@@ -100,7 +101,7 @@ def build_state(task: str, small: bool):
     for client in clients:
         client.receive(server.package(client.index, 1))
     per_client = {"auto": method.PERSONALIZED, "per_client": True, "pooled": False}[cfg.selection_scope]
-    selection = engine.Selection(list(cfg.clients), cfg.selection_metric, per_client=per_client)
+    selection = Selection(list(cfg.clients), cfg.selection_metric, per_client=per_client)
     val = {n: {cfg.selection_metric: 0.5} for n in cfg.clients}
     for key, covered in selection.improved(val, 1).items():
         models = {n: {k: v.detach().cpu().clone() for k, v in clients[cfg.clients.index(n)].eval_model().state_dict().items()} for n in covered}
@@ -109,7 +110,7 @@ def build_state(task: str, small: bool):
 
 
 def checkpoint_object(server, clients, selection, history=None) -> dict:
-    """What ``engine.save_state`` checkpoints (the old format also held the history)."""
+    """What ``runfolder.save_state`` checkpoints (the old format also held the history)."""
     state = {"config_hash": "x", "data_digest": "y", "round": 1, "server": server.state_dict(), "clients": [c.state_dict() for c in clients], "selection": selection.state_dict(), "rng": global_rng_state()}
     if history is not None:
         state["history"] = history
@@ -125,7 +126,7 @@ def history_rows(cfg: RunConfig, rounds: int) -> list[dict]:
     for r in range(1, rounds + 1):
         for c in cfg.clients:
             rows.append({"round": r, "client": c, "split": "train", "metric": "loss", "value": torch.rand(1, generator=gen).item()})
-            for split in ("val", "test") if r % engine.curve_every(cfg) == 0 else ("val",):
+            for split in ("val", "test") if r % evaluation.curve_every(cfg) == 0 else ("val",):
                 rows += [{"round": r, "client": c, "split": split, "metric": m, "value": torch.rand(1, generator=gen).item()} for m in metrics]
     return rows
 
@@ -282,11 +283,11 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, histor
         for _ in range(reps):
             out = tmp / f"run{rounds_done}"
             out.mkdir(exist_ok=True)
-            ckpt_io.save_checkpoint(selection.heavy_state(), engine.selection_file(out, selection.version))
-            log = ckpt_io.HistoryLog(engine.history_file(out))
+            ckpt_io.save_checkpoint(selection.heavy_state(), runfolder.selection_file(out, selection.version))
+            log = ckpt_io.HistoryLog(runfolder.history_file(out))
             log.reset()
             log.append(history[:-per_round])
-            timing["new"].append(timed(engine.save_state, out, out / "checkpoint.pt", rounds_done, ("x", "y"), server, clients, selection, history, selection.version, log))
+            timing["new"].append(timed(runfolder.save_state, out, out / "checkpoint.pt", rounds_done, ("x", "y"), server, clients, selection, history, selection.version, log))
             timing["old"].append(timed(ckpt_io.save_checkpoint_v1, checkpoint_object(server, clients, selection, history), out / "old.pt"))
             log.reset()
             log.append(history[:-per_round])

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from fedmedbench.errors import ConfigError
-from fedmedbench.fl import engine
+from fedmedbench.fl import engine, runfolder
 from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl.runfolder import history_file
 from tests.conftest import interrupt_after_round, tiny_run_config
 
 SRC = Path(engine.__file__).resolve().parent.parent.parent  # src/, for the subprocess
@@ -301,7 +302,7 @@ def test_a_fedavg_checkpoint_holds_each_distinct_tensor_once_and_the_history_out
     cfg, straight, killed = straight_and_killed
     checkpoint = killed / "checkpoint.pt"
     saved = ckpt_io.load_checkpoint(checkpoint)
-    assert "history" not in saved and saved["history_log"]["rows"] == len(ckpt_io.HistoryLog(engine.history_file(killed)).read(saved["history_log"]))
+    assert "history" not in saved and saved["history_log"]["rows"] == len(ckpt_io.HistoryLog(history_file(killed)).read(saved["history_log"]))
     copies = sum(t.untyped_storage().nbytes() for t in tensors_of(saved))
     unique = unique_bytes(saved)
     model = sum(t.untyped_storage().nbytes() for t in saved["server"]["global_state"].values())
@@ -320,14 +321,14 @@ def test_a_fedavg_checkpoint_holds_each_distinct_tensor_once_and_the_history_out
 
 def test_a_torn_history_line_is_dropped_and_a_lost_log_falls_back_to_a_fresh_start(straight_and_killed, tmp_path, caplog):
     cfg, straight, killed = straight_and_killed
-    with open(engine.history_file(killed), "ab") as handle:
+    with open(history_file(killed), "ab") as handle:
         handle.write(b'{"round": 3, "client": "A", "split": "tr')  # killed mid-append after round 2's checkpoint
     resume_copy(cfg, killed, tmp_path / "torn", caplog)
     assert_same_outputs(straight, tmp_path / "torn")
 
     caplog.clear()
     shutil.copytree(killed, tmp_path / "lost")
-    engine.history_file(tmp_path / "lost").write_bytes(b"")  # neither checkpoint's rows are there
+    history_file(tmp_path / "lost").write_bytes(b"")  # neither checkpoint's rows are there
     with caplog.at_level("INFO", logger="fedmedbench.engine"):
         engine.run_training(cfg, tmp_path / "lost", progress=False)
     assert "checkpoint-history.jsonl: does not hold the" in caplog.text and "resumed" not in caplog.text
@@ -339,7 +340,7 @@ def test_a_checkpoint_of_the_old_format_is_resumed(straight_and_killed, tmp_path
     cfg, straight, killed = straight_and_killed
     old = tmp_path / "old"
     shutil.copytree(killed, old)
-    log = ckpt_io.HistoryLog(engine.history_file(old))
+    log = ckpt_io.HistoryLog(history_file(old))
     for path in (old / "checkpoint.pt", ckpt_io.previous(old / "checkpoint.pt")):
         state = ckpt_io.load_checkpoint(path)
         state["history"] = log.read(state.pop("history_log"))
@@ -349,7 +350,7 @@ def test_a_checkpoint_of_the_old_format_is_resumed(straight_and_killed, tmp_path
         heavy = ckpt_io.load_checkpoint(path)
         path.unlink()
         ckpt_io.save_checkpoint_v1(heavy, path)
-    engine.history_file(old).unlink()
+    history_file(old).unlink()
     assert ckpt_io.previous(old / "checkpoint.pt").read_bytes()[-20:].startswith(b"FMBCKPT1")
     caplog.clear()
     with caplog.at_level("INFO", logger="fedmedbench.engine"):
@@ -362,13 +363,13 @@ def test_a_wall_time_cadence_skips_checkpoints_and_changes_no_number(tmp_path, t
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=3)
     saved_rounds = []
-    real = engine.save_state
+    real = runfolder.save_state
 
     def recording(out_dir, checkpoint_path, round_index, *args):
         saved_rounds.append(round_index)
         return real(out_dir, checkpoint_path, round_index, *args)
 
-    monkeypatch.setattr(engine, "save_state", recording)
+    monkeypatch.setattr(engine, "save_state", recording)  # the name the engine's round loop calls
     engine.run_training(cfg, tmp_path / "every", progress=False)
     assert saved_rounds == [1, 2, 3]
     saved_rounds.clear()

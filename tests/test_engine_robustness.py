@@ -17,6 +17,7 @@ from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.errors import ConfigError, DataError
 from fedmedbench.fl import engine
 from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl.selection import Selection
 from tests.conftest import interrupt_after_round, tiny_run_config, write_tiny_task
 from tests.test_reliability import train_cli
 
@@ -95,7 +96,7 @@ def test_a_validation_split_that_cannot_define_the_metric_stops_before_training(
 
 
 def test_an_undefined_score_during_training_is_an_error_never_a_frozen_selection():
-    selection = engine.Selection(["A", "B"], "auc_macro", per_client=False)
+    selection = Selection(["A", "B"], "auc_macro", per_client=False)
     assert selection.improved({"A": {"auc_macro": 0.6}, "B": {"auc_macro": 0.9}}, 1) == {"all": ["A", "B"]}
     with pytest.raises(DataError, match=r"round 2: validation auc_macro is undefined \(NaN\) for client\(s\) B"):
         selection.improved({"A": {"auc_macro": 0.7}, "B": {"auc_macro": math.nan}}, 2)

@@ -30,7 +30,8 @@ import torch
 import yaml
 
 from fedmedbench.fl.data import load_clients
-from fedmedbench.fl.engine import evaluate, run_training
+from fedmedbench.fl.engine import run_training
+from fedmedbench.fl.evaluation import evaluate
 from fedmedbench.losses import build_loss
 from fedmedbench.methods import cffl, cgsv, qfedavg
 from fedmedbench.models import build_model

@@ -99,8 +99,8 @@ def setup_run(tmp_path, tiny_task, method="fedavg", rounds=2, node_config=None, 
 
 def one_round(run, transport):
     """Round 1 of the run's method over ``transport`` (the server's side, as ``serve`` drives it)."""
-    from fedmedbench.fl import engine
     from fedmedbench.fl.seeding import seed_everything
+    from fedmedbench.fl.selection import Selection
     from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
 
@@ -108,7 +108,7 @@ def one_round(run, transport):
     seed_everything(run.seed, torch.device("cpu"))
     server = method.Server(run, build_model(run.model), len(run.clients))
     per_client = {"auto": method.PERSONALIZED, "per_client": True, "pooled": False}[run.selection_scope]
-    selection = engine.Selection(list(run.clients), run.selection_metric, per_client=per_client)
+    selection = Selection(list(run.clients), run.selection_metric, per_client=per_client)
     transport.start([server.package(i, 0) for i in range(len(run.clients))])
     run_rounds(run.replace(rounds=1), server, transport, list(run.clients), selection, [], 1)
     return transport.final()
@@ -349,7 +349,7 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
     good = {"store": str(store), "split": str(split)}
     sites = {"A": good, "B": good, "C": {**good, "share-model": "maybe"}}
     outputs = ("final.json", "history.csv", "model_best.pt", "predictions.npz", "federation.json")
-    with local_federation(sites, tmp_path / "federation") as federation:
+    with local_federation(sites, tmp_path / "federation", warm=True) as federation:
         # 1. Site C's SuperNode was started with a bad node config: refused at hello, naming it.
         out1 = tmp_path / "run1"
         result = federation.run({"run-config": str(tmp_path / "run.json"), "out": str(out1), "nodes-timeout": 240}, timeout=300)

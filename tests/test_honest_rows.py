@@ -147,7 +147,7 @@ def test_qualitative_predictions_come_from_the_evaluation_batches(tmp_path):
     import torch
 
     from fedmedbench.fl.data import eval_batches, load_clients
-    from fedmedbench.fl.engine import predict_samples
+    from fedmedbench.fl.evaluation import predict_samples
     from fedmedbench.models import build_model
     from fedmedbench.runconfig import RunConfig
 

@@ -21,6 +21,9 @@ from fedmedbench import config as cfgmod
 from fedmedbench.errors import ConfigError, DivergenceError
 from fedmedbench import faults
 from fedmedbench.fl import engine
+from fedmedbench.fl.evaluation import check_finite
+from fedmedbench.fl.runfolder import restore
+from fedmedbench.fl.selection import Selection
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import interrupt_after_round, tiny_run_config
@@ -73,8 +76,8 @@ def test_the_cli_reports_divergence_in_one_line(tmp_path, tiny_task):
 def test_check_finite_names_the_tensor():
     state = {"a.weight": torch.ones(3), "a.num_batches_tracked": torch.tensor(3), "b.running_var": torch.tensor([1.0, float("inf")])}
     with pytest.raises(DivergenceError, match=r"round 7, client X: evaluated model tensor 'b.running_var'"):
-        engine.check_finite(7, "X", "evaluated model", 0.5, state)
-    engine.check_finite(7, "X", "evaluated model", 0.5, {"a.weight": torch.ones(3)})  # finite: no error
+        check_finite(7, "X", "evaluated model", 0.5, state)
+    check_finite(7, "X", "evaluated model", 0.5, {"a.weight": torch.ones(3)})  # finite: no error
 
 
 # --- 2. resume onto any device ----------------------------------------------------------------------
@@ -100,10 +103,10 @@ def test_a_checkpoint_restores_onto_a_non_cpu_device(tmp_path, tiny_task, monkey
     meta = torch.device("meta")
     clients = [fedprox.Client(run_cfg, i, d, copy.deepcopy(model), client_generator(99, i), meta) for i, d in enumerate(data)]
     server = fedprox.Server(run_cfg, model, len(data))
-    selection = engine.Selection(list(run_cfg.clients), run_cfg.selection_metric, per_client=False)
+    selection = Selection(list(run_cfg.clients), run_cfg.selection_metric, per_client=False)
     with pytest.warns(UserWarning, match="meta"):  # torch: copying into a meta parameter is a no-op
         digest = data_digest(store, split, list(run_cfg.clients))
-        last_round, history = engine.restore(tmp_path / "run" / "checkpoint.pt", run_cfg.fingerprint(), digest, server, clients, selection)
+        last_round, history = restore(tmp_path / "run" / "checkpoint.pt", run_cfg.fingerprint(), digest, server, clients, selection)
     assert last_round == 1 and history
     for client, state in zip(clients, saved["clients"]):
         assert all(anchor.device == meta for anchor in client.anchor)

@@ -140,13 +140,13 @@ def test_a_history_longer_than_its_run_is_refused(tmp_path):
 
 
 def test_the_readers_schedule_is_the_engines():
-    """``inputs.curve_every`` repeats ``fl.engine.curve_every`` (which needs torch): they must agree."""
-    from fedmedbench.fl import engine
+    """``inputs.curve_every`` repeats ``fl.evaluation.curve_every`` (which needs torch): they must agree."""
+    from fedmedbench.fl import evaluation
     from fedmedbench.report.inputs import curve_every
 
     for rounds in (1, 2, 49, 50, 120, 300):
         for every in (0, 1, 3, 7):
-            assert curve_every({"rounds": rounds, "curve_every": every}) == engine.curve_every(SimpleNamespace(rounds=rounds, curve_every=every))
+            assert curve_every({"rounds": rounds, "curve_every": every}) == evaluation.curve_every(SimpleNamespace(rounds=rounds, curve_every=every))
 
 
 # --- 2. messages that name the file, line and column -----------------------------------------------

@@ -79,11 +79,11 @@ def eval_key(run_cfg: dict) -> str:
 
 def measure_evaluation(run_cfg: dict, device: str, threads: int | None, data_workers: int = 0) -> EvalCost:
     """One timed pass of the run's model over every client's validation and test split, as the
-    engine evaluates them (``engine.evaluate``: batched, on ``device``, read by ``data_workers``)."""
+    engine evaluates them (``evaluation.evaluate``: batched, on ``device``, read by ``data_workers``)."""
     import torch
 
     from fedmedbench.fl.data import BatchReader, load_clients
-    from fedmedbench.fl.engine import curve_every, evaluate
+    from fedmedbench.fl.evaluation import curve_every, evaluate
     from fedmedbench.models import build_model
     from fedmedbench.runconfig import RunConfig
 

@@ -88,7 +88,8 @@ def preload() -> None:
 
     import fedmedbench.federation.clientapp  # noqa: F401
     import fedmedbench.federation.serverapp  # noqa: F401
-    import fedmedbench.fl.engine  # noqa: F401
+    import fedmedbench.models  # noqa: F401  (the sites and serve() import these on first use)
+    import fedmedbench.progress  # noqa: F401
     from fedmedbench.registry import available_methods, load_method
 
     for name in available_methods():  # built in and registered plug-ins

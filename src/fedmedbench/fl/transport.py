@@ -23,6 +23,9 @@ from typing import Callable, Protocol
 import torch
 
 from fedmedbench.errors import FedmedbenchError
+from fedmedbench.fl import runfolder
+from fedmedbench.fl.evaluation import check_finite, curve_every, evaluate, evaluate_meter, local_epoch_probe, predict_samples
+from fedmedbench.fl.selection import Selection, selection_open
 
 
 class SiteError(FedmedbenchError):
@@ -52,8 +55,6 @@ class Site:
 
     def train(self, round_index: int) -> tuple[dict, float, list[dict]]:
         """Local training: (reply, mean training loss, history rows of the local-epoch probe)."""
-        from fedmedbench.fl.engine import check_finite, local_epoch_probe
-
         client, rows = self.client, []
         client.round_index = round_index
         if self.cfg.local_epoch_curve:
@@ -68,8 +69,6 @@ class Site:
 
     def evaluate(self, round_index: int, package, with_test: bool) -> tuple[dict, dict | None]:
         """Receive the round's package, then score the model this site would hand over: (val, test)."""
-        from fedmedbench.fl.engine import check_finite, evaluate
-
         self.client.receive(package)
         model = self.client.eval_model()
         check_finite(round_index, self.name, "evaluated model", None, model.state_dict())
@@ -79,9 +78,7 @@ class Site:
 
     def keep(self, round_index: int) -> tuple[dict, dict]:
         """A selection covering this site improved: keep the evaluated model and its qualitative
-        predictions (the engine's ``Selection.record`` inputs). Returns (model state, predictions)."""
-        from fedmedbench.fl.engine import predict_samples
-
+        predictions (the inputs of ``Selection.record``). Returns (model state, predictions)."""
         model = self.client.eval_model()
         state = detached(model.state_dict())
         predictions = predict_samples(model, self.client.data.test, self.cfg, self.device)
@@ -90,21 +87,16 @@ class Site:
         return state, predictions
 
     def final(self) -> dict:
-        """The kept model's test scores (the engine's ``final_test`` for this site), with the kept
+        """The kept model's test scores (``evaluation.final_test`` for this site), with the kept
         model and predictions: {"test", "flags", "counts", "model", "predictions", "round"}."""
-        from fedmedbench.fl import engine
-
         if self.kept is None:
             raise SiteError(f"site {self.name}: no model was kept (no selection covered it); nothing to test")
         model = self.client.eval_model()
         model.load_state_dict(self.kept["model"])
         out = {"model": self.kept["model"], "predictions": self.kept["predictions"], "round": self.kept["round"], "flags": {}, "counts": {}}
-        if hasattr(engine, "evaluate_meter"):  # scores, what the model predicted and its degeneracy flags
-            meter = engine.evaluate_meter(model, self.client.data.test, self.cfg, self.device)
-            out["test"], out["counts"] = meter.compute(), meter.class_counts()
-            out["flags"] = meter.flags() or {}
-        else:
-            out["test"] = engine.evaluate(model, self.client.data.test, self.cfg, self.device)
+        meter = evaluate_meter(model, self.client.data.test, self.cfg, self.device)  # scores, predicted classes, degeneracy flags
+        out["test"], out["counts"] = meter.compute(), meter.class_counts()
+        out["flags"] = meter.flags() or {}
         return out
 
     # --- what a stateless ClientApp stores between messages -------------------------------------
@@ -184,10 +176,9 @@ class InProcessTransport:
 def run_rounds(cfg, server, transport: Transport, names: list[str], selection, history: list[dict], first_round: int, on_round_end: Callable[[int, dict, dict], None] | None = None) -> None:
     """Rounds ``first_round`` .. ``cfg.rounds`` of the method's ``server`` with the sites behind
     ``transport``: appends history.csv's rows to ``history`` and records the selections in
-    ``selection`` (the engine's ``Selection``). ``on_round_end(round, val, test)``: progress and
+    ``selection`` (a ``fl.selection.Selection``). ``on_round_end(round, val, test)``: progress and
     checkpoints, after the round's rows and selection."""
     from fedmedbench import faults
-    from fedmedbench.fl.engine import curve_every, selection_open
 
     for round_index in range(first_round, cfg.rounds + 1):
         trained = transport.train(round_index)
@@ -227,7 +218,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     run folder's outputs (history.csv, final.json, model_best.pt, predictions.npz) exactly as the
     engine writes them. ``cfg``: a ``RunConfig`` whose method params are merged.
 
-    Checkpoints as the engine's (``engine.save_state``: server state, selection, history log, the
+    Checkpoints as the engine's (``runfolder.save_state``: server state, selection, history log, the
     global RNG; FMBCKPT2) at the engine's cadence (``checkpoint_every`` rounds, once
     ``checkpoint_every_seconds`` have passed, and after the last round), each announced to the sites
     first (``transport.snapshot``: they keep their own state of that round). The checkpoint holds no
@@ -239,7 +230,6 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
 
     from fedmedbench.errors import ConfigError
     from fedmedbench import faults
-    from fedmedbench.fl import engine
     from fedmedbench.fl import state as ckpt_io
     from fedmedbench.fl.seeding import seed_everything
     from fedmedbench.registry import load_method
@@ -261,17 +251,17 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     server = method.Server(cfg, build_model(cfg.model), len(names))
     packages = [server.package(index, 0) for index in range(len(names))]  # before a restore changes the server
     per_client = {"auto": method.PERSONALIZED, "per_client": True, "pooled": False}[cfg.selection_scope]
-    selection = engine.Selection(names, cfg.selection_metric, per_client=per_client)
+    selection = Selection(names, cfg.selection_metric, per_client=per_client)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     log = logging.getLogger("fedmedbench.federation")
     metric = cfg.selection_metric
     checkpoint_path = out_dir / "checkpoint.pt"
     fingerprints = (cfg.fingerprint(), transport.data_fingerprint())
-    history_log = ckpt_io.HistoryLog(engine.history_file(out_dir))
-    last_round, history = engine.restore(checkpoint_path, *fingerprints, server, [], selection, history_log) if resume else (0, [])
+    history_log = ckpt_io.HistoryLog(runfolder.history_file(out_dir))
+    last_round, history = runfolder.restore(checkpoint_path, *fingerprints, server, [], selection, history_log) if resume else (0, [])
     saved_version = selection.version
-    engine.remove_stale_files(out_dir, saved_version)
+    runfolder.remove_stale_files(out_dir, saved_version)
     if last_round == 0:
         history_log.reset()
         transport.start(packages)
@@ -289,7 +279,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
         if due or round_index == cfg.rounds:
             # The sites first: a checkpoint is only ever written for a round they can go back to.
             transport.snapshot(round_index)
-            saved_version = engine.save_state(out_dir, checkpoint_path, round_index, fingerprints, server, [], selection, history, saved_version, history_log)
+            saved_version = runfolder.save_state(out_dir, checkpoint_path, round_index, fingerprints, server, [], selection, history, saved_version, history_log)
             last_saved = time.monotonic()
             faults.reached("round_end")
 
@@ -303,7 +293,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     test = {name: finals[name]["test"] for name in names}
     flags = {n: f["flags"] for n, f in finals.items() if f["flags"]}
     counts = {n: f["counts"] for n, f in finals.items()}
-    return engine.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, None, flags=flags, class_counts=counts)
+    return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, None, flags=flags, class_counts=counts)
 
 
 def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:

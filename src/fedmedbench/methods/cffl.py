@@ -58,7 +58,7 @@ import math
 import torch
 
 from fedmedbench.fl import client, server
-from fedmedbench.fl.engine import evaluate
+from fedmedbench.fl.evaluation import evaluate
 from fedmedbench.ops.aggregate import add_to_parameters, parameter_keys
 from fedmedbench.ops.sparsify import threshold_mask
 

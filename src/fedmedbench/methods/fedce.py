@@ -35,7 +35,7 @@ import math
 import torch
 
 from fedmedbench.fl import client, server
-from fedmedbench.fl.engine import evaluate
+from fedmedbench.fl.evaluation import evaluate
 from fedmedbench.ops.aggregate import parameter_keys
 
 DEFAULTS = {"combine": "sum", "min_weight": 1.0e-3, "prior": "uniform"}

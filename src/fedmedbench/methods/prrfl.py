@@ -136,7 +136,7 @@ class Client(client.Client):
         return [self.optimizer, self.deputy_optimizer] if self.params["det"] else [self.optimizer]
 
     def phi(self, model: nn.Module) -> float:
-        from fedmedbench.fl.engine import evaluate
+        from fedmedbench.fl.evaluation import evaluate
 
         split = self.data.val if self.params["phi_split"] == "val" else self.data.train
         score = evaluate(model, split, self.cfg, self.device)[self.params["phi_metric"]]

@@ -55,7 +55,7 @@ def _rounds_text(rounds: list[int]) -> str:
 
 
 def curve_every(config: dict) -> int:
-    """Test rows every this many rounds: the same rule as ``fl.engine.curve_every`` (which needs torch)."""
+    """Test rows every this many rounds: the same rule as ``fl.evaluation.curve_every`` (which needs torch)."""
     return config.get("curve_every") or max(1, config["rounds"] // 50)
 
 

@@ -1,7 +1,7 @@
 """PRR-FL's Table 3 (the out-of-distribution cohort) and Fig. 1 (the retrogress curve).
 
 Table 3: a run's ``final.json["ood"][cohort]`` holds the cohort's scores under two rules (see
-``fl.engine.ood_test``): ``mean`` = the mean over the clients' selected models of each model's scores
+``fl.evaluation.ood_test``): ``mean`` = the mean over the clients' selected models of each model's scores
 (the rule the comparison with the paper uses), ``ensemble`` = the scores of their averaged softmax
 probabilities. Cells are mean (std) over seeds, in percent.
 
