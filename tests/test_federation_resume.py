@@ -64,7 +64,7 @@ def test_a_restarted_server_resumes_from_its_checkpoint_as_the_engine(tmp_path, 
     settings = {"run-config": str(tmp_path / "run.json"), "out": str(out)}
     sites = {name: {"store": str(store), "split": str(split)} for name in cfg["clients"]}
     workdir = tmp_path / "federation"
-    with local_federation(sites, workdir) as federation:
+    with local_federation(sites, workdir, warm=True) as federation:
         # The first run, submitted without following its log: a SIGKILLed ServerApp's run stays
         # "running" on the SuperLink until its heartbeat expires, so `--stream` would wait for that.
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in {**settings, "kill-at": "round_trained:3"}.items())
