@@ -358,7 +358,7 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
         assert not any((out1 / name).exists() for name in outputs)
         # 2. C restarted with a good config (SIGTERM: it leaves the federation at once); then B's
         # SuperNode is killed (SIGKILL: no goodbye) once the run is set up on it.
-        node_c = federation.processes[-1]
+        node_c = federation.supernode("C")
         _stop(node_c)
         federation.start_supernode("C", good)
         out2 = tmp_path / "run2"
@@ -371,13 +371,13 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
         while log_b.read_text().count("Sent successfully") < 3 and runner.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert log_b.read_text().count("Sent successfully") >= 3, f"the run was not set up on site B: {outcome}"
-        node_b = federation.processes[2]
+        node_b = federation.supernode("B")
         os.killpg(node_b.pid, signal.SIGKILL)
         runner.join(320)
         assert "result" in outcome, "flwr run did not return within 300 s"
         result = outcome["result"]
     text = result.stdout + result.stderr
-    assert "train: site B: no reply within 40.0 s (the SuperNode stopped or lost its connection)" in text, text[-3000:]
+    assert "round 1 train: site B: no reply within 40.0 s (the SuperNode stopped or lost its connection)" in text, text[-3000:]
     assert not any((out2 / name).exists() for name in outputs)
     print(f"real federation faults: {time.monotonic() - started:.0f} s, flwr run exit {result.returncode}\n{text[-2500:]}")
 

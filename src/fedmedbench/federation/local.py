@@ -100,6 +100,10 @@ class LocalFederation:
         if failed:
             raise FedmedbenchError("\n".join(failed))
 
+    def supernode(self, name: str) -> subprocess.Popen:
+        """The SuperNode process last started for site ``name``."""
+        return [p for p in self.processes if getattr(p, "site", None) == name][-1]
+
     def start_supernode(self, name: str, node_config: dict, *, private_key: Path | None = None, root_certificates: Path | None | bool = True,
                         wait: bool = True) -> subprocess.Popen:  # fmt: skip
         """A ``flower-supernode`` for site ``name`` (its log: ``<workdir>/supernode-<name>.log``).
@@ -128,7 +132,7 @@ class LocalFederation:
             env=self.env, cwd=folder, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         self.processes.append(node)
-        node.runtime_port, node.log = node_port, log  # for waiting on it later (local_federation)
+        node.runtime_port, node.log, node.site = node_port, log, name  # for waiting on it later (local_federation)
         if wait:
             wait_for_port(node_port, node, log)
         return node

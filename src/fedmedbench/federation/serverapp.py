@@ -98,12 +98,15 @@ class FlowerTransport:
         self.bytes_sent += sum(payload_bytes(m.content) for m in messages)
         replies = {m.metadata.src_node_id: m for m in send_and_receive(self.grid, messages, wait)}
         site_of = {node: name for name, node in getattr(self, "node", {}).items()}
+        # Every silent site is named, not only the first in client order: a slow site beside a dead
+        # one must not hide the dead one from the site's IT team.
+        silent = [site_of.get(node, f"node {node}") for node in payloads if node not in replies]
+        if silent:
+            raise SiteError(f"{step}: site {', '.join(silent)}: no reply within {wait} s (the SuperNode stopped or lost its connection)")
         out = {}
         for node in payloads:
             where = f"{step}: site {site_of.get(node, f'node {node}')}"
-            message = replies.get(node)
-            if message is None:
-                raise SiteError(f"{where}: no reply within {wait} s (the SuperNode stopped or lost its connection)")
+            message = replies[node]
             if message.has_error():
                 meaning = FLOWER_ERRORS.get(message.error.code, "Flower reported an error")
                 reason = " ".join(str(message.error.reason).split())[:300]  # one line, whatever the traceback
