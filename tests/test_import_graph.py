@@ -114,10 +114,8 @@ def _under(module: str, *folders: str) -> bool:
     return any(module == f"fedmedbench.{f}" or module.startswith(f"fedmedbench.{f}.") for f in folders)
 
 
-# Beside the engine, not below it: Flower's simulation runtime is another way to run ``train`` (cli
-# picks one of the two) and chooses the device as the engine does (``engine.pick_device``, which
-# claims a GPU slot). Every other module of fl/, federation/ and methods/ lies below the engine.
-BESIDE_THE_ENGINE = ("fedmedbench.fl.engine", "fedmedbench.federation.simulation")
+# Every module of fl/, federation/ and methods/ lies below the engine: the engine runs them, none
+# runs the engine (Flower's simulation route picks its device in fl/placement.py, as the engine does).
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -128,7 +126,7 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
                 wrong.append(f"{module} imports {target}: the data layer knows nothing of training")
             if _under(module, "fl", "federation") and _under(target, "methods"):
                 wrong.append(f"{module} imports {target}: the engine knows no method (find it by name: fedmedbench.registry)")
-            if target == "fedmedbench.fl.engine" and _under(module, "fl", "federation", "methods") and module not in BESIDE_THE_ENGINE:
+            if target == "fedmedbench.fl.engine" and _under(module, "fl", "federation", "methods") and module != "fedmedbench.fl.engine":
                 wrong.append(f"{module} imports {target}: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)")
             if target == "fedmedbench.cli" and module != "fedmedbench.__main__":
                 wrong.append(f"{module} imports {target}: only __main__ imports the CLI")
@@ -153,7 +151,7 @@ def test_the_scan_sees_circles_and_layers(tmp_path):
         "fl/engine.py": "from fedmedbench.methods import load_method\n",
         "fl/transport.py": "def f():\n    from fedmedbench.fl.engine import evaluate\n",  # below the engine
         "federation/__init__.py": "",
-        "federation/simulation.py": "def f():\n    from fedmedbench.fl.engine import pick_device\n",  # beside it: allowed
+        "federation/simulation.py": "def f():\n    from fedmedbench.fl.engine import pick_device\n",  # below the engine too
         "methods/__init__.py": "",
         "methods/cffl.py": "from ..fl import engine\n",  # a method, below the engine
     }
@@ -170,6 +168,7 @@ def test_the_scan_sees_circles_and_layers(tmp_path):
     assert layer_violations(graph) == [
         "fedmedbench.data.store imports fedmedbench.fl: the data layer knows nothing of training",
         "fedmedbench.data.store imports fedmedbench.fl.faults: the data layer knows nothing of training",
+        "fedmedbench.federation.simulation imports fedmedbench.fl.engine: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)",
         "fedmedbench.fl.engine imports fedmedbench.methods: the engine knows no method (find it by name: fedmedbench.registry)",
         "fedmedbench.fl.transport imports fedmedbench.fl.engine: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)",
         "fedmedbench.methods.cffl imports fedmedbench.fl.engine: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)",

@@ -49,7 +49,7 @@ def cmd_train(args) -> None:
 def cmd_estimate(args) -> None:
     from fedmedbench import config as cfgmod
     from fedmedbench import estimate
-    from fedmedbench.fl.engine import pick_device
+    from fedmedbench.fl.placement import pick_device
 
     if args.rounds_to_time < 2:
         raise ConfigError(f"--rounds-to-time must be at least 2 (got {args.rounds_to_time})")

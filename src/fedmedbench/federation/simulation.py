@@ -105,7 +105,7 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
         raise ConfigError("runtime: flower-simulation needs Ray (pip install -e '.[flower]', which brings flwr[simulation])") from None
     from fedmedbench.federation.serverapp import read_run_config
     from fedmedbench.files import new_folder
-    from fedmedbench.fl.engine import pick_device
+    from fedmedbench.fl.placement import pick_device
     from fedmedbench.fl.runlock import run_folder_lock
     from fedmedbench.runconfig import RunConfig
 

@@ -26,7 +26,7 @@ import torch
 from fedmedbench import faults
 from fedmedbench.errors import ConfigError
 from fedmedbench.files import new_folder
-from fedmedbench.fl import placement
+from fedmedbench.fl.placement import pick_device
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, load_clients, load_test_only
 from fedmedbench.fl.evaluation import final_test, ood_test
@@ -42,16 +42,6 @@ from fedmedbench.registry import load_method, merge_params
 from fedmedbench.runconfig import RunConfig
 
 log = logging.getLogger("fedmedbench.engine")
-
-
-def pick_device(name: str = "auto") -> tuple[torch.device, placement.Claim | None]:
-    """``auto``: a GPU slot claimed for the life of the job (see fl/placement.py), else the CPU.
-    An explicit device (``cuda:1``, ``cpu``) is used as given, without a claim."""
-    if name == "auto" and torch.cuda.is_available():
-        claim = placement.claim(placement.visible_gpu_ids(), placement.jobs_per_gpu(), placement.lock_dir())
-        log.info("placed on cuda:%d (%s, slot %d)", claim.device_index, claim.device_id, claim.slot)
-        return torch.device(f"cuda:{claim.device_index}"), claim
-    return torch.device("cpu" if name == "auto" else name), None
 
 
 def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True, checkpoint_every: int = 1, data_workers: int = 0, checkpoint_every_seconds: float = 0) -> dict:

@@ -101,3 +101,16 @@ def visible_gpu_ids() -> list[str]:
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
         ids.append(f"gpu-{uuid}" if uuid is not None else f"gpu-index{index}")
     return ids
+
+
+def pick_device(name: str = "auto"):
+    """(torch device, claim or None) for a job: ``auto`` claims a GPU slot for the life of the job,
+    else the CPU; an explicit device (``cuda:1``, ``cpu``) is used as given, without a claim. The
+    engine and Flower's simulation route (federation/simulation.py) both choose their device here."""
+    import torch  # here: the slot bookkeeping above needs no torch
+
+    if name == "auto" and torch.cuda.is_available():
+        slot = claim(visible_gpu_ids(), jobs_per_gpu(), lock_dir())
+        log.info("placed on cuda:%d (%s, slot %d)", slot.device_index, slot.device_id, slot.slot)
+        return torch.device(f"cuda:{slot.device_index}"), slot
+    return torch.device("cpu" if name == "auto" else name), None
