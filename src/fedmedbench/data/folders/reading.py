@@ -157,16 +157,23 @@ def _line(index: int) -> int:
     return index + 2  # header is line 1
 
 
-def _read_labels_csv(root: Path) -> pd.DataFrame:
-    """``labels.csv`` checked row by row (columns, empty values, site names, duplicates); paths as written."""
-    path = root / LABELS_FILE
-    if not path.is_file():
-        raise FoldersDataError(f"{path} does not exist (kind classification needs it, with columns site, image, label)")
+def read_user_csv(path: Path) -> pd.DataFrame:
+    """A CSV the user wrote (labels.csv, a split file): every value a string as written, column names
+    stripped; an unreadable file is refused in one line naming it."""
     try:
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise FoldersDataError(f"{path}: not a readable CSV ({str(exc).strip()})") from exc
     table.columns = [str(c).strip() for c in table.columns]
+    return table
+
+
+def _read_labels_csv(root: Path) -> pd.DataFrame:
+    """``labels.csv`` checked row by row (columns, empty values, site names, duplicates); paths as written."""
+    path = root / LABELS_FILE
+    if not path.is_file():
+        raise FoldersDataError(f"{path} does not exist (kind classification needs it, with columns site, image, label)")
+    table = read_user_csv(path)
     known = LABEL_COLUMNS + OPTIONAL_LABEL_COLUMNS
     for column in table.columns:
         if column not in known:

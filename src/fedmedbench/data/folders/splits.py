@@ -12,7 +12,7 @@ import pandas as pd
 from ...errors import closest
 from ..store import SPLITS, client_rng, grouped_split, list_clients, open_client, split_groups, write_split_csv
 from .options import SPLIT_CSV_COLUMNS, FoldersDataError, FoldersOptions
-from .reading import _line
+from .reading import _line, read_user_csv
 
 
 def _cut(site: str, fractions: Sequence[float], n_rows: int) -> Callable[[int], tuple[int, int]]:
@@ -56,11 +56,7 @@ def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[st
     of the store once and only images of the store."""
     if not path.is_file():
         raise FoldersDataError(f"{path}: split_csv does not exist")
-    try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise FoldersDataError(f"{path}: not a readable CSV ({str(exc).strip()})") from exc
-    table.columns = [str(c).strip() for c in table.columns]
+    table = read_user_csv(path)
     missing = [c for c in SPLIT_CSV_COLUMNS if c not in table.columns]
     if missing:
         raise FoldersDataError(f"{path}: missing column(s) {missing}; expected site, image, split")
