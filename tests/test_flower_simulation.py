@@ -11,7 +11,9 @@ simulation extra (flwr[simulation]: Ray) is not installed."""
 import csv
 import filecmp
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -112,9 +114,141 @@ def test_a_simulated_run_equals_the_engine_byte_for_byte(tmp_path, tiny_task):
     for name in ("final.json", "history.csv", "model_best.pt", "predictions.npz"):
         assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
     assert final == json.loads((tmp_path / "engine" / "final.json").read_text())
-    # The sites' state between messages lived in a scratch folder, removed at the end.
+    # The sites' state between messages lived in the run folder's .flower-sites, removed at the end.
     assert sorted(p.name for p in (tmp_path / "flower").iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz"]
     assert json.loads((tmp_path / "flower" / "federation.json").read_text())["sites"] == 3
+
+
+def run_simulated_in_a_process(cfg, out, kill_at=None):
+    """``run_simulated`` in a process of its own (the job ``train`` would be), optionally SIGKILLed at
+    ``kill_at`` (faults.py): its stderr holds the run's log lines."""
+    from fedmedbench import faults
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop(faults.KILL_AT_ENV, None)
+    if kill_at:
+        env[faults.KILL_AT_ENV] = kill_at
+    script = (
+        "import json, sys\n"
+        "from fedmedbench.cli import _setup_logging\n"
+        "from fedmedbench.federation.simulation import run_simulated\n"
+        "_setup_logging()\n"
+        "run_simulated(json.loads(sys.argv[1]), sys.argv[2], threads=1, checkpoint_every=1)\n"
+    )
+    return subprocess.run([sys.executable, "-c", script, json.dumps(cfg), str(out)], env=env, capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_a_killed_simulation_resumes_and_ends_as_the_engine_byte_for_byte(tmp_path, tiny_task):
+    """SIGKILL in round 3 after the sites trained (their state past round 2's checkpoint), then a
+    rerun on the same folder: it resumes after round 2, the sites going back to their snapshots of
+    it, and ends with the uninterrupted engine run's files. Two Ray starts (about 20 s each)."""
+    from fedmedbench.federation.simulation import SITES_FOLDER
+    from fedmedbench.fl.engine import run_training
+
+    store, split = tiny_task
+    cfg = tiny_run_config(store, split, "fedavg", rounds=3)
+    run_training(cfg, tmp_path / "engine", threads=1, progress=False)
+    out = tmp_path / "flower"
+    killed = run_simulated_in_a_process(cfg, out, kill_at="round_trained:3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert (out / "checkpoint.pt").is_file() and not (out / "final.json").exists()
+    (state,) = (out / SITES_FOLDER).glob("run-*")  # one state folder, keyed by the run folder
+    # Each site: its state file (mid-round 3) and its snapshots of the checkpointed rounds 1 and 2.
+    assert sorted(p.name for p in state.iterdir()) == sorted(f"{c}{s}.pt" for c in "ABC" for s in ("", ".round-1", ".round-2"))
+
+    resumed = run_simulated_in_a_process(cfg, out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "after round 2" in resumed.stderr and "resumed from" in resumed.stderr
+    for name in ("final.json", "history.csv", "model_best.pt", "predictions.npz"):
+        assert filecmp.cmp(tmp_path / "engine" / name, out / name, shallow=False), name
+    # Finished: the checkpoint and the sites' state are gone with it.
+    assert sorted(p.name for p in out.iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz"]
+
+
+def fake_simulation(monkeypatch, write_final=False):
+    """Flower's ``run_simulation`` replaced by one that records the ServerApp's settings and the
+    sites' node configs (and writes final.json, or nothing as a failed ServerApp): the run folder
+    handling around it, without Ray."""
+    import flwr.simulation
+
+    from fedmedbench.federation import simulation
+
+    seen = {}
+    monkeypatch.setattr(simulation, "server_app", lambda settings: seen.setdefault("settings", settings))
+    monkeypatch.setattr(simulation, "client_app", lambda sites, out=None: seen.update(sites=sites, out=out))
+
+    def run_simulation(server_app, client_app, num_supernodes, backend_config):
+        seen["files"] = sorted(str(p.relative_to(Path(seen["settings"]["out"]))) for p in Path(seen["settings"]["out"]).rglob("*"))
+        if write_final:
+            (Path(seen["settings"]["out"]) / "final.json").write_text("{}")
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", run_simulation)
+    return seen
+
+
+def test_a_killed_older_style_run_folder_starts_afresh_and_keeps_nothing_of_it(tmp_path, tiny_task, monkeypatch, caplog):
+    """Before the sites kept their state in the run folder, a killed job left a checkpoint (written
+    after the last round) and its scratch folder: no site can go back to that checkpoint, so the
+    rerun starts afresh (resume off), removing both, and says so in one line."""
+    from fedmedbench.errors import FedmedbenchError
+    from fedmedbench.federation.simulation import SITES_FOLDER, run_simulated
+
+    store, split = tiny_task
+    out = tmp_path / "flower"
+    (out / ".flower-simulation-k2j4x" / "sites" / "run-1234").mkdir(parents=True)
+    (out / ".flower-simulation-k2j4x" / "run.json").write_text("{}")
+    (out / "checkpoint.pt").write_bytes(b"FMBCKPT2")
+    (out / "checkpoint.pt.prev").write_bytes(b"FMBCKPT2")
+    seen = fake_simulation(monkeypatch)
+    with pytest.raises(FedmedbenchError, match="ended without final.json"):  # the fake trains nothing
+        run_simulated(tiny_run_config(store, split), out, threads=1, checkpoint_every=2, checkpoint_every_seconds=30)
+    assert seen["settings"]["resume"] is False
+    assert [r.getMessage() for r in caplog.records if "starts afresh" in r.getMessage()] == [
+        f"{out / 'checkpoint.pt'}: the simulated sites' state of this checkpoint is not in {out / SITES_FOLDER} (a job from before the sites kept it there, or a moved run folder); training starts afresh"
+    ]
+    # What Flower's run found: the run config in the sites' folder, no old scratch, no old checkpoint.
+    assert seen["files"] == [SITES_FOLDER, f"{SITES_FOLDER}/run.json", ".train.lock"]
+    # The engine's cadence reaches the server; the sites keep their state in the run folder, keyed by it.
+    assert (seen["settings"]["checkpoint-every"], seen["settings"]["checkpoint-every-seconds"]) == (2, 30.0)
+    assert seen["out"] == seen["settings"]["out"] == str(out)
+    assert {site["state-dir"] for site in seen["sites"].values()} == {str(out / SITES_FOLDER)}
+    # Failed before any checkpoint: nothing to resume, so the sites' folder goes too.
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_a_checkpoint_beside_the_sites_state_is_resumed_and_kept_until_the_run_ends(tmp_path, tiny_task, monkeypatch):
+    from fedmedbench.errors import FedmedbenchError
+    from fedmedbench.federation.simulation import SITES_FOLDER, run_simulated, sites_state_folder
+
+    store, split = tiny_task
+    out = tmp_path / "flower"
+    state = sites_state_folder(out.resolve())
+    state.mkdir(parents=True)
+    (state / "A.round-2.pt").write_bytes(b"site A at the end of round 2")
+    (out / "checkpoint.pt").write_bytes(b"FMBCKPT2")
+    seen = fake_simulation(monkeypatch)
+    with pytest.raises(FedmedbenchError, match="ended without final.json"):
+        run_simulated(tiny_run_config(store, split), out, threads=1)
+    assert seen["settings"]["resume"] is True and seen["settings"]["checkpoint-every"] == 1
+    # A failed rerun keeps what the next one resumes from.
+    assert (out / "checkpoint.pt").is_file() and (state / "A.round-2.pt").read_bytes() == b"site A at the end of round 2"
+
+    (out / "checkpoint.pt").unlink()  # what serve's write_outputs does once final.json is written
+    fake_simulation(monkeypatch, write_final=True)
+    assert run_simulated(tiny_run_config(store, split), out, threads=1) == {}
+    assert not (out / SITES_FOLDER).exists() and sorted(p.name for p in out.iterdir()) == ["final.json"]
+
+
+def test_a_bad_checkpoint_cadence_is_refused_before_ray_starts(tmp_path, tiny_task):
+    from fedmedbench.federation.simulation import run_simulated
+
+    store, split = tiny_task
+    with pytest.raises(ConfigError, match=r"checkpoint_every: expected an integer >= 1, got 0"):
+        run_simulated(tiny_run_config(store, split), tmp_path / "flower", checkpoint_every=0)
+    with pytest.raises(ConfigError, match=r"checkpoint_every_seconds: expected a number of seconds >= 0, got -1"):
+        run_simulated(tiny_run_config(store, split), tmp_path / "flower", checkpoint_every_seconds=-1)
+    assert not (tmp_path / "flower").exists()
 
 
 TABLE = "flower_vs_engine"
