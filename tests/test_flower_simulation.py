@@ -5,7 +5,10 @@ The fast tests check the option itself: an engine run's config, fingerprint and 
 they were before the option existed, a bad value is refused naming the key, and the simulation's
 ClientApp answers every message the generic one does. The slow ones start Ray: a direct run equals
 the engine's run folder byte for byte (FedAvg, CPU), and a tiny Snakemake workflow puts an engine row
-and a Flower row of FedAvg side by side in one table, with the same digits. Skipped where Flower's
+and a Flower row of FedAvg side by side in one table, with the same digits, and a job SIGKILLed in
+round 3 resumes on its rerun and ends with the engine's files byte for byte (two Ray starts). The
+run folder's handling around Flower (the sites' state folder, an older-style killed folder, the
+checkpoint cadence) is checked fast, with ``run_simulation`` replaced. Skipped where Flower's
 simulation extra (flwr[simulation]: Ray) is not installed."""
 
 import csv
