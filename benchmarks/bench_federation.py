@@ -18,6 +18,19 @@ With ``--ab fedavg`` (the default) the federation also runs that method with Flo
 (``serverapp.send_and_receive``: 50 ms growing to 0.5 s), on the same federation, interleaved: an
 app folder beside ``flower-app/`` whose ServerApp swaps the function back.
 
+With ``--flower-waits short`` (or ``both``: stock and short interleaved on the same federation) the
+federation also runs with Flower 1.42's hard-coded waits on a message's path cut to
+``--short-wait-ms`` (the SuperNode's 3 s after an empty pull and 0.5 s steps waiting for a reply,
+the SuperExec's task poll interval, Flower's ``Grid.send_and_receive``'s 3 s): a BENCHMARK-ONLY
+patch, ``benchmarks/flower_short_waits/sitecustomize.py`` on the ``PYTHONPATH`` of the federation's
+processes, switched on and off between runs by a file. It tells what of a round is Flower's waiting
+and what is ours; it is never on by default and no product code imports it. The outputs must stay
+byte-identical to the engine's with it too (checked on every run). With ``--profile`` (same folder,
+``fmb_flower_profile.py``) every process logs the steps of each message, and each federated
+2R-round run's time is split per message: SuperNode pull, SuperExec launch, fork of the warm app,
+Flower's ClientApp runtime, our app (site state load/save, unpack, the work, pack), the reply's way
+back, the ServerApp's steps and the time between them (``step_profile``).
+
 Bytes per round (server -> sites and back), three figures against the floor:
 - **floor**: one model each way per client (2 K x the model's state bytes), plus what the method
   adds, measured as the raw bytes (tensor bytes, 8 per number) of every payload the method exchanges
@@ -45,6 +58,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SHORT_WAITS = ROOT / "benchmarks" / "flower_short_waits"  # the benchmark-only sitecustomize
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
@@ -155,6 +169,153 @@ def flower_poll_app(folder: Path) -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def short_waits_env(folder: Path, short_s: float, profile: bool = False):
+    """``os.environ`` for a federation whose processes load the short-waits patch (stock until the
+    switch file exists): ``local_federation`` copies ``os.environ`` into every process it starts.
+    With ``profile``, the processes also log the steps of each message (fmb_flower_profile) to
+    ``<folder>/profile.jsonl``. Yields (switch file, log file); the environment is restored after."""
+    switch, log = folder / "short-waits-on", folder / "short-waits.log"
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "FMB_FLOWER_SHORT_WAITS_SWITCH", "FMB_FLOWER_SHORT_WAITS_S", "FMB_FLOWER_SHORT_WAITS_LOG", "FMB_FLOWER_PROFILE_LOG")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHORT_WAITS), saved["PYTHONPATH"]) if p)
+    os.environ.update(FMB_FLOWER_SHORT_WAITS_SWITCH=str(switch), FMB_FLOWER_SHORT_WAITS_S=str(short_s), FMB_FLOWER_SHORT_WAITS_LOG=str(log))
+    if profile:
+        os.environ["FMB_FLOWER_PROFILE_LOG"] = str(folder / "profile.jsonl")
+    try:
+        yield switch, log
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def set_short_waits(switch: Path | None, on: bool) -> None:
+    """Flip the patch; after switching on, wait out a 3 s sleep begun under stock waits (else the
+    first short run would pay it and the R-round run alone: a bias of up to 3 s / R per round)."""
+    if switch is None or switch.exists() == on:
+        return
+    if on:
+        switch.touch()
+        time.sleep(3.2)
+    else:
+        switch.unlink()
+
+
+def short_waits_applied(log: Path, sites: int) -> dict[str, int]:
+    """{wait: processes that shortened it} from the patch's log; exits where it did not reach every
+    SuperNode and SuperExec (the short row would be stock Flower under another name)."""
+    pids: dict[str, set] = {}
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        words = line.split()
+        pids.setdefault(words[4], set()).add(words[2])
+    applied = {key: len(p) for key, p in sorted(pids.items())}
+    needed = {"flwr.supernode.start_client_internal:start_client_internal": sites, "flwr.supercore.superexec.run_superexec:run_superexec": sites}
+    missing = [f"{key} ({applied.get(key, 0)} of >= {n} processes)" for key, n in needed.items() if applied.get(key, 0) < n]
+    if missing:
+        sys.exit(f"bench_federation.py: the short-waits patch did not reach the federation's processes: {', '.join(missing)}; its log: {log}")
+    return applied
+
+
+# The segments of one message's way, in order: (label, later event, its end, earlier event, its end), for
+# the events of one site (see step_profile). All but the last are on the message's critical path.
+SEGMENTS = (
+    ("ServerApp push -> message stored on the SuperNode (SuperLink, SuperNode's pull)", "pull", "t1", "step", "t0"),
+    ("stored -> the SuperExec launches the app (its task poll)", "launch", "t0", "pull", "t1"),
+    ("launch -> app process runs (launcher, fork of the warm app, Flower's entry point)", "run", "t0", "launch", "t0"),
+    ("app start -> message pulled from the SuperNode (Flower's Runtime API)", "pti", "t1", "run", "t0"),
+    ("message pulled -> app called (Flower: FAB install, load the ClientApp)", "call", "t0", "pti", "t1"),
+    ("the app: ClientApp.__call__ (ours: load state, the step, save state, pack)", "call", "t1", "call", "t0"),
+    ("app done -> reply pushed to the SuperNode (Flower's Runtime API)", "pm", "t1", "call", "t1"),
+    ("reply at the SuperNode -> pushed to the SuperLink", "push", "t1", "pm", "t1"),
+    ("(off the path) reply pushed -> app process exited (Flower's exit handlers)", "run", "t1", "pm", "t1"),
+)
+PROFILED = {  # event name (fmb_flower_profile's "what") -> short name
+    "flwr.supernode.start_client_internal:_pull_and_store_message": "pull",
+    "flwr.supercore.superexec.plugin.base_exec_plugin:BaseExecPlugin.launch_task": "launch",
+    "flwr.supernode.runtime.run_clientapp:run_clientapp": "run",
+    "flwr.supernode.runtime.run_clientapp:pull_task_input": "pti",
+    "flwr.clientapp.client_app:ClientApp.__call__": "call",
+    "flwr.supernode.runtime.run_clientapp:push_message": "pm",
+    "flwr.supernode.start_client_internal:_push_messages": "push",
+    "fedmedbench.federation.serverapp:send_and_receive": "step",
+}
+INSIDE = ("install_from_fab", "load_site", "build_site", "unpack", "take_snapshot", "handle", "save_site", "reply")
+
+
+def step_profile(log: Path, start: float, end: float) -> dict:
+    """Where one federated run's time went, from the profile hooks' log (events within [start, end]):
+    per message (mean ms over all sites' messages) each segment of SEGMENTS, Flower's and our
+    functions inside the app process, and the ServerApp's steps (push to last reply) and the time
+    between them (its own work: aggregation, evaluation bookkeeping, files)."""
+    events = [e for e in map(json.loads, log.read_text().splitlines()) if start <= e["t0"] and e["t1"] <= end] if log.is_file() else []
+    by_site: dict[str, dict[str, list]] = {}
+    inside: dict[str, list[float]] = {}
+    for e in sorted(events, key=lambda e: e["t0"]):
+        short = PROFILED.get(e["what"])
+        if short:
+            by_site.setdefault(e["where"], {}).setdefault(short, []).append(e)
+        name = e["what"].rpartition(":")[2]
+        if name in INSIDE:
+            inside.setdefault(name, []).append(e["t1"] - e["t0"])
+    steps = [e for site in by_site.values() for e in site.get("step", [])]
+    out = {"messages": 0, "segments": {}, "inside": {k: (1000 * statistics.mean(v), len(v)) for k, v in inside.items()}}
+    segments: dict[str, list[float]] = {}
+    steps.sort(key=lambda e: e["t0"])
+    last_reply: list[float] = []  # per step: the ServerApp's return after the last reply reached the SuperLink
+    for step in steps:
+        pushed = [e["t1"] for site in by_site.values() for e in site.get("push", []) if step["t0"] <= e["t1"] <= step["t1"]]
+        if pushed:
+            last_reply.append(step["t1"] - max(pushed))
+    for where, kinds in by_site.items():
+        if not where.startswith("site-"):
+            continue
+        runs = kinds.get("run", [])
+        out["messages"] += len(runs)
+        for run in runs:  # each app process, and the events of its message on this site around it
+            chain = {"run": run}
+            for kind in ("pti", "call", "pm"):  # in the app process itself
+                chain[kind] = next((e for e in kinds.get(kind, []) if e["pid"] == run["pid"]), None)
+            chain["launch"] = max((e for e in kinds.get("launch", []) if e["t0"] <= run["t0"]), key=lambda e: e["t0"], default=None)
+            # The SuperNode stores the message, then (_push_messages) waits for the reply and pushes it.
+            chain["pull"] = max((e for e in kinds.get("pull", []) if e["t1"] <= run["t0"]), key=lambda e: e["t0"], default=None)
+            chain["push"] = max((e for e in kinds.get("push", []) if e["t0"] <= run["t0"]), key=lambda e: e["t0"], default=None)
+            chain["step"] = max((e for e in steps if chain["pull"] and e["t0"] <= chain["pull"]["t0"]), key=lambda e: e["t0"], default=None)
+            for label, late, late_at, early, early_at in SEGMENTS:
+                if chain.get(late) and chain.get(early):
+                    segments.setdefault(label, []).append(chain[late][late_at] - chain[early][early_at])
+    if last_reply:
+        segments["last reply at the SuperLink -> ServerApp has all replies (its pull)"] = last_reply
+    out["segments"] = {label: (1000 * statistics.mean(v), len(v)) for label, v in segments.items()}
+    steps.sort(key=lambda e: e["t0"])
+    if steps:
+        out["server_step_ms"] = 1000 * statistics.mean(e["t1"] - e["t0"] for e in steps)
+        out["server_steps"] = len(steps)
+        gaps = [b["t0"] - a["t1"] for a, b in zip(steps, steps[1:])]
+        out["server_between_steps_ms"] = 1000 * statistics.mean(gaps) if gaps else 0.0
+    return out
+
+
+def print_profile(profiles: dict, rounds: int) -> None:
+    """The mean of step_profile over repetitions, per variant, for the 2R-round runs."""
+    print(f"\n### Where a message's time goes ({2 * rounds}-round runs; mean ms per message over all sites, then over repetitions)\n")
+    variants = list(profiles)
+    print("| segment | " + " | ".join(variants) + " |")
+    print("|---|" + "---:|" * len(variants))
+    labels = [label for label, *_ in SEGMENTS] + ["last reply at the SuperLink -> ServerApp has all replies (its pull)"]
+    for label in labels:
+        print(f"| {label} | " + " | ".join(f"{statistics.mean(p['segments'][label][0] for p in profiles[v] if label in p['segments']):.0f}"
+                                            if any(label in p["segments"] for p in profiles[v]) else "—" for v in variants) + " |")  # fmt: skip
+    for name in INSIDE:
+        print(f"| in the app process: {name} (×calls in the run) | " + " | ".join(f"{statistics.mean(p['inside'][name][0] for p in profiles[v] if name in p['inside']):.0f} "
+                                                                     f"(×{statistics.mean(p['inside'][name][1] for p in profiles[v] if name in p['inside']):.0f})"
+                                                                     if any(name in p["inside"] for p in profiles[v]) else "—" for v in variants) + " |")  # fmt: skip
+    for key, label in (("server_step_ms", "ServerApp: one step, push -> last reply"), ("server_between_steps_ms", "ServerApp: between steps (its own work)"), ("server_steps", "ServerApp: steps in the run")):
+        print(f"| {label} | " + " | ".join(f"{statistics.mean(p[key] for p in profiles[v] if key in p):.0f}" if any(key in p for p in profiles[v]) else "—" for v in variants) + " |")
+    print(f"| app processes (messages) in the run | " + " | ".join(f"{statistics.mean(p['messages'] for p in profiles[v]):.0f}" for v in variants) + " |")
+
+
 def merged(cfg: dict) -> RunConfig:
     run = RunConfig.from_dict(cfg)
     return run.replace(method_params=merge_params(run.method, run.method_params, "bench", run.method_module))
@@ -185,6 +346,49 @@ def codec_overhead(models: dict) -> list[tuple[str, int, int, int]]:
     return rows
 
 
+def time_runs(args, federation, configs, timed, results, tmp, ab_app, switch, waits_log, sites) -> dict[str, int]:
+    """Per repetition and timed method: the engine (R, 2R rounds), then each federation variant
+    (R, 2R): ``federation`` (Flower's stock waits), ``flower_poll`` (the --ab app, stock waits),
+    ``short_waits`` (the benchmark-only patch on). Every federated run's outputs are compared with
+    the engine's of the same repetition. Returns what the short-waits patch shortened ({wait: processes})."""
+    applied: dict[str, int] = {}
+    stock = args.flower_waits in ("stock", "both")
+    short = args.flower_waits in ("short", "both")
+    for rep in range(args.repeats):
+        for method in timed:
+            by_rounds = configs[method]
+            for rounds, cfg in by_rounds.items():
+                out = tmp / f"engine-{method}-{rounds}-{rep}"
+                t0 = time.perf_counter()
+                run_training(cfg, out, threads=1, progress=False)
+                results[method]["engine"].setdefault(rounds, []).append(time.perf_counter() - t0)
+            variants = ([("federation", ROOT / "flower-app", False)] if stock else []) + ([("flower_poll", ab_app, False)] if stock and method in args.ab else [])
+            variants += [("short_waits", ROOT / "flower-app", True)] if short else []
+            for variant, app_dir, short_waits in variants:
+                set_short_waits(switch, short_waits)
+                for rounds in by_rounds:
+                    out = tmp / f"{variant}-{method}-{rounds}-{rep}"
+                    t0, wall0 = time.perf_counter(), time.time()
+                    result = federation.run({"run-config": str(tmp / f"{method}-{rounds}.json"), "out": str(out)}, app_dir=app_dir, timeout=1800)
+                    elapsed = time.perf_counter() - t0
+                    if not (out / "federation.json").is_file():
+                        sys.exit(f"bench_federation.py: the federated {method} run ({variant}, {rounds} rounds) wrote no federation.json:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
+                    results[method].setdefault(variant, {}).setdefault(rounds, []).append(elapsed)
+                    if variant != "flower_poll":
+                        results[method]["bytes"][rounds] = json.loads((out / "federation.json").read_text())
+                        # The same numbers as the engine's (the test's check, here on every run).
+                        same = all(filecmp.cmp(tmp / f"engine-{method}-{rounds}-{rep}" / name, out / name, shallow=False) for name in ("final.json", "history.csv", "model_best.pt"))
+                        results[method].setdefault(f"equal_to_engine_{variant}", []).append(same)
+                    if short_waits:
+                        applied.update(short_waits_applied(waits_log, sites))
+                    if args.profile and rounds == 2 * args.rounds:
+                        results[method].setdefault("profile", {}).setdefault(variant, []).append(step_profile(tmp / "profile.jsonl", wall0, time.time()))
+            set_short_waits(switch, args.flower_waits == "short")
+            line = ", ".join(f"{v} {results[method][v][args.rounds][-1]:.1f} / {results[method][v][2 * args.rounds][-1]:.1f} s" for v in ("engine", "federation", "flower_poll", "short_waits") if results[method].get(v))
+            print(f"  repetition {rep + 1}, {method} ({args.rounds} / {2 * args.rounds} rounds): {line}", flush=True)
+    return applied
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=["fedavg", "prrfl", "fedlwr"], help="bytes per round (in process: fast)")
@@ -192,7 +396,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="R: each side runs R and 2R rounds")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warm", action="store_true", help="local_federation(warm=True): the app processes forked from one warm interpreter (federation/warm.py)")
-    parser.add_argument("--ab", nargs="*", default=["fedavg"], help="methods also run with Flower's own reply polling")
+    parser.add_argument("--ab", nargs="*", default=["fedavg"], help="methods also run with Flower's own reply polling (with Flower's stock waits; not with --flower-waits short)")
+    parser.add_argument("--flower-waits", choices=("stock", "short", "both"), default="stock",
+                        help="BENCHMARK ONLY: run the federation with Flower's stock waits, with its hard-coded waits cut to --short-wait-ms "
+                             "(benchmarks/flower_short_waits), or both interleaved on one federation start")  # fmt: skip
+    parser.add_argument("--short-wait-ms", type=float, default=20.0, help="what each of Flower's hard-coded waits becomes with --flower-waits short|both")
+    parser.add_argument("--profile", action="store_true", help="BENCHMARK ONLY: time the steps of each message of every federated 2R-round run (benchmarks/flower_short_waits/fmb_flower_profile.py)")
     parser.add_argument("--no-paper-models", action="store_true", help="skip the codec overhead at the papers' model sizes")
     parser.add_argument("--json", help="also write the numbers here")
     args = parser.parse_args()
@@ -209,40 +418,21 @@ def main() -> None:
         for method, by_rounds in configs.items():
             for rounds, cfg in by_rounds.items():
                 (tmp / f"{method}-{rounds}.json").write_text(json.dumps(cfg))
-            results[method] = {"engine": {}, "federation": {}, "bytes": {}}
+            results[method] = {"engine": {}, "bytes": {}}
             if method in timed:
                 run_training(by_rounds[args.rounds], tmp / f"warm-{method}", threads=1, progress=False)  # imports, caches
         sites = {name: {"store": str(store), "split": str(split)} for name in configs[args.methods[0]][args.rounds]["clients"]}
         ab_app = flower_poll_app(tmp / "flower-app-flower-poll")
-        started = time.perf_counter()
-        with local_federation(sites, tmp / "federation", **({"warm": True} if args.warm else {})) if timed else contextlib.nullcontext() as federation:
-            if timed:
-                print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes)\n")
-            for rep in range(args.repeats):
-                for method in timed:
-                    by_rounds = configs[method]
-                    for rounds, cfg in by_rounds.items():
-                        out = tmp / f"engine-{method}-{rounds}-{rep}"
-                        t0 = time.perf_counter()
-                        run_training(cfg, out, threads=1, progress=False)
-                        results[method]["engine"].setdefault(rounds, []).append(time.perf_counter() - t0)
-                    variants = [("federation", ROOT / "flower-app")] + ([("flower_poll", ab_app)] if method in args.ab else [])
-                    for variant, app_dir in variants:
-                        for rounds in by_rounds:
-                            out = tmp / f"{variant}-{method}-{rounds}-{rep}"
-                            t0 = time.perf_counter()
-                            result = federation.run({"run-config": str(tmp / f"{method}-{rounds}.json"), "out": str(out)}, app_dir=app_dir, timeout=1800)
-                            elapsed = time.perf_counter() - t0
-                            if not (out / "federation.json").is_file():
-                                sys.exit(f"bench_federation.py: the federated {method} run ({variant}, {rounds} rounds) wrote no federation.json:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
-                            results[method].setdefault(variant, {}).setdefault(rounds, []).append(elapsed)
-                            if variant == "federation":
-                                results[method]["bytes"][rounds] = json.loads((out / "federation.json").read_text())
-                                # The same numbers as the engine's (the test's check, here on every run).
-                                same = all(filecmp.cmp(tmp / f"engine-{method}-{rounds}-{rep}" / name, out / name, shallow=False) for name in ("final.json", "history.csv", "model_best.pt"))
-                                results[method].setdefault("equal_to_engine", []).append(same)
-                    print(f"  repetition {rep + 1}, {method}: engine {results[method]['engine'][args.rounds][-1]:.1f} / {results[method]['engine'][2 * args.rounds][-1]:.1f} s, "
-                          f"federation {results[method]['federation'][args.rounds][-1]:.1f} / {results[method]['federation'][2 * args.rounds][-1]:.1f} s ({args.rounds} / {2 * args.rounds} rounds)", flush=True)  # fmt: skip
+        short_s, applied = args.short_wait_ms / 1000, {}
+        patched = bool(timed) and (args.flower_waits != "stock" or args.profile)
+        with short_waits_env(tmp, short_s, args.profile) if patched else contextlib.nullcontext((None, None)) as (switch, waits_log):
+            set_short_waits(switch, args.flower_waits == "short")
+            started = time.perf_counter()
+            with local_federation(sites, tmp / "federation", **({"warm": True} if args.warm else {})) if timed else contextlib.nullcontext() as federation:
+                if timed:
+                    waits = f"{args.flower_waits}" + (f" (short: {args.short_wait_ms:g} ms, benchmark-only patch)" if args.flower_waits != "stock" else "") + ("; profiled" if args.profile else "")
+                    print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes); Flower's waits: {waits}\n")
+                    applied = time_runs(args, federation, configs, timed, results, tmp, ab_app, switch, waits_log, len(sites))
         for method, by_rounds in configs.items():
             results[method]["payload"] = payload_per_round(by_rounds[args.rounds], tmp / f"count-{method}")
             model = build_model(by_rounds[args.rounds]["model"]).state_dict()
@@ -252,22 +442,32 @@ def main() -> None:
     r = args.rounds
     print(f"\nmachine load average at the end: {os.getloadavg()[0]:.1f}\n")
     print(f"### Time per round (tiny store, 3 sites; median of {args.repeats}; a round = (t({2 * r}) - t({r})) / {r})\n")
-    print("| method | engine s/round | federation s/round | federation / engine | engine start-up s | federation start-up s | outputs byte-identical to the engine's |")
+    print("| method, side | engine s/round | federation s/round | federation / engine | engine start-up s | federation start-up s | outputs byte-identical to the engine's |")
     print("|---|---:|---:|---:|---:|---:|---|")
+    labels = {"federation": "federation (Flower's stock waits)", "flower_poll": "federation, Flower's own reply polling (3 s; stock waits)",
+              "short_waits": f"federation, Flower's waits {args.short_wait_ms:g} ms (benchmark-only patch)"}  # fmt: skip
     for method, res in results.items():
         if method not in timed:
             continue
         eng = [(b - a) / r for a, b in zip(res["engine"][r], res["engine"][2 * r])]
-        fed = [(b - a) / r for a, b in zip(res["federation"][r], res["federation"][2 * r])]
         eng_start = median([a - (b - a) for a, b in zip(res["engine"][r], res["engine"][2 * r])])
-        fed_start = median([a - (b - a) for a, b in zip(res["federation"][r], res["federation"][2 * r])])
-        res["per_round"] = {"engine": median(eng), "federation": median(fed)}
-        print(f"| {method} | {median(eng):.2f} | {median(fed):.2f} | {median(fed) / median(eng):.1f}× | {eng_start:.1f} | {fed_start:.1f} | {'yes' if all(res['equal_to_engine']) else 'NO'} ({len(res['equal_to_engine'])} runs) |")
-        if "flower_poll" in res:
-            slow = [(b - a) / r for a, b in zip(res["flower_poll"][r], res["flower_poll"][2 * r])]
-            slow_start = median([a - (b - a) for a, b in zip(res["flower_poll"][r], res["flower_poll"][2 * r])])
-            res["per_round"]["flower_poll"] = median(slow)
-            print(f"| {method}, Flower's own reply polling (3 s) | {median(eng):.2f} | {median(slow):.2f} | {median(slow) / median(eng):.1f}× | {eng_start:.1f} | {slow_start:.1f} | |")
+        res["per_round"] = {"engine": median(eng)}
+        print(f"| {method}, engine | {median(eng):.2f} | — | 1.0× | {eng_start:.1f} | | |")
+        for variant, label in labels.items():
+            if not res.get(variant):
+                continue
+            fed = [(b - a) / r for a, b in zip(res[variant][r], res[variant][2 * r])]
+            fed_start = median([a - (b - a) for a, b in zip(res[variant][r], res[variant][2 * r])])
+            res["per_round"][variant] = median(fed)
+            same = res.get(f"equal_to_engine_{variant}")
+            print(f"| {method}, {label} | {median(eng):.2f} | {median(fed):.2f} | {median(fed) / median(eng):.1f}× | {eng_start:.1f} | {fed_start:.1f} | "
+                  f"{('yes' if all(same) else 'NO') + f' ({len(same)} runs)' if same else ''} |")  # fmt: skip
+    if applied:
+        print(f"\nShort waits applied (processes that shortened each wait, from the patch's log): {', '.join(f'{key} in {n}' for key, n in applied.items())}.")
+    for method, res in results.items():
+        if res.get("profile"):
+            print(f"\n{method}:", end="")
+            print_profile(res["profile"], r)
     print("\n### Bytes per round (both ways, all sites) vs the floor\n")
     print("| method | model (state bytes) | 2 K × model | floor: the method's payloads, raw | encoded for Flower | encoded / floor | federation.json | federation.json / floor |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -286,6 +486,8 @@ def main() -> None:
         for name, tensors, raw, enc in paper:
             print(f"| {name} | {tensors} | {raw:,} | {enc:,} | {enc / raw:.4f} |")
         results["_paper_models"] = [dict(zip(("model", "tensors", "state_bytes", "encoded_bytes"), row)) for row in paper]
+    if applied:
+        results["_short_waits_applied"] = applied
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 

@@ -1,0 +1,118 @@
+"""benchmarks/flower_short_waits (benchmark only): the sleeps it shortens, only while its switch file
+exists, only for the callers it names; and those callers still exist in the installed Flower."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FOLDER = Path(__file__).resolve().parents[1] / "benchmarks" / "flower_short_waits"
+
+# Runs in a fresh interpreter with the folder on PYTHONPATH: two functions compiled as if they lived
+# in Flower's SuperNode module (one of the patched waits, one not), one in a module of ours.
+PROBE = r"""
+import json, sys, time
+flower = {"__name__": "flwr.supernode.start_client_internal", "time": time}
+exec("def start_client_internal(s):\n    time.sleep(s)\ndef other(s):\n    time.sleep(s)\n", flower)
+ours = {"__name__": "fedmedbench.federation.serverapp", "time": time}
+exec("def start_client_internal(s):\n    time.sleep(s)\n", ours)
+out = {"patched": time.sleep.__module__ == "sitecustomize"}
+for name, call in (("flower_loop", flower["start_client_internal"]), ("flower_loop_again", flower["start_client_internal"]),
+                   ("flower_other", flower["other"]), ("ours", ours["start_client_internal"]), ("tiny", lambda s: flower["start_client_internal"](0.001))):
+    t0 = time.perf_counter(); call(0.4); out[name] = time.perf_counter() - t0
+print(json.dumps(out))
+"""
+
+
+def probe(tmp_path, switch_on: bool, with_switch_env: bool = True) -> tuple[dict, list[str]]:
+    switch, log = tmp_path / "switch", tmp_path / "waits.log"
+    if switch_on:
+        switch.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FMB_FLOWER_SHORT_WAITS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(FOLDER), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if with_switch_env:
+        env.update(FMB_FLOWER_SHORT_WAITS_SWITCH=str(switch), FMB_FLOWER_SHORT_WAITS_S="0.01", FMB_FLOWER_SHORT_WAITS_LOG=str(log))
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout), (log.read_text().splitlines() if log.exists() else [])
+
+
+def test_short_only_for_the_named_flower_wait_while_the_switch_exists(tmp_path):
+    times, log = probe(tmp_path, switch_on=True)
+    assert times["patched"]
+    assert times["flower_loop"] < 0.2 and times["flower_loop_again"] < 0.2  # 0.4 s -> 0.01 s
+    assert times["flower_other"] >= 0.4 and times["ours"] >= 0.4  # same module, other function; ours
+    assert times["tiny"] < 0.2  # the lambda calls the named function with 0.001 s: not lengthened
+    # One line per process and wait, however often it is shortened.
+    assert len(log) == 1 and "flwr.supernode.start_client_internal:start_client_internal 0.4 s -> 0.01 s" in log[0]
+
+
+def test_switch_file_absent_is_stock_and_no_env_is_no_patch(tmp_path):
+    times, log = probe(tmp_path, switch_on=False)
+    assert times["patched"] and times["flower_loop"] >= 0.4 and log == []
+    times, log = probe(tmp_path, switch_on=True, with_switch_env=False)
+    assert not times["patched"] and times["flower_loop"] >= 0.4 and log == []
+
+
+def own_nodes(function):
+    """The nodes of a function's body, not those of the functions defined inside it."""
+    stack = list(function.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def test_every_named_wait_is_a_sleep_in_the_installed_flower():
+    """A Flower upgrade that renames or moves a wait would make the short leg silently stock."""
+    if importlib.util.find_spec("flwr") is None:
+        pytest.skip("flwr not installed (the flower extra)")
+    spec = importlib.util.spec_from_file_location("flower_short_waits_probe", FOLDER / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # no switch in this process's environment: defines WAITS, patches nothing
+    assert module.time.sleep is module._real_sleep
+    for module_name, function in module.WAITS:
+        source = Path(importlib.util.find_spec(module_name).origin).read_text()
+        defs = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
+        assert defs, f"{module_name} has no function {function}"
+        # The sleep is called in the function's own body (not only in a nested def, which has its own name).
+        own = [c for d in defs for c in own_nodes(d) if isinstance(c, ast.Call) and ast.unparse(c.func) in ("time.sleep", "sleep")]
+        assert own, f"{module_name}:{function} calls no time.sleep"
+
+
+def test_step_profile_splits_a_message_into_its_segments(tmp_path):
+    """One step, one site, one message, hand-made times (s): each segment is a difference of them."""
+    if importlib.util.find_spec("flwr") is None:
+        pytest.skip("flwr not installed (the flower extra)")
+    spec = importlib.util.spec_from_file_location("bench_federation", FOLDER.parent / "bench_federation.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ev = lambda pid, where, what, t0, t1: {"pid": pid, "where": where, "what": what, "t0": t0, "t1": t1}  # noqa: E731
+    events = [
+        ev(1, "federation", "fedmedbench.federation.serverapp:send_and_receive", 100.0, 103.0),
+        ev(2, "site-A", "flwr.supernode.start_client_internal:_pull_and_store_message", 100.1, 100.3),
+        ev(2, "site-A", "flwr.supernode.start_client_internal:_push_messages", 100.3, 102.6),
+        ev(3, "site-A", "flwr.supercore.superexec.plugin.base_exec_plugin:BaseExecPlugin.launch_task", 100.5, 100.55),
+        ev(4, "site-A", "flwr.supernode.runtime.run_clientapp:pull_task_input", 100.8, 101.0),
+        ev(4, "site-A", "flwr.clientapp.client_app:ClientApp.__call__", 101.1, 102.1),
+        ev(4, "site-A", "fedmedbench.federation.clientapp:load_site", 101.2, 101.4),
+        ev(4, "site-A", "flwr.supernode.runtime.run_clientapp:push_message", 102.1, 102.3),
+        ev(4, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 100.7, 104.0),
+        ev(9, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 200.0, 201.0),  # another run: outside the window
+    ]
+    log = tmp_path / "profile.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = bench.step_profile(log, 99.0, 150.0)
+    ms = {label: round(v[0]) for label, v in out["segments"].items()}
+    expected = [300, 200, 200, 300, 100, 1000, 200, 300, 1700]  # SEGMENTS in order, ms
+    assert [ms[label] for label, *_ in bench.SEGMENTS] == expected
+    assert ms["last reply at the SuperLink -> ServerApp has all replies (its pull)"] == 400
+    assert out["messages"] == 1 and out["server_steps"] == 1 and round(out["server_step_ms"]) == 3000
+    assert out["inside"] == {"load_site": (pytest.approx(200.0), 1)}
