@@ -221,8 +221,8 @@ def short_waits_applied(log: Path, sites: int) -> dict[str, int]:
 # The segments of one message's way, in order: (label, later event, its end, earlier event, its end), for
 # the events of one site (see step_profile). All but the last are on the message's critical path.
 SEGMENTS = (
-    ("ServerApp push -> message stored on the SuperNode (SuperLink, SuperNode's pull)", "pull", "t1", "step", "t0"),
-    ("stored -> the SuperExec launches the app (its task poll)", "launch", "t0", "pull", "t1"),
+    ("ServerApp push -> the SuperNode's pull that gets it starts (its poll wait)", "pull", "t0", "step", "t0"),
+    ("pull starts -> the SuperExec launches the app (pull, task made, the SuperExec's poll)", "launch", "t0", "pull", "t0"),
     ("launch -> app process runs (launcher, fork of the warm app, Flower's entry point)", "run", "t0", "launch", "t0"),
     ("app start -> message pulled from the SuperNode (Flower's Runtime API)", "pti", "t1", "run", "t0"),
     ("message pulled -> app called (Flower: FAB install, load the ClientApp)", "call", "t0", "pti", "t1"),
@@ -241,7 +241,7 @@ PROFILED = {  # event name (fmb_flower_profile's "what") -> short name
     "flwr.supernode.start_client_internal:_push_messages": "push",
     "fedmedbench.federation.serverapp:send_and_receive": "step",
 }
-INSIDE = ("install_from_fab", "load_site", "build_site", "unpack", "take_snapshot", "handle", "save_site", "reply")
+INSIDE = ("pull_with_retries(backoff)", "install_from_fab", "load_site", "build_site", "unpack", "take_snapshot", "handle", "save_site", "reply")
 
 
 def step_profile(log: Path, start: float, end: float) -> dict:
@@ -273,15 +273,17 @@ def step_profile(log: Path, start: float, end: float) -> dict:
             continue
         runs = kinds.get("run", [])
         out["messages"] += len(runs)
-        for run in runs:  # each app process, and the events of its message on this site around it
-            chain = {"run": run}
+        # A SuperNode handles one message at a time: its k-th pull, SuperExec launch, app process and
+        # push are the k-th message's (they overlap: the SuperExec may launch the app while the
+        # SuperNode still stores the message's objects). A site whose counts differ is left out.
+        if any(len(kinds.get(kind, [])) != len(runs) for kind in ("pull", "launch", "push")):
+            out.setdefault("sites_left_out", []).append(where)
+            continue
+        for k, run in enumerate(runs):
+            chain = {"run": run, "pull": kinds["pull"][k], "launch": kinds["launch"][k], "push": kinds["push"][k]}
             for kind in ("pti", "call", "pm"):  # in the app process itself
                 chain[kind] = next((e for e in kinds.get(kind, []) if e["pid"] == run["pid"]), None)
-            chain["launch"] = max((e for e in kinds.get("launch", []) if e["t0"] <= run["t0"]), key=lambda e: e["t0"], default=None)
-            # The SuperNode stores the message, then (_push_messages) waits for the reply and pushes it.
-            chain["pull"] = max((e for e in kinds.get("pull", []) if e["t1"] <= run["t0"]), key=lambda e: e["t0"], default=None)
-            chain["push"] = max((e for e in kinds.get("push", []) if e["t0"] <= run["t0"]), key=lambda e: e["t0"], default=None)
-            chain["step"] = max((e for e in steps if chain["pull"] and e["t0"] <= chain["pull"]["t0"]), key=lambda e: e["t0"], default=None)
+            chain["step"] = max((e for e in steps if e["t0"] <= chain["pull"]["t0"]), key=lambda e: e["t0"], default=None)
             for label, late, late_at, early, early_at in SEGMENTS:
                 if chain.get(late) and chain.get(early):
                     segments.setdefault(label, []).append(chain[late][late_at] - chain[early][early_at])
@@ -308,7 +310,7 @@ def print_profile(profiles: dict, rounds: int) -> None:
         print(f"| {label} | " + " | ".join(f"{statistics.mean(p['segments'][label][0] for p in profiles[v] if label in p['segments']):.0f}"
                                             if any(label in p["segments"] for p in profiles[v]) else "—" for v in variants) + " |")  # fmt: skip
     for name in INSIDE:
-        print(f"| in the app process: {name} (×calls in the run) | " + " | ".join(f"{statistics.mean(p['inside'][name][0] for p in profiles[v] if name in p['inside']):.0f} "
+        print(f"| timed: {name} (×calls in the run) | " + " | ".join(f"{statistics.mean(p['inside'][name][0] for p in profiles[v] if name in p['inside']):.0f} "
                                                                      f"(×{statistics.mean(p['inside'][name][1] for p in profiles[v] if name in p['inside']):.0f})"
                                                                      if any(name in p["inside"] for p in profiles[v]) else "—" for v in variants) + " |")  # fmt: skip
     for key, label in (("server_step_ms", "ServerApp: one step, push -> last reply"), ("server_between_steps_ms", "ServerApp: between steps (its own work)"), ("server_steps", "ServerApp: steps in the run")):

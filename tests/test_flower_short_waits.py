@@ -21,11 +21,15 @@ PROBE = r"""
 import json, sys, time
 flower = {"__name__": "flwr.supernode.start_client_internal", "time": time}
 exec("def start_client_internal(s):\n    time.sleep(s)\ndef other(s):\n    time.sleep(s)\n", flower)
+import threading
+pulls = {"__name__": "flwr.supercore.inflatable.inflatable_utils", "threading": threading}
+exec("def pull_with_retries(s):\n    threading.Event().wait(s)\n", pulls)
 ours = {"__name__": "fedmedbench.federation.serverapp", "time": time}
 exec("def start_client_internal(s):\n    time.sleep(s)\n", ours)
 out = {"patched": time.sleep.__module__ == "sitecustomize"}
 for name, call in (("flower_loop", flower["start_client_internal"]), ("flower_loop_again", flower["start_client_internal"]),
-                   ("flower_other", flower["other"]), ("ours", ours["start_client_internal"]), ("tiny", lambda s: flower["start_client_internal"](0.001))):
+                   ("flower_other", flower["other"]), ("ours", ours["start_client_internal"]), ("backoff", pulls["pull_with_retries"]),
+                   ("other_event", lambda s: threading.Event().wait(s)), ("tiny", lambda s: flower["start_client_internal"](0.001))):
     t0 = time.perf_counter(); call(0.4); out[name] = time.perf_counter() - t0
 print(json.dumps(out))
 """
@@ -49,13 +53,15 @@ def test_short_only_for_the_named_flower_wait_while_the_switch_exists(tmp_path):
     assert times["flower_loop"] < 0.2 and times["flower_loop_again"] < 0.2  # 0.4 s -> 0.01 s
     assert times["flower_other"] >= 0.4 and times["ours"] >= 0.4  # same module, other function; ours
     assert times["tiny"] < 0.2  # the lambda calls the named function with 0.001 s: not lengthened
+    assert times["backoff"] < 0.2 and times["other_event"] >= 0.4  # Event.wait: Flower's object-pull backoff only
     # One line per process and wait, however often it is shortened.
-    assert len(log) == 1 and "flwr.supernode.start_client_internal:start_client_internal 0.4 s -> 0.01 s" in log[0]
+    assert len(log) == 2 and "flwr.supernode.start_client_internal:start_client_internal 0.4 s -> 0.01 s" in log[0]
+    assert "flwr.supercore.inflatable.inflatable_utils:pull_with_retries 0.4 s -> 0.01 s" in log[1]
 
 
 def test_switch_file_absent_is_stock_and_no_env_is_no_patch(tmp_path):
     times, log = probe(tmp_path, switch_on=False)
-    assert times["patched"] and times["flower_loop"] >= 0.4 and log == []
+    assert times["patched"] and times["flower_loop"] >= 0.4 and times["backoff"] >= 0.4 and log == []
     times, log = probe(tmp_path, switch_on=True, with_switch_env=False)
     assert not times["patched"] and times["flower_loop"] >= 0.4 and log == []
 
@@ -83,8 +89,9 @@ def test_every_named_wait_is_a_sleep_in_the_installed_flower():
         defs = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
         assert defs, f"{module_name} has no function {function}"
         # The sleep is called in the function's own body (not only in a nested def, which has its own name).
-        own = [c for d in defs for c in own_nodes(d) if isinstance(c, ast.Call) and ast.unparse(c.func) in ("time.sleep", "sleep")]
-        assert own, f"{module_name}:{function} calls no time.sleep"
+        waits = ("early_stop.wait",) if function == "pull_with_retries" else ("time.sleep", "sleep")
+        own = [c for d in defs for c in own_nodes(d) if isinstance(c, ast.Call) and ast.unparse(c.func) in waits]
+        assert own, f"{module_name}:{function} calls none of {waits}"
 
 
 def test_step_profile_splits_a_message_into_its_segments(tmp_path):
@@ -111,7 +118,7 @@ def test_step_profile_splits_a_message_into_its_segments(tmp_path):
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
     out = bench.step_profile(log, 99.0, 150.0)
     ms = {label: round(v[0]) for label, v in out["segments"].items()}
-    expected = [300, 200, 200, 300, 100, 1000, 200, 300, 1700]  # SEGMENTS in order, ms
+    expected = [100, 400, 200, 300, 100, 1000, 200, 300, 1700]  # SEGMENTS in order, ms
     assert [ms[label] for label, *_ in bench.SEGMENTS] == expected
     assert ms["last reply at the SuperLink -> ServerApp has all replies (its pull)"] == 400
     assert out["messages"] == 1 and out["server_steps"] == 1 and round(out["server_step_ms"]) == 3000

@@ -34,7 +34,7 @@ TIMED = {
 }
 
 
-def _record(what, t0, t1) -> None:
+def record(what, t0, t1) -> None:
     line = json.dumps({"pid": os.getpid(), "where": os.path.basename(os.getcwd()), "what": what, "t0": t0, "t1": t1}) + "\n"
     with open(LOG, "a") as log:  # one append per line: whole lines from concurrent processes
         log.write(line)
@@ -49,7 +49,7 @@ def timed(function, what: str):
             return result
         finally:  # also when it ends the process (run_clientapp exits through SystemExit)
             if not (what.endswith("_pull_and_store_message") and result is None):
-                _record(what, t0, time.time())
+                record(what, t0, time.time())
 
     wrapper.__fmb_timed__ = True
     return wrapper

@@ -22,7 +22,12 @@ Flower 1.42's waits on a message's path (``grep -rn sleep flwr/``), all shortene
   ``federation.local`` starts it);
 - ``flwr/superlink/grid/http_grid.py`` ``send_and_receive``: Flower's own ``Grid.send_and_receive``
   waits 3 s between pulls of replies (our ServerApp pushes and pulls itself, so only the
-  ``--ab`` leg's app meets it).
+  ``--ab`` leg's app meets it);
+- ``flwr/supercore/inflatable/inflatable_utils.py`` ``pull_with_retries`` (inside ``pull_objects``):
+  an object asked for before it is stored (a message's objects follow the message: the SuperNode's
+  pull from the SuperLink, the ClientApp's from the SuperNode, the ServerApp's pull of replies)
+  is asked again after ``PULL_INITIAL_BACKOFF`` = 1 s, doubling up to 10 s (``threading.Event.wait``,
+  not ``time.sleep``: that method is wrapped the same way).
 Not shortened (not on a message's path; once per run, so they cancel in the bench's
 ``t(2R) - t(R)``): the ServerApp's log uploader (0.2 s) and its ``flush_logs`` at exit (up to
 1 s), the SuperLink's log and event streams to ``flwr run --stream`` (0.5 s), start-up loops.
@@ -30,10 +35,14 @@ Not shortened (not on a message's path; once per run, so they cancel in the benc
 Proof that it applies: each process appends one line per wait it shortened (the first time, per
 process) to ``FMB_FLOWER_SHORT_WAITS_LOG`` and prints it to stderr (the process's own log);
 the bench reads the file and refuses to report a short-waits row the patch did not reach.
+
+With ``FMB_FLOWER_PROFILE_LOG`` set (``bench_federation.py --profile``) this file also loads
+``fmb_flower_profile`` (same folder), which times the steps of each message in these processes.
 """
 
 import os
 import sys
+import threading
 import time
 
 # (module, function) of each hard-coded wait -> what it is (for the log line)
@@ -43,20 +52,41 @@ WAITS = {
     ("flwr.supernode.start_client_internal", "yield_object_contents"): "SuperNode: wait for a reply object (0.5 s steps)",
     ("flwr.supercore.superexec.run_superexec", "run_superexec"): "SuperExec: task poll interval",
     ("flwr.superlink.grid.http_grid", "send_and_receive"): "Grid.send_and_receive: wait between pulls (3 s)",
+    ("flwr.supercore.inflatable.inflatable_utils", "pull_with_retries"): "object pull: backoff when not yet stored (1 s, doubling)",
 }
 
 _real_sleep = time.sleep
+_real_event_wait = threading.Event.wait
+
+
+def _shortened(frame, seconds):
+    """``seconds``, or ``short`` where the caller is one of ``WAITS`` and the switch file exists."""
+    key = (frame.f_globals.get("__name__"), frame.f_code.co_name)
+    if key in WAITS and seconds is not None and seconds > _SHORT and _SWITCH and os.path.exists(_SWITCH):
+        _note(key, seconds)
+        return _SHORT
+    return seconds
 
 
 def short_sleep(seconds):
     """``time.sleep`` with the waits of ``WAITS`` cut to ``short`` while the switch file exists."""
-    frame = sys._getframe(1)  # the caller: whose wait this is
-    key = (frame.f_globals.get("__name__"), frame.f_code.co_name)
-    if key in WAITS and os.path.exists(_SWITCH):
-        if seconds > _SHORT:
-            _note(key, seconds)
-            seconds = _SHORT
-    _real_sleep(seconds)
+    _real_sleep(_shortened(sys._getframe(1), seconds))  # frame 1: the caller, whose wait this is
+
+
+def short_event_wait(self, timeout=None):
+    """``threading.Event.wait`` likewise (Flower's object-pull backoff); with ``--profile`` each such
+    backoff is logged (stock or short): how often a message's object was asked for too early."""
+    frame = sys._getframe(1)
+    if frame.f_code.co_name != "pull_with_retries" or frame.f_globals.get("__name__") != "flwr.supercore.inflatable.inflatable_utils":
+        return _real_event_wait(self, timeout)
+    t0 = time.time()
+    try:
+        return _real_event_wait(self, _shortened(frame, timeout))
+    finally:
+        if _PROFILE:
+            import fmb_flower_profile
+
+            fmb_flower_profile.record("flwr.supercore.inflatable.inflatable_utils:pull_with_retries(backoff)", t0, time.time())
 
 
 _logged: dict[int, set] = {}  # {pid: keys logged}: a fork (the warm app server's) starts afresh
@@ -77,8 +107,10 @@ def _note(key, seconds) -> None:
 _SWITCH = os.environ.get("FMB_FLOWER_SHORT_WAITS_SWITCH", "")
 _SHORT = float(os.environ.get("FMB_FLOWER_SHORT_WAITS_S", "0.02"))
 _LOG = os.environ.get("FMB_FLOWER_SHORT_WAITS_LOG", "")
-if _SWITCH:
+_PROFILE = os.environ.get("FMB_FLOWER_PROFILE_LOG", "")
+if _SWITCH or _PROFILE:
     time.sleep = short_sleep
+    threading.Event.wait = short_event_wait
 if os.environ.get("FMB_FLOWER_PROFILE_LOG"):  # bench_federation.py --profile: time the steps of a message
     import fmb_flower_profile
 
