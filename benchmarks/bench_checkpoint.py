@@ -6,6 +6,7 @@ every copy written, history inside) and after (``FMBCKPT2``, fl/state.py), measu
     python benchmarks/bench_checkpoint.py --tasks prostate --reps 5
     python benchmarks/bench_checkpoint.py --small               # tiny models: a smoke run in seconds
     python benchmarks/bench_checkpoint.py --skip peaks history  # the write times alone (a busy machine)
+    python benchmarks/bench_checkpoint.py --skip peaks history --against HEAD~1  # before/after, interleaved
 
 The state is the engine's own, at the end of a round: config.yaml's task (model, optimizer, clients)
 with FedAvg, the real ``Server``/``Client`` objects (each client took one optimizer step, so Adam or
@@ -27,6 +28,11 @@ Numbers:
   resetting the high-water mark through ``/proc/self/clear_refs`` (the same kernel counter).
 - history: ``runfolder.save_state`` at round 1 and at round ``rounds`` (the history of all rounds
   before it already in the log / in memory), new vs old.
+- ``--against REV``: the ``save_checkpoint`` of ``src/fedmedbench/fl/state.py`` at git revision
+  ``REV`` ("before") timed in the same interleaved repetitions as the current one, and its file
+  compared byte for byte with the current one's; also the median over repetitions of each
+  repetition's own ratio to the raw write just before it (steadier than a ratio of medians when
+  other processes come and go).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -177,7 +184,7 @@ def raw_write_pieces(buffer: memoryview, path: Path) -> None:
     with atomic_file(path) as handle:
         writer = ckpt_io._Writer(handle, 0)
         for start in range(0, len(buffer), ckpt_io.CHUNK):
-            writer(buffer[start : start + ckpt_io.CHUNK])
+            writer([buffer[start : start + ckpt_io.CHUNK]])
         if path.exists():
             os.replace(path, ckpt_io.previous(path))
 
@@ -235,7 +242,20 @@ def measure_peaks(task: str, small: bool, tmp: Path) -> dict:
         state_file.unlink()
 
 
-def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, history: bool = True) -> dict:
+def state_module_at(rev: str, tmp: Path):
+    """``fl/state.py`` as it was at git revision ``rev``, imported as a module of its own."""
+    out = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:src/fedmedbench/fl/state.py"], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"--against {rev}: {out.stderr.strip()}")
+    path = tmp / f"state_{rev.replace('/', '_').replace('~', '_')}.py"
+    path.write_text(out.stdout)
+    spec = importlib.util.spec_from_file_location("state_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, history: bool = True, before=None) -> dict:
     cfg, server, clients, selection = build_state(task, small)
     obj = checkpoint_object(server, clients, selection)
     model_bytes = sum(v.numel() * v.element_size() for v in clients[0].model.state_dict().values())
@@ -250,15 +270,23 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, histor
     ckpt_io.save_checkpoint_v1(selection.heavy_state(), sel_old)
     sel_new_size, sel_old_size = sel_new.stat().st_size, sel_old.stat().st_size
     n_models, n_distinct = distinct_models(selection)
+    same_as_before = None
+    if before is not None:
+        before.save_checkpoint(obj, tmp / "before.pt")
+        same_as_before = (tmp / "before.pt").read_bytes() == new.read_bytes()
+        (tmp / "before.pt").unlink()
     for path in (new, old, sel_new, sel_old):
         path.unlink()
 
     # Interleaved, so load from other processes hits every variant alike. Files are kept between
     # repetitions, so each write replaces the previous one and keeps it as ``.prev``, as in a run.
     buffer = memoryview(torch.randint(0, 256, (max(state_bytes, new_size),), dtype=torch.uint8).numpy())
-    times = {"raw_file": [], "raw_pieces": [], "new": [], "raw_state": [], "old": [], "dedup_pass": [], "raw_file_cpu": [], "raw_pieces_cpu": [], "new_cpu": []}
+    times = {"raw_file": [], "raw_pieces": [], "new": [], "raw_state": [], "old": [], "dedup_pass": [], "raw_file_cpu": [], "raw_pieces_cpu": [], "new_cpu": [], "before": [], "before_cpu": []}
+    loads = [os.getloadavg()[0]]
     for _ in range(reps):
         variants = (("raw_file", raw_write, (buffer[:new_size], tmp / "raw.bin")), ("new", ckpt_io.save_checkpoint, (obj, tmp / "checkpoint.pt")), ("raw_pieces", raw_write_pieces, (buffer[:new_size], tmp / "pieces.bin")))
+        if before is not None:
+            variants += (("before", before.save_checkpoint, (obj, tmp / "before.pt")),)
         for key, fn, args in variants:
             wall, cpu = cpu_timed(fn, *args)
             times[key].append(wall)
@@ -266,10 +294,14 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, histor
         times["raw_state"].append(timed(raw_write, buffer[:state_bytes], tmp / "raw-state.bin"))
         times["old"].append(timed(ckpt_io.save_checkpoint_v1, obj, tmp / "old.pt"))
         times["dedup_pass"].append(timed(lambda: ckpt_io._Packer(ckpt_io._Blobs()).pack(obj)))
+    loads.append(os.getloadavg()[0])
     for path in tmp.iterdir():
-        path.unlink()
+        if path.suffix != ".py":
+            path.unlink()
     del buffer
-    median = {k: statistics.median(v) for k, v in times.items()}
+    median = {k: statistics.median(v) for k, v in times.items() if v}
+    # Each repetition's own ratios: the raw write and the checkpoints ran within a second of each other.
+    per_rep = {f"{k}_per_rep": statistics.median(a / r for a, r in zip(times[k], times["raw_file"])) for k in ("new", "before") if times[k]}
 
     # History: at round 1 and at the last round, with the rows of all rounds before already logged.
     # The whole save_state (the selection file already written, as in a round where it did not
@@ -310,7 +342,9 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, histor
         "selection_distinct": n_distinct,
         "selection_old_file": sel_old_size,
         "selection_new_file": sel_new_size,
-        "times": median,
+        "times": median | per_rep,
+        "load": loads,
+        "same_bytes_as_before": same_as_before,
         "history": history_times,
         "rounds": cfg.rounds,
         **peaks,
@@ -325,6 +359,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: the system's temporary folder)")
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--skip", nargs="+", default=[], choices=("peaks", "history"), help="leave these tables out (on a busy machine: the write times alone)")
+    parser.add_argument("--against", metavar="REV", help="also time save_checkpoint of fl/state.py at this git revision, interleaved (before/after)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"CPU, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; sizes: {'small' if args.small else 'paper'}\n")
@@ -332,8 +367,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         # Peaks first, before this process grows.
         peaks = {task: {} if "peaks" in args.skip else measure_peaks(task, args.small, Path(tmp)) for task in args.tasks}
+        before = state_module_at(args.against, Path(tmp)) if args.against else None
         for task in args.tasks:
-            results.append(bench_task(task, args.small, args.reps, Path(tmp), peaks[task], "history" not in args.skip))
+            results.append(bench_task(task, args.small, args.reps, Path(tmp), peaks[task], "history" not in args.skip, before))
+            if before is not None:
+                results[-1]["against"] = args.against
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
@@ -357,6 +395,12 @@ def report(results: list[dict]) -> None:
     for r in results:
         t = r["times"]
         print(f"| {r['task']} | {t['raw_file']:.3f} / {t['raw_pieces']:.3f} | {t['new']:.3f} | {t['new'] / t['raw_file']:.2f} / {t['new'] / t['raw_pieces']:.2f} | {t['raw_file_cpu']:.2f} / {t['new_cpu']:.2f} | {t['raw_state']:.3f} | {t['old']:.3f} | {t['old'] / t['raw_state']:.2f} | {t['new'] / t['raw_state']:.2f} | {t['dedup_pass']:.3f} |")
+    if all(r["times"].get("before") for r in results):
+        print(f"\n| task | load average, start → end | raw, one write s | before ({results[0]['against']}) s | new s | before / raw | **new / raw** | new / before | median of per-repetition ratios, before / new | CPU s raw / before / new | same bytes |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---|")
+        for r in results:
+            t = r["times"]
+            print(f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['raw_file']:.3f} | {t['before']:.3f} | {t['new']:.3f} | {t['before'] / t['raw_file']:.2f} | **{t['new'] / t['raw_file']:.2f}** | {t['new'] / t['before']:.2f} | {t['before_per_rep']:.2f} / {t['new_per_rep']:.2f} | {t['raw_file_cpu']:.2f} / {t['before_cpu']:.2f} / {t['new_cpu']:.2f} | {'yes' if r['same_bytes_as_before'] else 'NO'} |")
     if not all(r.get("peak_new") for r in results):
         return
     print("\n| task | resident MiB before the write | peak rise, new MiB (ru_maxrss / VmHWM) | peak rise, old MiB (ru_maxrss / VmHWM) |")

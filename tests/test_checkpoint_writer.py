@@ -1,0 +1,79 @@
+"""The checkpoint writer's side of fl/state.py: new blobs reach the writer and CRC threads in batches
+of about ``CHUNK`` bytes (one ``writev`` each, short writes continued), the file holds exactly the
+distinct storages' bytes in order of first appearance, and the walk's fast path for ordinary
+tensors still refuses what a checkpoint cannot hold."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fedmedbench.fl import state as ckpt_io
+
+
+def mixed_sizes() -> tuple[list[torch.Tensor], dict]:
+    """Nine distinct float32 tensors from 12 bytes to 80 kB, then a copy of each (written once)."""
+    torch.manual_seed(0)
+    distinct = [torch.randn(n) for n in (3, 100, 300, 700, 1500, 5000, 20000, 256, 9000)]
+    obj = {f"a{i}": t for i, t in enumerate(distinct)} | {f"b{i}": t.clone() for i, t in enumerate(distinct)}
+    return distinct, obj
+
+
+def test_blobs_reach_the_writer_in_batches_of_a_chunk_and_land_in_order_of_first_appearance(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt_io, "CHUNK", 4096)
+    monkeypatch.setattr(ckpt_io, "SMALL", 1024)  # 12 and 400 bytes staged (copied), the rest views in 4 KiB pieces
+    distinct, obj = mixed_sizes()
+    batches = []
+    real = ckpt_io._write_all
+    monkeypatch.setattr(ckpt_io, "_write_all", lambda fd, batch: batches.append([len(b) for b in batch]) or real(fd, batch))
+    ckpt_io.save_checkpoint(obj, tmp_path / "c.pt")
+
+    expected = b"".join(t.numpy().tobytes() for t in distinct)  # 147,436 bytes: the copies add none
+    data = (tmp_path / "c.pt").read_bytes()
+    assert data[: len(ckpt_io.MAGIC)] == ckpt_io.MAGIC and data[len(ckpt_io.MAGIC) : len(ckpt_io.MAGIC) + len(expected)] == expected
+    totals = [sum(batch) for batch in batches]
+    assert sum(totals) == len(expected) == 147_436
+    # Every hand-over but the last carries at least a CHUNK (so 147,436 bytes in at most 36, not one
+    # per piece: 39 pieces and a staged buffer), and none more than a chunk, a piece and a staged buffer.
+    assert all(total >= 4096 for total in totals[:-1]) and all(total < 2 * 4096 + 1024 for total in totals)
+    assert len(batches) <= len(expected) // 4096 + 1 and sum(len(batch) for batch in batches) > len(batches)
+    back = ckpt_io.load_checkpoint(tmp_path / "c.pt")  # the CRC of the batches is the CRC of the bytes
+    assert all(torch.equal(back[f"a{i}"], t) and torch.equal(back[f"b{i}"], t) for i, t in enumerate(distinct))
+
+
+def test_short_writes_and_more_buffers_than_one_writev_takes_still_write_every_byte_once(tmp_path, monkeypatch):
+    distinct, obj = mixed_sizes()
+    ckpt_io.save_checkpoint(obj, tmp_path / "plain.pt")
+    monkeypatch.setattr(ckpt_io, "SMALL", 16)  # every tensor but the 12-byte one a buffer of its own
+    monkeypatch.setattr(ckpt_io, "_IOV_MAX", 3)
+    calls = []
+
+    def short_writev(fd, buffers):  # a writev that stops after 1,000 bytes, mid-buffer
+        assert 1 <= len(buffers) <= 3
+        calls.append(len(buffers))
+        return os.write(fd, b"".join(bytes(b) for b in buffers)[:1000])
+
+    monkeypatch.setattr(ckpt_io, "_writev", short_writev)
+    ckpt_io.save_checkpoint(obj, tmp_path / "short.pt")
+    assert (tmp_path / "short.pt").read_bytes() == (tmp_path / "plain.pt").read_bytes()
+    assert len(calls) >= 147_436 // 1000 and max(calls) == 3  # short writes continued, 3 buffers at most a call
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # deprecated in torch; still a dtype a checkpoint must refuse
+def test_the_fast_path_still_refuses_what_a_checkpoint_cannot_hold_and_keeps_complex_values(tmp_path):
+    z = torch.complex(torch.arange(4.0), -torch.arange(4.0))
+    obj = {"z": z, "half": torch.ones(2, dtype=torch.float16), "flag": torch.tensor([True, False])}
+    ckpt_io.save_checkpoint(obj, tmp_path / "c.pt")
+    back = ckpt_io.load_checkpoint(tmp_path / "c.pt")
+    assert all(back[k].dtype == v.dtype and torch.equal(back[k], v) for k, v in obj.items())
+    for value, what in [
+        (z.conj(), r"a Tensor of layout torch\.strided and dtype torch\.complex64"),
+        (torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8), r"a Tensor of layout torch\.strided and dtype torch\.qint8"),
+        (torch.ones(3).to_sparse(), r"a Tensor of layout torch\.sparse_coo and dtype torch\.float32"),
+        (torch.empty(3, device="meta"), r"a tensor on the meta device"),
+    ]:
+        with pytest.raises(TypeError, match=r"bad\.pt: cannot checkpoint the value at \['w'\]\[1\]: " + what):
+            ckpt_io.save_checkpoint({"w": [torch.ones(1), value]}, tmp_path / "bad.pt")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]  # the temporary removed
