@@ -5,8 +5,10 @@ reply is refused in one line naming the site. The end-to-end matrix starts ONE r
 ``flower-superlink`` and three ``flower-supernode`` processes on 127.0.0.1 (free ports; every process
 ended however the tests end), runs every built-in method, PRR-FL's official variant and the
 ``new-method`` scaffold's plug-in for 2 rounds with ``flwr run`` (all submitted at once), and
-compares each run folder with the engine's byte for byte. Skipped where the ``flower`` extra is not
-installed."""
+compares each run folder with the engine's byte for byte. On the same federation, a fourth SuperNode
+joins as PRR-FL's test-only cohort (``OOD``, test rows only) once every matrix run has its sites,
+and PRR-FL's two flows run with it (``COHORT_RUNS``): their final.json's ood part too equals the
+engine's. Skipped where the ``flower`` extra is not installed."""
 
 import filecmp
 import json
@@ -82,6 +84,27 @@ OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
 MATRIX = {name: (name, {}) for name in builtin_methods()}
 MATRIX["prrfl-official"] = ("prrfl", {"method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}, "selection_window": 0.2, "selection_scope": "pooled"})
 MATRIX["fedxyz"] = ("fedxyz", {"method_module": "fedxyz.method"})
+# PRR-FL's two flows with a test-only cohort (the skin task's Table 3 set-up): run on the same
+# federation by a fourth SuperNode, site OOD, whose split rows are all test rows.
+COHORT_RUNS = {"prrfl-ood": ("prrfl", {"ood_clients": ["OOD"]}), "prrfl-official-ood": ("prrfl", {**MATRIX["prrfl-official"][1], "ood_clients": ["OOD"]})}
+
+
+def write_tiny_task_with_cohort(root: Path):
+    """The tiny three-site store plus site OOD (6 samples, all of them test rows)."""
+    import pandas as pd
+
+    from fedmedbench.data.store import write_split_csv
+
+    store, split = write_tiny_task(root, clients=("A", "B", "C", "OOD"), n=(12, 10, 8, 6))
+    rows = pd.read_csv(split)
+    rows.loc[rows["client"] == "OOD", "split"] = "test"
+    write_split_csv(rows, split)
+    return store, split
+
+
+def hellos_answered(log: Path) -> int:
+    """How many runs' ``hello`` a SuperNode has answered (Flower logs each reply it sends)."""
+    return log.read_text().count("Sending: query.hello message")
 
 
 def _flwr_json(federation, *args: str, timeout: float = 120.0):
@@ -100,7 +123,7 @@ def federated_matrix(tmp_path_factory):
     from fedmedbench.federation.local import CONNECTION, local_federation
 
     root = tmp_path_factory.mktemp("matrix")
-    store, split = write_tiny_task(root / "data")
+    store, split = write_tiny_task_with_cohort(root / "data")
     with pytest.MonkeyPatch.context() as patch:
         # The plug-in is importable in this process (the engine's run) and on every site (the
         # SuperNodes' app processes inherit PYTHONPATH), as an installed plug-in would be.
@@ -111,24 +134,39 @@ def federated_matrix(tmp_path_factory):
         patch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
         sites = {name: {"store": str(store), "split": str(split)} for name in ("A", "B", "C")}
         with local_federation(sites, root / "federation", warm=True) as federation:
-            configs, submitted = {}, {}
-            for name, (method, overrides) in MATRIX.items():
-                cfg = tiny_run_config(store, split, method, rounds=2, **overrides)
-                cfg["run"] = name
-                configs[name] = cfg
-                (root / f"{name}.json").write_text(json.dumps(cfg))
-                settings = f'run-config="{root / f"{name}.json"}" out="{root / "flower" / name}"'
-                command = [str(Path(sys.executable).with_name("flwr")), "run", str(APP_DIR), CONNECTION, "--run-config", settings, "--format", "json"]
-                submitted[name] = subprocess.Popen(command, env=federation.env, cwd=federation.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            run_ids = {}
-            for name, process in submitted.items():
-                output = process.communicate(timeout=300)[0]
-                assert process.returncode == 0, f"flwr run of {name}: {output[-3000:]}"
-                run_ids[json.loads(output)["run-id"]] = name
+            configs, run_ids = {}, {}
+
+            def submit(runs: dict) -> None:
+                submitted = {}
+                for name, (method, overrides) in runs.items():
+                    cfg = tiny_run_config(store, split, method, rounds=2, **overrides)
+                    cfg["run"] = name
+                    configs[name] = cfg
+                    (root / f"{name}.json").write_text(json.dumps(cfg))
+                    settings = f'run-config="{root / f"{name}.json"}" out="{root / "flower" / name}"'
+                    command = [str(Path(sys.executable).with_name("flwr")), "run", str(APP_DIR), CONNECTION, "--run-config", settings, "--format", "json"]
+                    submitted[name] = subprocess.Popen(command, env=federation.env, cwd=federation.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for name, process in submitted.items():
+                    output = process.communicate(timeout=300)[0]
+                    assert process.returncode == 0, f"flwr run of {name}: {output[-3000:]}"
+                    run_ids[json.loads(output)["run-id"]] = name
+
+            submit(MATRIX)
             # The engine's runs, while the federation works. One CPU thread on both sides (the
             # sites' default): another count changes float summation order.
-            for name, cfg in configs.items():
-                run_training(cfg, root / "engine" / name, threads=1, progress=False)
+            for name in MATRIX:
+                run_training(configs[name], root / "engine" / name, threads=1, progress=False)
+            # The cohort's SuperNode joins once every matrix run has found its three sites (each
+            # ServerApp says hello to the nodes connected when it starts: a fourth node of a site
+            # that is not one of its clients would be refused), then PRR-FL's runs with the cohort.
+            log_a, deadline = federation.supernode("A").log, time.monotonic() + 1800
+            while hellos_answered(log_a) < len(MATRIX):
+                assert time.monotonic() < deadline, f"site A answered {hellos_answered(log_a)} of {len(MATRIX)} hellos within 1800 s; logs in {federation.workdir}"
+                time.sleep(1)
+            federation.start_supernode("OOD", {"store": str(store), "split": str(split)})
+            submit(COHORT_RUNS)
+            for name in COHORT_RUNS:
+                run_training(configs[name], root / "engine" / name, threads=1, progress=False)
             # A run is done when its ServerApp wrote federation.json (its last file) and Flower says
             # so; `flwr ls` (a CLI process, a second of CPU) only every 30 s, or once every run has
             # its file. The limit only catches a hang: on a 2-core machine shared with other test
@@ -140,7 +178,7 @@ def federated_matrix(tmp_path_factory):
                 written = all((root / "flower" / name / "federation.json").is_file() for name in run_ids.values())
                 if written or time.monotonic() - asked > 30:
                     asked = time.monotonic()
-                    for run in _flwr_json(federation, "ls")["runs"]:
+                    for run in _flwr_json(federation, "ls", "--limit", str(len(run_ids) + 10))["runs"]:  # flwr ls lists 20 by default
                         if run["run-id"] in run_ids and run["status"].startswith("finished"):
                             status[run_ids[run["run-id"]]] = (run["status"], run["run-id"])
             logs = {}
@@ -162,6 +200,24 @@ def test_every_method_on_a_real_federation_equals_the_engine_byte_for_byte(feder
     assert json.loads((flower / "final.json").read_text())["method"] == MATRIX[name][0]
     traffic = json.loads((flower / "federation.json").read_text())
     assert traffic["sites"] == 3 and traffic["bytes_sent"] > 0 and traffic["bytes_received"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(COHORT_RUNS))
+def test_a_test_only_cohort_on_a_real_federation_equals_the_engine_byte_for_byte(federated_matrix, name):
+    """PRR-FL (paper and official flows) with site OOD's SuperNode as the test-only cohort: the run
+    folder, final.json's ood part (per model, mean, ensemble) included, equals the engine's."""
+    root, status, logs = federated_matrix
+    assert status[name][0] == "finished:completed", f"{name}: {status[name]}\n{logs.get(name, '')}"
+    engine, flower = root / "engine" / name, root / "flower" / name
+    for output in OUTPUTS:
+        assert filecmp.cmp(engine / output, flower / output, shallow=False), f"{name}: {output} differs from the engine's"
+    ood = json.loads((flower / "final.json").read_text())["ood"]["OOD"]
+    assert list(ood["per_model"]) == ["A", "B", "C"]
+    for metric, value in ood["mean"].items():
+        assert value == pytest.approx(sum(scores[metric] for scores in ood["per_model"].values()) / 3), metric
+    traffic = json.loads((flower / "federation.json").read_text())
+    assert sorted(traffic["data_digests"]) == ["A", "B", "C", "OOD"] and traffic["sites"] == 3
 
 
 def test_a_state_travels_as_one_array_within_two_percent_of_its_bytes():

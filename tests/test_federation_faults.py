@@ -38,6 +38,7 @@ HANDLERS = {
     "evaluate": clientapp.evaluate,
     "query.keep": clientapp.keep,
     "query.final": clientapp.final,
+    "query.ood": clientapp.ood,
 }
 
 
@@ -335,6 +336,79 @@ def test_a_site_may_withhold_its_model_and_predictions_and_the_tables_still_read
     assert "model" in sent_up[100] and "predictions" in sent_up[100]
     assert "model" not in sent_up[101] and "predictions" in sent_up[101] and sent_up[101] >= {"test", "withheld"}
     assert "predictions" not in sent_up[102] and "model" in sent_up[102]
+
+
+# --- a test-only cohort (ood_clients) ----------------------------------------------------------------
+def cohort_run(tmp_path, tiny_task, node_config=None, tamper=None, rounds=2, **overrides):
+    """PRR-FL on sites A and B with site C's SuperNode as the run's test-only cohort (its test rows)."""
+    store, split = tiny_task
+    cfg = tiny_run_config(store, split, "prrfl", rounds=rounds, clients=["A", "B"], ood_clients=["C"], **overrides)
+    run = read_run_config_dict(tmp_path, cfg)
+    sites = {name: {"store": str(store), "split": str(split), **(node_config or {}).get(name, {})} for name in ("A", "B", "C")}
+    grid = FakeGrid(tmp_path, sites, tamper)
+    return cfg, run, grid, FlowerTransport(grid, run, nodes_timeout=1)
+
+
+def test_a_test_only_cohort_scores_the_sites_models_as_the_engine(tmp_path, tiny_task):
+    """The cohort's node is sent hello, then nothing until ``ood`` (after the final message); the run
+    folder equals the engine's byte for byte, final.json's ood part included."""
+    import filecmp
+
+    from fedmedbench.fl.engine import run_training
+    from fedmedbench.fl.transport import serve
+
+    cfg, run, grid, transport = cohort_run(tmp_path, tiny_task)
+    assert transport.node == {"A": 100, "B": 101} and transport.cohort_node == {"C": 102}
+    grid.sent.clear()
+    sent_to = []
+    grid.tamper = lambda message, reply: sent_to.append((message.metadata.message_type, message.metadata.dst_node_id)) or reply
+    serve(run, tmp_path / "fed", transport, progress=False)
+    assert [kind for kind, node in sent_to if node == 102] == ["query.ood"] and sent_to[-1] == ("query.ood", 102)
+    run_training(cfg, tmp_path / "engine", threads=1, progress=False)
+    for output in ("final.json", "history.csv", "model_best.pt", "predictions.npz"):
+        assert filecmp.cmp(tmp_path / "engine" / output, tmp_path / "fed" / output, shallow=False), output
+    ood = json.loads((tmp_path / "fed" / "final.json").read_text())["ood"]
+    assert list(ood) == ["C"] and sorted(ood["C"]["per_model"]) == ["A", "B"]
+
+
+def test_a_site_that_withholds_its_model_from_a_run_with_a_cohort_is_refused_at_hello(tmp_path, tiny_task):
+    with pytest.raises(SiteError, match=r"hello: site B keeps its model to itself \(share-model=false\), so test-only cohort\(s\) C cannot score it; .*; refused"):
+        cohort_run(tmp_path, tiny_task, node_config={"B": {"share-model": False}})
+    cohort_run(tmp_path / "predictions", tiny_task, node_config={"B": {"share-predictions": False}})  # its predictions only: served
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda v: {**v, "per_model": {"A": v["per_model"]["A"]}}, r"ood: cohort C: per_model scores sites \['A'\], the run's sites are \['A', 'B'\]; refused"),
+        (lambda v: {**v, "ensemble": {**v["ensemble"], "f1": math.inf}}, r"ood: cohort C ensemble: an infinite score; refused"),
+        (lambda v: {"mean": v["mean"]}, r"ood: cohort C: the reply is not \['ensemble', 'mean', 'per_model'\]"),
+    ],
+    ids=["a-site-missing", "infinite", "keys"],
+)
+def test_a_bad_cohort_reply_is_refused_naming_the_cohort(tmp_path, tiny_task, change, message):
+    from fedmedbench.fl.transport import serve
+
+    def tamper(sent, reply):
+        return rewrite(sent, reply, change) if sent.metadata.message_type == "query.ood" else reply
+
+    _, run, _, transport = cohort_run(tmp_path, tiny_task, tamper=tamper, rounds=1)
+    with pytest.raises(SiteError, match=message):
+        serve(run, tmp_path / "fed", transport, progress=False)
+    assert not (tmp_path / "fed" / "final.json").exists()
+
+
+def test_a_cohort_node_is_not_taken_for_a_training_site(tmp_path, tiny_task):
+    """Site C's SuperNode in a run where C trains answers as a training site; where C is the cohort,
+    a node that answers as a training site (another version, a tampered reply) is refused."""
+
+    def tamper(sent, reply):
+        if sent.metadata.message_type == "query.hello" and sent.metadata.dst_node_id == 102:
+            return rewrite(sent, reply, lambda v: {k: w for k, w in v.items() if k != "test_only"})
+        return reply
+
+    with pytest.raises(SiteError, match="hello: site C: it is a test-only cohort of run prrfl, but its SuperNode answered as a training site; refused"):
+        cohort_run(tmp_path, tiny_task, tamper=tamper)
 
 
 # --- a real federation: a bad node config, then a killed SuperNode ------------------------------------

@@ -25,6 +25,12 @@ the two latest checkpointed rounds (the server's checkpoint and the ``.prev`` it
 restarted server's ``resume`` message names its checkpoint's round: the site goes back to that
 snapshot (or to its state file, if that is still at the end of that round), else it refuses in one
 line naming the site and round.
+
+A test-only cohort (the run's ``ood_clients``, e.g. PRR-FL's unseen institution) is a SuperNode of
+its own whose node config names the cohort as ``client``; it opens only its own test rows. It keeps
+no state: it answers ``hello`` (its data digest), then, after the run's final message, ``ood``: the
+server sends every site's selected model and the cohort replies with their scores on its test rows
+(per model, their mean, the ensemble), computed as the engine's ``evaluation.ood_test``.
 """
 
 from __future__ import annotations
@@ -223,23 +229,47 @@ def handle(message: Message, context: Context, step, ends_round: bool = False) -
         return error_reply(message, name, err)
 
 
+def build_cohort(cfg_json: str, context: Context):
+    """This node's ``Cohort`` (a test-only cohort of the run): its own test rows only."""
+    from fedmedbench.fl.data import load_test_only
+    from fedmedbench.fl.transport import Cohort
+    from fedmedbench.runconfig import RunConfig
+
+    cfg = RunConfig.from_dict(json.loads(cfg_json))
+    name = str(node_setting(context, "client"))
+    split = Path(str(node_setting(context, "split")))
+    try:
+        data = load_test_only(Path(str(node_setting(context, "store"))), split, [name])[name]
+    except ValueError as err:  # no test rows of this cohort in the split file
+        raise SiteError(f"site {name}: {err}") from None
+    torch.set_num_threads(int(context.node_config.get("threads", 1)))
+    return Cohort(cfg, name, data, torch.device(str(context.node_config.get("device", "cpu"))))
+
+
+def is_cohort(cfg_json: str, context: Context) -> bool:
+    return str(node_setting(context, "client")) in json.loads(cfg_json).get("ood_clients", [])
+
+
 @app.query("hello")
 def hello(message: Message, context: Context) -> Message:
-    """Who this node is and how many training rows it has (for ``truncate_to_smallest``)."""
+    """Who this node is and how many training rows it has (for ``truncate_to_smallest``); a test-only
+    cohort says so (``test_only``) and has none."""
     name = str(context.node_config.get("client", "?"))
     try:
         from fedmedbench.fl.data import data_digest
         from fedmedbench.runconfig import RunConfig
 
         cfg_json = config_of(message.content)["cfg"]
-        withheld(context)  # a bad share-* value stops the run now, not at its end
+        kept_here = withheld(context)  # a bad share-* value stops the run now, not at its end
         fingerprint = RunConfig.from_dict(json.loads(cfg_json)).fingerprint()
         approve(context, fingerprint)
-        site = build_site(cfg_json, context)
+        cohort = is_cohort(cfg_json, context)
+        rows = len(build_cohort(cfg_json, context).split) if cohort else len(build_site(cfg_json, context).client.data.train)
         # What this site reads, digested as the engine's checkpoints digest it (for this one client):
         # the server compares it with the run's expectation, or records it.
         digest = data_digest(Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name])
-        return reply(message, {"client": name, "train_rows": len(site.client.data.train), "data_digest": digest, "fingerprint": fingerprint})
+        answer = {"client": name, "train_rows": 0 if cohort else rows, "data_digest": digest, "fingerprint": fingerprint, "withheld": kept_here}
+        return reply(message, {**answer, "test_only": True} if cohort else answer)
     except Exception as err:
         return error_reply(message, name, err)
 
@@ -331,3 +361,25 @@ def final(message: Message, context: Context) -> Message:
         return {**{k: v for k, v in out.items() if k not in kept_here}, "withheld": kept_here} if kept_here else out
 
     return handle(message, context, step)
+
+
+@app.query("ood")
+def ood(message: Message, context: Context) -> Message:
+    """A test-only cohort scores every site's selected model on its own test rows (nothing is kept)."""
+    name = str(context.node_config.get("client", "?"))
+    try:
+        from fedmedbench.runconfig import RunConfig
+
+        config = config_of(message.content)
+        fingerprint = RunConfig.from_dict(json.loads(config["cfg"])).fingerprint()
+        approve(context, fingerprint)
+        if config.get("fingerprint") != fingerprint:
+            raise SiteError(f"site {name}: the server's message names run config fingerprint {config.get('fingerprint')}, its config reads as {fingerprint}; refused")
+        if not is_cohort(config["cfg"], context):
+            raise SiteError(f"site {name}: it is not a test-only cohort of this run; refused")
+        payload = unpack(message.content, f"server message to cohort {name}")
+        if not isinstance(payload, dict) or not isinstance(payload.get("models"), dict):
+            raise SiteError(f"site {name}: the server's ood message holds no models; refused")
+        return reply(message, build_cohort(config["cfg"], context).score(payload["models"]))
+    except Exception as err:
+        return error_reply(message, name, err)

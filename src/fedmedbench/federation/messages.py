@@ -317,3 +317,22 @@ def check_final(where: str, value, reference: dict[str, torch.Tensor] | None, ro
         raise SiteError(f"{where}: the predictions are not a dict of named tensors; refused")
     check_finite_payload(where, {k: value[k] for k in ("model",) if k in value})
     return list(withheld)
+
+
+OOD_KEYS = {"mean", "ensemble", "per_model"}
+
+
+def check_ood(where: str, value, sites: list[str]) -> None:
+    """A test-only cohort's ``ood`` reply (``evaluation.score_cohort``): the scores of every site's
+    model (``per_model``, one entry per site of the run), their ``mean`` and the ``ensemble``'s."""
+    if not isinstance(value, dict) or set(value) != OOD_KEYS:
+        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise SiteError(f"{where}: the reply is not {sorted(OOD_KEYS)} (got {keys}); refused")
+    check_scores(f"{where} mean", value["mean"])
+    check_scores(f"{where} ensemble", value["ensemble"])
+    per_model = value["per_model"]
+    if not isinstance(per_model, dict) or sorted(per_model) != sorted(sites):
+        got = sorted(per_model) if isinstance(per_model, dict) else type(per_model).__name__
+        raise SiteError(f"{where}: per_model scores sites {got}, the run's sites are {sorted(sites)}; refused")
+    for site in sites:
+        check_scores(f"{where} per_model {site}", per_model[site])

@@ -24,7 +24,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fedmedbench.federation.messages import check_evaluation, check_final, check_finite_payload, check_reply, check_same_shape, pack, unpack
+from fedmedbench.federation.messages import check_evaluation, check_final, check_finite_payload, check_ood, check_reply, check_same_shape, pack, unpack
 from fedmedbench.fl.transport import SiteError, serve
 
 app = ServerApp()
@@ -68,7 +68,9 @@ def send_and_receive(grid: Grid, messages: list, timeout: float | None, first_wa
 
 
 class FlowerTransport:
-    """The sites behind the SuperNodes of ``grid``: one message per site and step, in client order."""
+    """The sites behind the SuperNodes of ``grid``: one message per site and step, in client order.
+    A test-only cohort (``ood_clients``) is a SuperNode of its own: it answers ``hello``, then only
+    ``ood`` after the final message (every site's selected model, to score on its test rows)."""
 
     def __init__(self, grid: Grid, cfg, nodes_timeout: float = 300.0, reply_timeout: float | None = None, expected_digests: dict[str, str] | None = None):
         self.grid, self.cfg, self.reply_timeout = grid, cfg, reply_timeout
@@ -80,6 +82,8 @@ class FlowerTransport:
         self.site_digests: dict[str, str] = {}  # what each site said in hello (federation.json records it)
         self.withheld: dict[str, list[str]] = {}  # {site: ["model", "predictions"]} a site kept to itself
         self.names = list(cfg.clients)
+        self.cohort_names = list(cfg.ood_clients)
+        self.cohort_node: dict[str, int] = {}  # {cohort: node id}
         self.cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
         # Rides on every message: a site whose stored state was made for another run config refuses.
         self.fingerprint = cfg.fingerprint()
@@ -97,7 +101,7 @@ class FlowerTransport:
         messages = [Message(pack(value, fingerprint=self.fingerprint, **config), node, message_type, group_id=step) for node, value in payloads.items()]
         self.bytes_sent += sum(payload_bytes(m.content) for m in messages)
         replies = {m.metadata.src_node_id: m for m in send_and_receive(self.grid, messages, wait)}
-        site_of = {node: name for name, node in getattr(self, "node", {}).items()}
+        site_of = {node: name for name, node in [*getattr(self, "node", {}).items(), *self.cohort_node.items()]}
         # Every silent site is named, not only the first in client order: a slow site beside a dead
         # one must not hide the dead one from the site's IT team.
         silent = [site_of.get(node, f"node {node}") for node in payloads if node not in replies]
@@ -120,9 +124,11 @@ class FlowerTransport:
     def _find_sites(self, timeout: float) -> dict[str, int]:
         """Wait for one SuperNode per client, ask each which site it is: {client: node id}."""
         deadline = time.monotonic() + timeout
-        while len(list(self.grid.get_node_ids())) < len(self.names):
+        members = [*self.names, *self.cohort_names]
+        while len(list(self.grid.get_node_ids())) < len(members):
             if time.monotonic() > deadline:
-                raise SiteError(f"{len(list(self.grid.get_node_ids()))} SuperNode(s) connected within {timeout:.0f} s; the run needs one per client: {', '.join(self.names)}")
+                needs = "one per client" + (" and test-only cohort" if self.cohort_names else "")
+                raise SiteError(f"{len(list(self.grid.get_node_ids()))} SuperNode(s) connected within {timeout:.0f} s; the run needs {needs}: {', '.join(members)}")
             time.sleep(0.5)
         nodes = sorted(self.grid.get_node_ids())
         hello = self._exchange("query.hello", {node: None for node in nodes}, "hello", wait=self.nodes_timeout, cfg=self.cfg_json)
@@ -131,20 +137,36 @@ class FlowerTransport:
             if not isinstance(value, dict) or not isinstance(value.get("client"), str) or type(value.get("train_rows")) is not int or value["train_rows"] < 0:
                 raise SiteError(f"hello: SuperNode {node} answered {value!r:.200}, not {{'client', 'train_rows', 'data_digest'}} (another app, or another fedmedbench version?)")
             name = value["client"]
-            if name in node_of:
-                raise SiteError(f"hello: two SuperNodes (ids {node_of[name]} and {node}) say they are site {name}")
-            if name not in self.names:
+            if name in node_of or name in self.cohort_node:
+                raise SiteError(f"hello: two SuperNodes (ids {node_of.get(name, self.cohort_node.get(name))} and {node}) say they are site {name}")
+            if name not in self.names and name not in self.cohort_names:
                 raise SiteError(f"hello: SuperNode {node} is site {name}, which is not a client of run {self.cfg.run} ({', '.join(self.names)})")
-            node_of[name], rows[name] = node, int(value["train_rows"])
+            if (name in self.cohort_names) != bool(value.get("test_only")):
+                role = "a test-only cohort" if name in self.cohort_names else "a client"
+                raise SiteError(f"hello: site {name}: it is {role} of run {self.cfg.run}, but its SuperNode answered as {'a cohort' if value.get('test_only') else 'a training site'}; refused")
+            if name in self.cohort_names:
+                self.cohort_node[name] = node
+            else:
+                node_of[name], rows[name] = node, int(value["train_rows"])
             digest = value.get("data_digest")
             if name in self.expected_digests and digest != self.expected_digests[name]:
                 raise SiteError(f"hello: site {name}: its data digest is {digest}, the run expects {self.expected_digests[name]} (another store or split than the run was planned on); refused")
             self.site_digests[name] = digest
             if value.get("fingerprint") != self.fingerprint:  # the site's fedmedbench reads the config otherwise
                 raise SiteError(f"hello: site {name}: it reads the run config as fingerprint {value.get('fingerprint')}, the server as {self.fingerprint} (another fedmedbench version on the site?); refused")
-        missing = [n for n in self.names if n not in node_of]
+        missing = [n for n in self.names if n not in node_of] + [n for n in self.cohort_names if n not in self.cohort_node]
         if missing:
             raise SiteError(f"hello: no SuperNode serves site(s) {', '.join(missing)}")
+        # A cohort scores every site's selected model (the engine's ood_test: per model, mean,
+        # ensemble): a site keeping its model to itself makes those numbers impossible. Refused now,
+        # before anyone trains, not after the last round.
+        for name in self.names:
+            kept_here = hello[node_of[name]][0].get("withheld", [])
+            if self.cohort_names and "model" in kept_here:
+                raise SiteError(
+                    f"hello: site {name} keeps its model to itself (share-model=false), so test-only cohort(s) {', '.join(self.cohort_names)} "
+                    f"cannot score it; share it (share-model=true on site {name}) or run without ood_clients; refused"
+                )
         self.train_rows = min(rows.values()) if self.cfg.truncate_to_smallest else -1
         return node_of
 
@@ -174,7 +196,8 @@ class FlowerTransport:
         a checkpoint of data rebuilt since on any site is not resumed."""
         import hashlib
 
-        return hashlib.sha256(json.dumps([self.site_digests.get(name) for name in self.names]).encode()).hexdigest()[:16]
+        # The cohorts' digests after the clients' (a run without cohorts digests what it did before).
+        return hashlib.sha256(json.dumps([self.site_digests.get(name) for name in [*self.names, *self.cohort_names]]).encode()).hexdigest()[:16]
 
     def _nodes(self):
         return [self.node[name] for name in self.names]
@@ -228,6 +251,18 @@ class FlowerTransport:
             out[name] = {**value, "model": value.get("model"), "predictions": value.get("predictions", {})}
         check_same_shape("final", {name: value["test"] for name, value in out.items()})
         check_finite_payload("final", {name: value["model"] for name, value in out.items() if value["model"] is not None})
+        return out
+
+    def ood(self, models):
+        """Every cohort scores ``models`` ({site: selected model}, client order) on its own test rows:
+        {cohort: {"mean", "ensemble", "per_model"}} (the cohorts in ``ood_clients`` order)."""
+        nodes = {self.cohort_node[name]: {"models": models} for name in self.cohort_names}
+        results = self._exchange("query.ood", nodes, "ood", cfg=self.cfg_json)
+        out = {}
+        for name in self.cohort_names:
+            value = results[self.cohort_node[name]][0]
+            check_ood(f"ood: cohort {name}", value, self.names)
+            out[name] = value
         return out
 
 

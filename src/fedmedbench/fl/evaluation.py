@@ -142,17 +142,22 @@ def ood_test(selection: Selection, clients, cohorts: dict, cfg: RunConfig, devic
     models' averaged probabilities). For a global method every client holds the same model, so the
     three agree (up to the composite BN of FedBN/SiloBN, which differ per client)."""
     selected = selection.merged("models")
-    models = []
+    models = {}
     for client in clients:
         model = client.eval_model()
         model.load_state_dict(selected[client.name])
-        models.append(model)
-    out = {}
-    for cohort, split in cohorts.items():
-        per_model = {c.name: evaluate(m, split, cfg, device) for c, m in zip(clients, models)}
-        mean = {k: float(np.mean([s[k] for s in per_model.values()])) for k in next(iter(per_model.values()))}
-        out[cohort] = {"mean": mean, "ensemble": evaluate_ensemble(models, split, cfg, device), "per_model": per_model}
-    return out
+        models[client.name] = model
+    return {cohort: score_cohort(models, split, cfg, device) for cohort, split in cohorts.items()}
+
+
+@torch.no_grad()
+def score_cohort(models: dict[str, torch.nn.Module], split, cfg: RunConfig, device: torch.device) -> dict[str, dict]:
+    """One test-only cohort scored with ``models`` ({client: its selected model}, in client order):
+    {"mean", "ensemble", "per_model"} as ``ood_test`` reports it. A federated cohort's own site calls
+    it with the models the server sends it (``fl.transport.Cohort``)."""
+    per_model = {name: evaluate(model, split, cfg, device) for name, model in models.items()}
+    mean = {k: float(np.mean([s[k] for s in per_model.values()])) for k in next(iter(per_model.values()))}
+    return {"mean": mean, "ensemble": evaluate_ensemble(list(models.values()), split, cfg, device), "per_model": per_model}
 
 
 def curve_every(cfg: RunConfig) -> int:

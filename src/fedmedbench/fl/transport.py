@@ -5,11 +5,14 @@ A round, seen from the server: every site trains and replies (``train``); the me
 ask a second question (``query`` -> ``answer``); it aggregates; every site receives its package and
 evaluates the model it would hand over on val (and test on curve rounds) (``evaluate``); when the
 validation scores improve a selection, the covered sites keep that model (``keep``). After the last
-round each site scores its kept model on its test split (``final``).
+round each site scores its kept model on its test split (``final``); then each test-only cohort (an
+unseen institution, ``ood_clients``: never set up, never trained or evaluated) scores every site's
+kept model on its own test rows (``ood``), as the engine's ``evaluation.ood_test``.
 
 ``Site`` is one client's side of it and holds everything that client keeps between rounds (the
 method's ``Client`` with its personal models and optimizer state, the kept model); its
 ``state_dict`` is what a stateless Flower ClientApp stores in the node's own folder between messages.
+``Cohort`` is a test-only cohort's side: it holds only its test rows.
 ``InProcessTransport`` calls the sites directly (the engine's simulation); ``run_rounds`` is the
 loop, and nothing in it knows where the sites are. The loop, the sites and the transports import no
 method and no Flower.
@@ -24,7 +27,7 @@ import torch
 
 from fedmedbench.errors import FedmedbenchError
 from fedmedbench.fl import runfolder
-from fedmedbench.fl.evaluation import check_finite, curve_every, evaluate, evaluate_meter, local_epoch_probe, predict_samples
+from fedmedbench.fl.evaluation import check_finite, curve_every, evaluate, evaluate_meter, local_epoch_probe, predict_samples, score_cohort
 from fedmedbench.fl.selection import Selection, selection_open
 
 
@@ -108,6 +111,41 @@ class Site:
         self.kept = state["kept"]
 
 
+class Cohort:
+    """A test-only cohort's side (``ood_clients``: an unseen institution with test rows only). It never
+    trains; after the run it scores every site's selected model on its own test rows, exactly as the
+    engine's ``evaluation.ood_test`` (per model, their mean, the ensemble)."""
+
+    def __init__(self, cfg, name: str, split, device: torch.device):
+        self.cfg, self.name, self.split, self.device = cfg, name, split, device
+
+    def score(self, models: dict[str, dict]) -> dict:
+        """``models``: {site: its selected evaluated model's state}, in the run's client order. Each is
+        loaded into the run's network (``cfg.model``, on this cohort's device) in full: the engine
+        loads the same state into the client's evaluated model, which for every method a test-only
+        cohort is run with in this project is that network (a method whose evaluated model wraps
+        it, e.g. HarmoFL's amplitude normalisation, is refused here in one line)."""
+        import copy
+
+        from fedmedbench.models import build_model
+
+        if not models:
+            raise SiteError(f"cohort {self.name}: no model to score")
+        # One initialisation, copied per site: its weights are replaced in full by the loads below.
+        network = build_model(self.cfg.model)
+        nets = {}
+        for site, state in models.items():
+            net = copy.deepcopy(network)
+            net = net.to(self.device, memory_format=torch.channels_last) if self.cfg.precision == "bf16" else net.to(self.device)
+            try:
+                net.load_state_dict(state)
+            except RuntimeError as err:
+                first = " ".join(str(err).split())[:300]
+                raise SiteError(f"cohort {self.name}: site {site}'s selected model is not the run's network {self.cfg.model.name!r} ({first}); a test-only cohort scores that network only; refused") from None
+            nets[site] = net
+        return score_cohort(nets, self.split, self.cfg, self.device)
+
+
 class Transport(Protocol):
     """How the server's loop reaches the sites; every list is in the run's client order."""
 
@@ -123,6 +161,8 @@ class Transport(Protocol):
 
     def final(self) -> dict[str, dict]: ...
 
+    def ood(self, models: dict[str, dict]) -> dict[str, dict]: ...
+
     def snapshot(self, round_index: int) -> None: ...
 
     def resume(self, round_index: int, packages: list) -> None: ...
@@ -131,10 +171,13 @@ class Transport(Protocol):
 
 
 class InProcessTransport:
-    """Every site in this process, called in client order (the engine's simulation)."""
+    """Every site in this process, called in client order (the engine's simulation); ``cohorts``: the
+    run's test-only cohorts, in ``ood_clients`` order."""
 
-    def __init__(self, sites: list[Site]):
+    def __init__(self, sites: list[Site], cohorts: list[Cohort] | None = None):
         self.sites = sites
+        self.cohorts = list(cohorts or [])
+        self.cohort_names = [cohort.name for cohort in self.cohorts]
 
     def start(self, packages):
         for site, package in zip(self.sites, packages):
@@ -155,6 +198,9 @@ class InProcessTransport:
 
     def final(self):
         return {site.name: site.final() for site in self.sites}
+
+    def ood(self, models):
+        return {cohort.name: cohort.score(models) for cohort in self.cohorts}
 
     def snapshot(self, round_index):
         """Nothing to do: whoever checkpoints an in-process run holds its clients' states (the engine's
@@ -236,8 +282,8 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     from fedmedbench.models import build_model
     from fedmedbench.progress import Progress
 
-    if cfg.ood_clients:
-        raise SiteError(f"run {cfg.run}: ood_clients {list(cfg.ood_clients)}: test-only cohorts are not served over a transport yet; run it with the engine")
+    if list(getattr(transport, "cohort_names", [])) != list(cfg.ood_clients):
+        raise SiteError(f"run {cfg.run}: its test-only cohorts (ood_clients) are {list(cfg.ood_clients)}, the transport serves {list(getattr(transport, 'cohort_names', []))}")
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
     if not checkpoint_every_seconds >= 0:
@@ -293,7 +339,15 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     test = {name: finals[name]["test"] for name in names}
     flags = {n: f["flags"] for n, f in finals.items() if f["flags"]}
     counts = {n: f["counts"] for n, f in finals.items()}
-    return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, None, flags=flags, class_counts=counts)
+    ood = None
+    if cfg.ood_clients:
+        # Every site's selected model (``ood_test`` scores them all): a site that withheld its model
+        # was refused at hello already (FlowerTransport), so this names only a broken site.
+        withheld = [name for name in names if finals[name]["model"] is None]
+        if withheld:
+            raise SiteError(f"ood: site(s) {', '.join(withheld)} sent no model; test-only cohort(s) {', '.join(cfg.ood_clients)} cannot score it")
+        ood = transport.ood({name: finals[name]["model"] for name in names})
+    return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
 
 
 def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
@@ -312,3 +366,13 @@ def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
     seed_everything(cfg.seed, device)
     model = build_model(cfg.model)
     return [Site(cfg, method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device), device) for i, d in enumerate(data)]
+
+
+def in_process_cohorts(cfg, device: torch.device | None = None) -> list[Cohort]:
+    """The test-only cohorts of ``cfg`` (``ood_clients``) as ``Cohort``s in this process."""
+    from pathlib import Path
+
+    from fedmedbench.fl.data import load_test_only
+
+    splits = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients)) if cfg.ood_clients else {}
+    return [Cohort(cfg, name, split, device or torch.device("cpu")) for name, split in splits.items()]
