@@ -23,8 +23,10 @@ federation also runs with Flower 1.42's hard-coded waits on a message's path cut
 ``--short-wait-ms`` (the SuperNode's 3 s after an empty pull and 0.5 s steps waiting for a reply,
 the SuperExec's task poll interval, Flower's ``Grid.send_and_receive``'s 3 s): a BENCHMARK-ONLY
 patch, ``benchmarks/flower_short_waits/sitecustomize.py`` on the ``PYTHONPATH`` of the federation's
-processes, switched on and off between runs by a file. It tells what of a round is Flower's waiting
-and what is ours; it is never on by default and no product code imports it. The outputs must stay
+processes, switched on and off between runs by a file; and once more with our ServerApp's own wait
+between pulls of replies (50 ms growing to 0.5 s) cut the same (``short_all``: an app folder beside
+``flower-app/``, like the ``--ab`` one). It tells what of a round is Flower's waiting and what is
+ours; it is never on by default and no product code imports it. The outputs must stay
 byte-identical to the engine's with it too (checked on every run). With ``--profile`` (same folder,
 ``fmb_flower_profile.py``) every process logs the steps of each message, and each federated
 2R-round run's time is split per message: SuperNode pull, SuperExec launch, fork of the warm app,
@@ -158,15 +160,38 @@ app = serverapp.app
 """
 
 
-def flower_poll_app(folder: Path) -> Path:
-    """``flower-app/`` with the ServerApp above (the FAB carries the module)."""
+SHORT_POLL_APP = """# BENCHMARK ONLY: the ServerApp of fedmedbench with its own wait between pulls of replies
+# (serverapp.send_and_receive: 50 ms growing to 0.5 s) cut to {short} s, for --flower-waits short|both.
+import functools
+
+from fedmedbench.federation import serverapp
+
+serverapp.send_and_receive = functools.partial(serverapp.send_and_receive, first_wait={short}, longest_wait={short})
+app = serverapp.app
+"""
+
+
+def flower_poll_app(folder: Path, module: str = "flowerpoll", code: str = FLOWER_POLL_APP) -> Path:
+    """``flower-app/`` with the ServerApp ``code`` as ``module`` (the FAB carries the module)."""
     folder.mkdir(parents=True, exist_ok=True)
     text = (ROOT / "flower-app" / "pyproject.toml").read_text()
     if 'serverapp = "fedmedbench.federation.serverapp:app"' not in text:
         sys.exit("bench_federation.py: flower-app/pyproject.toml no longer names fedmedbench.federation.serverapp:app; update the --ab app")
-    (folder / "pyproject.toml").write_text(text.replace("fedmedbench.federation.serverapp:app", "flowerpoll:app"))
-    (folder / "flowerpoll.py").write_text(FLOWER_POLL_APP)
+    (folder / "pyproject.toml").write_text(text.replace("fedmedbench.federation.serverapp:app", f"{module}:app"))
+    (folder / f"{module}.py").write_text(code)
     return folder
+
+
+def short_poll_app(folder: Path, short_s: float) -> Path:
+    """``flower-app/`` whose ServerApp pulls replies every ``short_s`` (the ``short_all`` variant)."""
+    import inspect
+
+    from fedmedbench.federation import serverapp
+
+    params = inspect.signature(serverapp.send_and_receive).parameters
+    if not {"first_wait", "longest_wait"} <= set(params):
+        sys.exit("bench_federation.py: fedmedbench.federation.serverapp.send_and_receive no longer takes first_wait/longest_wait; update SHORT_POLL_APP")
+    return flower_poll_app(folder, "shortpoll", SHORT_POLL_APP.format(short=short_s))
 
 
 @contextlib.contextmanager
@@ -241,12 +266,14 @@ PROFILED = {  # event name (fmb_flower_profile's "what") -> short name
     "flwr.supernode.start_client_internal:_push_messages": "push",
     "fedmedbench.federation.serverapp:send_and_receive": "step",
 }
+START_AND_END = ("hello", "setup", "resume", "final")  # messages once per run, not per round: not in the segments
 INSIDE = ("pull_with_retries(backoff)", "install_from_fab", "load_site", "build_site", "unpack", "take_snapshot", "handle", "save_site", "reply")
 
 
 def step_profile(log: Path, start: float, end: float) -> dict:
     """Where one federated run's time went, from the profile hooks' log (events within [start, end]):
-    per message (mean ms over all sites' messages) each segment of SEGMENTS, Flower's and our
+    per message of a round (train, evaluate, keep, answer: not the once-per-run hello, setup,
+    resume, final; mean ms over all sites' such messages) each segment of SEGMENTS, Flower's and our
     functions inside the app process, and the ServerApp's steps (push to last reply) and the time
     between them (its own work: aggregation, evaluation bookkeeping, files)."""
     events = [e for e in map(json.loads, log.read_text().splitlines()) if start <= e["t0"] and e["t1"] <= end] if log.is_file() else []
@@ -260,7 +287,7 @@ def step_profile(log: Path, start: float, end: float) -> dict:
         if name in INSIDE:
             inside.setdefault(name, []).append(e["t1"] - e["t0"])
     steps = [e for site in by_site.values() for e in site.get("step", [])]
-    out = {"messages": 0, "segments": {}, "inside": {k: (1000 * statistics.mean(v), len(v)) for k, v in inside.items()}}
+    out = {"messages": 0, "round_messages": 0, "segments": {}, "inside": {k: (1000 * statistics.mean(v), len(v)) for k, v in inside.items()}}
     segments: dict[str, list[float]] = {}
     steps.sort(key=lambda e: e["t0"])
     last_reply: list[float] = []  # per step: the ServerApp's return after the last reply reached the SuperLink
@@ -283,6 +310,9 @@ def step_profile(log: Path, start: float, end: float) -> dict:
             chain = {"run": run, "pull": kinds["pull"][k], "launch": kinds["launch"][k], "push": kinds["push"][k]}
             for kind in ("pti", "call", "pm"):  # in the app process itself
                 chain[kind] = next((e for e in kinds.get(kind, []) if e["pid"] == run["pid"]), None)
+            if chain["call"] and str(chain["call"].get("kind")).rpartition(".")[2] in START_AND_END:
+                continue
+            out["round_messages"] += 1
             chain["step"] = max((e for e in steps if e["t0"] <= chain["pull"]["t0"]), key=lambda e: e["t0"], default=None)
             for label, late, late_at, early, early_at in SEGMENTS:
                 if chain.get(late) and chain.get(early):
@@ -301,7 +331,8 @@ def step_profile(log: Path, start: float, end: float) -> dict:
 
 def print_profile(profiles: dict, rounds: int) -> None:
     """The mean of step_profile over repetitions, per variant, for the 2R-round runs."""
-    print(f"\n### Where a message's time goes ({2 * rounds}-round runs; mean ms per message over all sites, then over repetitions)\n")
+    print(f"\n### Where a message's time goes ({2 * rounds}-round runs; segments: mean ms per message of a round (not hello, setup, final) over all sites, "
+          "then over repetitions; timed functions and ServerApp: all messages and steps of the run)\n")
     variants = list(profiles)
     print("| segment | " + " | ".join(variants) + " |")
     print("|---|" + "---:|" * len(variants))
@@ -315,7 +346,29 @@ def print_profile(profiles: dict, rounds: int) -> None:
                                                                      if any(name in p["inside"] for p in profiles[v]) else "—" for v in variants) + " |")  # fmt: skip
     for key, label in (("server_step_ms", "ServerApp: one step, push -> last reply"), ("server_between_steps_ms", "ServerApp: between steps (its own work)"), ("server_steps", "ServerApp: steps in the run")):
         print(f"| {label} | " + " | ".join(f"{statistics.mean(p[key] for p in profiles[v] if key in p):.0f}" if any(key in p for p in profiles[v]) else "—" for v in variants) + " |")
-    print(f"| app processes (messages) in the run | " + " | ".join(f"{statistics.mean(p['messages'] for p in profiles[v]):.0f}" for v in variants) + " |")
+    print("| app processes (messages) in the run, of which in rounds | " + " | ".join(f"{statistics.mean(p['messages'] for p in profiles[v]):.0f}, {statistics.mean(p['round_messages'] for p in profiles[v]):.0f}" for v in variants) + " |")
+
+
+def idle_cpu(federation, seconds: float = 5.0) -> float:
+    """CPU seconds per wall second that the federation's processes (SuperLink, SuperNodes, their
+    SuperExecs, the warm app server) spend while no run is in progress: the cost of their polling."""
+    import psutil
+
+    def cpu() -> float:
+        total = 0.0
+        for process in federation.processes:
+            try:
+                root = psutil.Process(process.pid)
+                for p in [root, *root.children(recursive=True)]:
+                    times = p.cpu_times()
+                    total += times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+    before, t0 = cpu(), time.perf_counter()
+    time.sleep(seconds)
+    return (cpu() - before) / (time.perf_counter() - t0)
 
 
 def merged(cfg: dict) -> RunConfig:
@@ -348,10 +401,11 @@ def codec_overhead(models: dict) -> list[tuple[str, int, int, int]]:
     return rows
 
 
-def time_runs(args, federation, configs, timed, results, tmp, ab_app, switch, waits_log, sites) -> dict[str, int]:
+def time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app, switch, waits_log, sites) -> dict[str, int]:
     """Per repetition and timed method: the engine (R, 2R rounds), then each federation variant
     (R, 2R): ``federation`` (Flower's stock waits), ``flower_poll`` (the --ab app, stock waits),
-    ``short_waits`` (the benchmark-only patch on). Every federated run's outputs are compared with
+    ``short_waits`` (the benchmark-only patch on), ``short_all`` (that, and our ServerApp's own wait
+    between pulls of replies as short: ``short_app``). Every federated run's outputs are compared with
     the engine's of the same repetition. Returns what the short-waits patch shortened ({wait: processes})."""
     applied: dict[str, int] = {}
     stock = args.flower_waits in ("stock", "both")
@@ -365,7 +419,7 @@ def time_runs(args, federation, configs, timed, results, tmp, ab_app, switch, wa
                 run_training(cfg, out, threads=1, progress=False)
                 results[method]["engine"].setdefault(rounds, []).append(time.perf_counter() - t0)
             variants = ([("federation", ROOT / "flower-app", False)] if stock else []) + ([("flower_poll", ab_app, False)] if stock and method in args.ab else [])
-            variants += [("short_waits", ROOT / "flower-app", True)] if short else []
+            variants += [("short_waits", ROOT / "flower-app", True), ("short_all", short_app, True)] if short else []
             for variant, app_dir, short_waits in variants:
                 set_short_waits(switch, short_waits)
                 for rounds in by_rounds:
@@ -386,8 +440,12 @@ def time_runs(args, federation, configs, timed, results, tmp, ab_app, switch, wa
                     if args.profile and rounds == 2 * args.rounds:
                         results[method].setdefault("profile", {}).setdefault(variant, []).append(step_profile(tmp / "profile.jsonl", wall0, time.time()))
             set_short_waits(switch, args.flower_waits == "short")
-            line = ", ".join(f"{v} {results[method][v][args.rounds][-1]:.1f} / {results[method][v][2 * args.rounds][-1]:.1f} s" for v in ("engine", "federation", "flower_poll", "short_waits") if results[method].get(v))
+            line = ", ".join(f"{v} {results[method][v][args.rounds][-1]:.1f} / {results[method][v][2 * args.rounds][-1]:.1f} s" for v in ("engine", "federation", "flower_poll", "short_waits", "short_all") if results[method].get(v))
             print(f"  repetition {rep + 1}, {method} ({args.rounds} / {2 * args.rounds} rounds): {line}", flush=True)
+    # After the runs: every process has started and imported what it needs; only polling is left.
+    for waits, on in (("stock", False), ("short", True)) if switch else ():
+        set_short_waits(switch, on)
+        results.setdefault("_idle_cpu", {})[waits] = idle_cpu(federation)
     return applied
 
 
@@ -426,6 +484,7 @@ def main() -> None:
         sites = {name: {"store": str(store), "split": str(split)} for name in configs[args.methods[0]][args.rounds]["clients"]}
         ab_app = flower_poll_app(tmp / "flower-app-flower-poll")
         short_s, applied = args.short_wait_ms / 1000, {}
+        short_app = short_poll_app(tmp / "flower-app-short-poll", short_s)
         patched = bool(timed) and (args.flower_waits != "stock" or args.profile)
         with short_waits_env(tmp, short_s, args.profile) if patched else contextlib.nullcontext((None, None)) as (switch, waits_log):
             set_short_waits(switch, args.flower_waits == "short")
@@ -434,7 +493,7 @@ def main() -> None:
                 if timed:
                     waits = f"{args.flower_waits}" + (f" (short: {args.short_wait_ms:g} ms, benchmark-only patch)" if args.flower_waits != "stock" else "") + ("; profiled" if args.profile else "")
                     print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes); Flower's waits: {waits}\n")
-                    applied = time_runs(args, federation, configs, timed, results, tmp, ab_app, switch, waits_log, len(sites))
+                    applied = time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app, switch, waits_log, len(sites))
         for method, by_rounds in configs.items():
             results[method]["payload"] = payload_per_round(by_rounds[args.rounds], tmp / f"count-{method}")
             model = build_model(by_rounds[args.rounds]["model"]).state_dict()
@@ -447,7 +506,8 @@ def main() -> None:
     print("| method, side | engine s/round | federation s/round | federation / engine | engine start-up s | federation start-up s | outputs byte-identical to the engine's |")
     print("|---|---:|---:|---:|---:|---:|---|")
     labels = {"federation": "federation (Flower's stock waits)", "flower_poll": "federation, Flower's own reply polling (3 s; stock waits)",
-              "short_waits": f"federation, Flower's waits {args.short_wait_ms:g} ms (benchmark-only patch)"}  # fmt: skip
+              "short_waits": f"federation, Flower's waits {args.short_wait_ms:g} ms (benchmark-only patch)",
+              "short_all": f"federation, Flower's waits and our ServerApp's reply polling {args.short_wait_ms:g} ms (benchmark only)"}  # fmt: skip
     for method, res in results.items():
         if method not in timed:
             continue
@@ -464,16 +524,21 @@ def main() -> None:
             same = res.get(f"equal_to_engine_{variant}")
             print(f"| {method}, {label} | {median(eng):.2f} | {median(fed):.2f} | {median(fed) / median(eng):.1f}× | {eng_start:.1f} | {fed_start:.1f} | "
                   f"{('yes' if all(same) else 'NO') + f' ({len(same)} runs)' if same else ''} |")  # fmt: skip
+    if "_idle_cpu" in results:
+        print("\nThe federation idle (no run), CPU seconds per second of all its processes: "
+              + ", ".join(f"Flower's {k} waits {v:.2f}" for k, v in results["_idle_cpu"].items()) + f" (of {os.cpu_count()} CPUs)")  # fmt: skip
     if applied:
         print(f"\nShort waits applied (processes that shortened each wait, from the patch's log): {', '.join(f'{key} in {n}' for key, n in applied.items())}.")
     for method, res in results.items():
-        if res.get("profile"):
+        if not method.startswith("_") and res.get("profile"):
             print(f"\n{method}:", end="")
             print_profile(res["profile"], r)
     print("\n### Bytes per round (both ways, all sites) vs the floor\n")
     print("| method | model (state bytes) | 2 K × model | floor: the method's payloads, raw | encoded for Flower | encoded / floor | federation.json | federation.json / floor |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for method, res in results.items():
+        if method.startswith("_"):  # the run's own figures (_idle_cpu), not a method
+            continue
         pay = res["payload"]
         floor, encoded = pay["down_raw"] + pay["up_raw"], pay["down_enc"] + pay["up_enc"]
         b = res["bytes"]

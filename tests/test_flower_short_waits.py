@@ -108,18 +108,25 @@ def test_step_profile_splits_a_message_into_its_segments(tmp_path):
         ev(2, "site-A", "flwr.supernode.start_client_internal:_push_messages", 100.3, 102.6),
         ev(3, "site-A", "flwr.supercore.superexec.plugin.base_exec_plugin:BaseExecPlugin.launch_task", 100.5, 100.55),
         ev(4, "site-A", "flwr.supernode.runtime.run_clientapp:pull_task_input", 100.8, 101.0),
-        ev(4, "site-A", "flwr.clientapp.client_app:ClientApp.__call__", 101.1, 102.1),
+        {**ev(4, "site-A", "flwr.clientapp.client_app:ClientApp.__call__", 101.1, 102.1), "kind": "train"},
         ev(4, "site-A", "fedmedbench.federation.clientapp:load_site", 101.2, 101.4),
         ev(4, "site-A", "flwr.supernode.runtime.run_clientapp:push_message", 102.1, 102.3),
         ev(4, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 100.7, 104.0),
+        # The run's hello (once per run, not a round's): counted as a message, not in the segments.
+        ev(1, "federation", "fedmedbench.federation.serverapp:send_and_receive", 90.0, 95.0),
+        ev(2, "site-A", "flwr.supernode.start_client_internal:_pull_and_store_message", 90.1, 90.2),
+        ev(2, "site-A", "flwr.supernode.start_client_internal:_push_messages", 90.2, 94.0),
+        ev(3, "site-A", "flwr.supercore.superexec.plugin.base_exec_plugin:BaseExecPlugin.launch_task", 90.2, 90.3),
+        ev(5, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 90.4, 94.5),
+        {**ev(5, "site-A", "flwr.clientapp.client_app:ClientApp.__call__", 91.0, 93.0), "kind": "query.hello"},
         ev(9, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 200.0, 201.0),  # another run: outside the window
     ]
     log = tmp_path / "profile.jsonl"
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
-    out = bench.step_profile(log, 99.0, 150.0)
+    out = bench.step_profile(log, 89.0, 150.0)
     ms = {label: round(v[0]) for label, v in out["segments"].items()}
     expected = [100, 400, 200, 300, 100, 1000, 200, 300, 1700]  # SEGMENTS in order, ms
     assert [ms[label] for label, *_ in bench.SEGMENTS] == expected
-    assert ms["last reply at the SuperLink -> ServerApp has all replies (its pull)"] == 400
-    assert out["messages"] == 1 and out["server_steps"] == 1 and round(out["server_step_ms"]) == 3000
+    assert ms["last reply at the SuperLink -> ServerApp has all replies (its pull)"] == 700  # (400 + 1000) / 2: every step
+    assert out["messages"] == 2 and out["round_messages"] == 1 and out["server_steps"] == 2 and round(out["server_step_ms"]) == 4000
     assert out["inside"] == {"load_site": (pytest.approx(200.0), 1)}

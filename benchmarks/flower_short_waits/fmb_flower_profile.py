@@ -34,8 +34,8 @@ TIMED = {
 }
 
 
-def record(what, t0, t1) -> None:
-    line = json.dumps({"pid": os.getpid(), "where": os.path.basename(os.getcwd()), "what": what, "t0": t0, "t1": t1}) + "\n"
+def record(what, t0, t1, **more) -> None:
+    line = json.dumps({"pid": os.getpid(), "where": os.path.basename(os.getcwd()), "what": what, "t0": t0, "t1": t1, **more}) + "\n"
     with open(LOG, "a") as log:  # one append per line: whole lines from concurrent processes
         log.write(line)
 
@@ -49,7 +49,11 @@ def timed(function, what: str):
             return result
         finally:  # also when it ends the process (run_clientapp exits through SystemExit)
             if not (what.endswith("_pull_and_store_message") and result is None):
-                record(what, t0, time.time())
+                more = {}
+                if what.endswith("ClientApp.__call__"):  # which step of the protocol (train, evaluate, query.hello, ...)
+                    message = kwargs.get("message", args[1] if len(args) > 1 else None)
+                    more["kind"] = getattr(getattr(message, "metadata", None), "message_type", None)
+                record(what, t0, time.time(), **more)
 
     wrapper.__fmb_timed__ = True
     return wrapper
