@@ -189,3 +189,82 @@ def test_a_site_that_cannot_go_back_to_the_checkpointed_round_is_refused(tmp_pat
     with pytest.raises(SiteError, match=r"^resume after round 1: site B: cannot resume after round 1: no snapshot of that round .*mid-round\); refused$"):
         serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
     assert (tmp_path / "flower" / "checkpoint.pt").is_file() and not (tmp_path / "flower" / "final.json").exists()
+
+
+# --- keep rides on the next message (no message of its own) -------------------------------------------
+def keeps_sent(grid) -> list[tuple[str, str, int | None, int]]:
+    """(site, message type, round, keep) of every message that carries a ``keep``, from now on."""
+    carried, push = [], grid.push_messages
+
+    def recording(messages):
+        for message in messages:
+            config = message.content["c"]
+            if "keep" in config:
+                site = grid.contexts[message.metadata.dst_node_id].node_config["client"]
+                carried.append((site, message.metadata.message_type, config.get("round"), int(config["keep"])))
+        return push(messages)
+
+    grid.push_messages = recording
+    return carried
+
+
+def test_a_keep_rides_on_the_sites_next_message(tmp_path, tiny_task, task_identity):
+    """No ``keep`` message: a round is train and evaluate; a site covered by an improved selection is
+    told on its next message (the next round's train, or final) and keeps first; the run folder
+    equals the engine's byte for byte."""
+    cfg, run, grid = start_run(tmp_path, tiny_task, rounds=3, selection_scope="per_client")
+    engine = run_training(cfg, tmp_path / "engine", threads=1, progress=False)
+    carried = keeps_sent(grid)
+    serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
+    kinds = [kind for kind, _ in grid.sent]
+    assert "query.keep" not in kinds and kinds.count("train") == kinds.count("evaluate") == 3 * 3
+    assert len(kinds) == 3 + 3 + 2 * 3 * 3 + 3  # hello, setup, 2 steps x 3 rounds x 3 sites, final
+    for _, kind, round_index, keep in carried:  # round r's keep on round r+1's train, round 3's on final
+        assert (kind, keep) in (("train", (round_index or 0) - 1), ("query.final", 3))
+    last = {site: keep for site, _, _, keep in carried}
+    assert last == engine["selection"]["best_round"]  # each site's last keep is its selected round
+    for name in OUTPUTS:
+        assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
+
+
+def test_a_server_killed_before_a_keep_was_carried_tells_the_sites_on_resume(tmp_path, tiny_task, task_identity, monkeypatch):
+    """The server dies right after checkpointing the round its selection last improved: that round's
+    keep rode on no message, so the sites' state files lack it. The restarted server's ``resume``
+    carries it (its restored selection kept them at that round), the sites apply it, and the run
+    folder equals the engine's byte for byte."""
+    from fedmedbench import faults
+    from fedmedbench.fl import state as ckpt_io
+
+    cfg, run, grid = start_run(tmp_path, tiny_task, rounds=3)
+    engine = run_training(cfg, tmp_path / "engine", threads=1, progress=False)
+    best, ends = engine["selection"]["best_round"], []
+
+    def reached(point):
+        ends.append(point)
+        if ends.count("round_end") == best:
+            raise Stop()
+
+    monkeypatch.setattr(faults, "reached", reached)
+    with pytest.raises(Stop):
+        serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
+    saved = ckpt_io.load(next((tmp_path / "site-A").glob("run-*")) / "A.pt")
+    assert saved["round_done"] == best and (saved["site"]["kept"] or {}).get("round") != best  # the keep never reached site A
+    monkeypatch.setattr(faults, "reached", lambda point: None)
+    carried = keeps_sent(grid)
+    grid.sent = []
+    serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
+    assert [c for c in carried if c[1] == "query.resume"] == [(name, "query.resume", best, best) for name in cfg["clients"]]  # pooled: every site
+    assert ("query.resume", best) in grid.sent and "query.setup" not in [kind for kind, _ in grid.sent]
+    for name in OUTPUTS:
+        assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
+
+
+def test_a_keep_of_a_round_whose_end_the_site_is_not_at_is_refused(tmp_path, tiny_task, task_identity):
+    """A keep names the round whose evaluated model to keep: a site whose state is not that round's
+    end (here: after its final message) refuses in one line naming the step, site and round."""
+    cfg, run, grid = start_run(tmp_path, tiny_task, rounds=1)
+    transport = FlowerTransport(grid, run, nodes_timeout=1)
+    serve(run, tmp_path / "flower", transport, progress=False)
+    transport.pending_keep = {"B": 1}
+    with pytest.raises(SiteError, match=r"^final: site B: the server asks it to keep its model of round 1, but its state at .*B\.pt is not at the end of that round; refused$"):
+        transport.final()

@@ -16,6 +16,13 @@ models, the model kept by selection) is the method's own ``Client.state_dict`` (
 checkpoint holds), written atomically to ``<state-dir>/run-<key>/<client>.pt`` after each
 message and read back before the next.
 
+Keep: when validation improves a selection covering this site, the server sends nothing then; its
+next message to the site (the next round's ``train``, or ``final``) carries ``keep=r``, and the site
+first keeps its evaluated model of round r (the state file is still that round's end), saves that
+as the end of round r, and only then takes a snapshot the same message asks for and runs the
+message's own step. So every snapshot of a round holds the model kept at it. (A ``keep`` message of
+its own is still answered, as an older ServerApp sends it.)
+
 Resume: ``<key>`` is stable across a restarted server (Flower gives every ``flwr run`` a new run
 id): a digest of the run's ``out`` folder (its run config's ``out``; the run id where there is none,
 as in Flower's simulation runtime). When the server checkpoints round r it says so in its next
@@ -24,7 +31,9 @@ then still its state at the end of round r, to ``<client>.round-<r>.pt``; it kee
 the two latest checkpointed rounds (the server's checkpoint and the ``.prev`` it falls back to). A
 restarted server's ``resume`` message names its checkpoint's round: the site goes back to that
 snapshot (or to its state file, if that is still at the end of that round), else it refuses in one
-line naming the site and round.
+line naming the site and round. If the server's restored selection kept this site's model at that
+very round, the message says so (``keep=r``): the keep rode on a message the dead server never
+sent, so the state file may lack it; the site applies it (a snapshot of r has it already).
 
 A test-only cohort (the run's ``ood_clients``, e.g. PRR-FL's unseen institution) is a SuperNode of
 its own whose node config names the cohort as ``client``; it opens only its own test rows. It keeps
@@ -164,7 +173,7 @@ def load_site(context: Context) -> Site:
     saved = ckpt_io.load(path)
     site = build_site(saved["cfg"], context, saved["train_rows"])
     site.load_state_dict(saved["site"])
-    site.cfg_json, site.train_rows = saved["cfg"], saved["train_rows"]
+    site.cfg_json, site.train_rows, site.round_done = saved["cfg"], saved["train_rows"], saved.get("round_done")
     # The engine sets the client's round before training and it stays set through that round's
     # answer, evaluation (PRR-FL's receive reads it: round 0 loads the package into p) and keep.
     site.client.round_index = int(saved.get("round_index", 0))
@@ -210,15 +219,36 @@ def reply(message: Message, value, **config) -> Message:
     return Message(pack(value, **config), reply_to=message)
 
 
+def keep_model(site: Site, context: Context, round_index: int) -> None:
+    """Keep the evaluated model of ``round_index`` (the site's state must be that round's end) and
+    save the state as that round's end."""
+    if site.round_done != round_index:
+        raise SiteError(f"site {node_setting(context, 'client')}: the server asks it to keep its model of round {round_index}, but its state at {state_file(context)} is not at the end of that round; refused")
+    site.keep(round_index)
+    save_site(site, context, round_index)
+
+
+def kept_model(context: Context, round_index: int) -> None:
+    """The site's state (its state file, that round's end) holds the model kept at ``round_index``:
+    kept now unless it already is."""
+    site = load_site(context)
+    if site.kept is None or site.kept["round"] != round_index:
+        keep_model(site, context, round_index)
+
+
 def handle(message: Message, context: Context, step, ends_round: bool = False) -> Message:
     """Run ``step(site, payload, config) -> value | (value, reply config)`` on the loaded site, save
     it, reply; a failure goes back as one line naming the site (the server stops with it).
-    ``ends_round``: after this step the state is the end of the message's round (evaluate, keep)."""
+    ``ends_round``: after this step the state is the end of the message's round (evaluate, keep).
+    A ``keep`` the message carries (the last round's selection) is applied first, then a
+    ``snapshot`` (so a snapshot holds the model kept at its round), then the step."""
     name = str(context.node_config.get("client", "?"))
     try:
         site = load_site(context)
         check_fingerprint(site, context, config_of(message.content))
         config = config_of(message.content)
+        if int(config.get("keep", -1)) >= 0:  # a selection improved at that round: keep its evaluated model
+            keep_model(site, context, int(config["keep"]))
         if int(config.get("snapshot", -1)) >= 0:  # the server checkpointed that round: keep the site's state of it
             take_snapshot(context, int(config["snapshot"]))
         value = step(site, unpack(message.content, f"server message to site {name}"), config)
@@ -318,7 +348,8 @@ def evaluate(message: Message, context: Context) -> Message:
 
 @app.query("keep")
 def keep(message: Message, context: Context) -> Message:
-    # The server does not need the kept model now: it stays here until the final message.
+    """A keep as a message of its own (an older ServerApp; this one sends it on the next message).
+    The server does not need the kept model now: it stays here until the final message."""
     return handle(message, context, lambda site, _p, config: site.keep(int(config["round"])) and None, ends_round=True)
 
 
@@ -328,11 +359,20 @@ def resume(message: Message, context: Context) -> Message:
     its state at the end of that round, or refuses in one line naming the site and round."""
     name = str(context.node_config.get("client", "?"))
     try:
+        from fedmedbench.fl import state as ckpt_io
+
         config = config_of(message.content)
         round_index, path = int(config["round"]), state_file(context)
+        keep_here = int(config.get("keep", -1)) == round_index  # the dead server's selection kept this site at that round
         snapshot = snapshots(context).get(round_index)
         if snapshot is None and round_done(path) == round_index:
-            take_snapshot(context, round_index)  # the state file is that round's end: a later restart may need it again
+            # The state file is that round's end: with the keep the dead server never sent applied,
+            # it becomes the round's snapshot (a later restart may need it again).
+            if ckpt_io.load(path)["cfg"] != config["cfg"]:
+                raise SiteError(f"site {name}: cannot resume after round {round_index}: its snapshot {snapshot_file(context, round_index)} was made for another run config; refused")
+            if keep_here:
+                kept_model(context, round_index)
+            take_snapshot(context, round_index)
             snapshot = snapshot_file(context, round_index)
         if snapshot is None:
             have = sorted(snapshots(context))
@@ -340,8 +380,6 @@ def resume(message: Message, context: Context) -> Message:
                 f"site {name}: cannot resume after round {round_index}: no snapshot of that round in {path.parent} "
                 f"(snapshots of round(s) {have or 'none'}; the state file is {'missing' if not path.is_file() else f'at round {round_done(path)}' if round_done(path) is not None else 'mid-round'}); refused"
             )
-        from fedmedbench.fl import state as ckpt_io
-
         saved = ckpt_io.load(snapshot)
         if saved["cfg"] != config["cfg"]:
             raise SiteError(f"site {name}: cannot resume after round {round_index}: its snapshot {snapshot} was made for another run config; refused")
@@ -349,6 +387,8 @@ def resume(message: Message, context: Context) -> Message:
         for number, later in snapshots(context).items():  # a dead run's snapshots past the checkpoint are not this run's
             if number > round_index:
                 later.unlink(missing_ok=True)
+        if keep_here:  # a snapshot holds its round's keep (applied before it was taken): a no-op, checked
+            kept_model(context, round_index)
         return reply(message, {"client": name, "round": round_index})
     except Exception as err:
         return error_reply(message, name, err)

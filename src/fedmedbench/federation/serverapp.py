@@ -68,7 +68,8 @@ def send_and_receive(grid: Grid, messages: list, timeout: float | None, first_wa
 
 
 class FlowerTransport:
-    """The sites behind the SuperNodes of ``grid``: one message per site and step, in client order.
+    """The sites behind the SuperNodes of ``grid``: one message per site and step, in client order;
+    ``keep`` sends nothing of its own: it rides on the site's next message (``pending_keep``).
     A test-only cohort (``ood_clients``) is a SuperNode of its own: it answers ``hello``, then only
     ``ood`` after the final message (every site's selected model, to score on its test rows)."""
 
@@ -89,17 +90,24 @@ class FlowerTransport:
         self.fingerprint = cfg.fingerprint()
         self.reference = None  # the global model's state: the shape of a valid reply
         self.snapshot_round = -1  # a checkpointed round the sites have not been told of yet (serve's resume)
+        # {site: round} whose evaluated model the site is to keep, said on its next message (train or
+        # final): Flower 1.42's SuperNode sleeps ~3 s when idle, so a message of its own cost seconds.
+        self.pending_keep: dict[str, int] = {}
         self.bytes_sent = self.bytes_received = 0  # payload bytes (records), each way
+        self.messages_sent = 0  # Flower messages pushed (federation.json)
         self.node = self._find_sites(nodes_timeout)
 
     # --- messaging ------------------------------------------------------------------------------
-    def _exchange(self, message_type: str, payloads: dict[int, object], step: str, wait: float | None = None, **config) -> dict[int, tuple[object, dict]]:
+    def _exchange(self, message_type: str, payloads: dict[int, object], step: str, wait: float | None = None, per_node: dict[int, dict] | None = None, **config) -> dict[int, tuple[object, dict]]:
         """Send ``payloads[node]`` to each node; {node: (payload, reply config)}, or one error line
         naming the site and step for a missing, failed or malformed reply. ``wait``: seconds to wait
-        for the replies (default ``reply_timeout``; getting the sites ready waits ``nodes_timeout``)."""
+        for the replies (default ``reply_timeout``; getting the sites ready waits ``nodes_timeout``).
+        ``per_node``: config entries for one node only (e.g. its pending ``keep``), beside ``config``."""
         wait = self.reply_timeout if wait is None else wait
-        messages = [Message(pack(value, fingerprint=self.fingerprint, **config), node, message_type, group_id=step) for node, value in payloads.items()]
+        per_node = per_node or {}
+        messages = [Message(pack(value, fingerprint=self.fingerprint, **config, **per_node.get(node, {})), node, message_type, group_id=step) for node, value in payloads.items()]
         self.bytes_sent += sum(payload_bytes(m.content) for m in messages)
+        self.messages_sent += len(messages)
         replies = {m.metadata.src_node_id: m for m in send_and_receive(self.grid, messages, wait)}
         site_of = {node: name for name, node in [*getattr(self, "node", {}).items(), *self.cohort_node.items()]}
         # Every silent site is named, not only the first in client order: a slow site beside a dead
@@ -184,12 +192,17 @@ class FlowerTransport:
         until then each site's state file is still that round's end (clientapp.take_snapshot)."""
         self.snapshot_round = round_index
 
-    def resume(self, round_index, packages):
+    def resume(self, round_index, packages, kept=None):
         """A restarted server: every site goes back to its state at the end of ``round_index``; a site
         that cannot is refused in one line naming it and the round. ``packages``: the round-0
-        packages, for the shape of a valid reply only (nothing is sent)."""
+        packages, for the shape of a valid reply only (nothing is sent). ``kept``: {site: the round
+        its restored selection kept}; a site kept at ``round_index`` itself is told so (``keep``):
+        that keep rode on a message the dead server never sent, so its state file at that round's
+        end may lack it (a snapshot of the round always has it)."""
         self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
-        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", wait=self.nodes_timeout, round=round_index, cfg=self.cfg_json)
+        self.pending_keep = {}
+        covered = {self.node[name]: {"keep": round_index} for name, kept_round in (kept or {}).items() if kept_round == round_index}
+        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", wait=self.nodes_timeout, per_node=covered, round=round_index, cfg=self.cfg_json)
 
     def data_fingerprint(self):
         """What the sites read (each one's data digest from hello, in client order), for the checkpoint:
@@ -202,10 +215,17 @@ class FlowerTransport:
     def _nodes(self):
         return [self.node[name] for name in self.names]
 
+    def _take_keeps(self) -> dict[int, dict]:
+        """The pending keeps as per-node config (``keep=<round>``), cleared: they ride on this message."""
+        keeps, self.pending_keep = self.pending_keep, {}
+        return {self.node[name]: {"keep": round_index} for name, round_index in keeps.items()}
+
     def train(self, round_index):
         # A checkpoint since the last message rides on this one: each site first snapshots its state, still that round's end.
+        # So does a keep of the last round: each covered site keeps its evaluated model first, then
+        # snapshots (a snapshot of a round is that round's full end, its kept model included).
         snapshot, self.snapshot_round = self.snapshot_round, -1
-        results = self._by_site(self._exchange("train", {node: None for node in self._nodes()}, f"round {round_index} train", round=round_index, snapshot=snapshot))
+        results = self._by_site(self._exchange("train", {node: None for node in self._nodes()}, f"round {round_index} train", per_node=self._take_keeps(), round=round_index, snapshot=snapshot))
         out = []
         for name, (reply, config) in zip(self.names, results):
             check_reply(f"round {round_index} train: site {name}", reply, self.reference)
@@ -238,11 +258,14 @@ class FlowerTransport:
         return out
 
     def keep(self, round_index, names):
-        self._exchange("query.keep", {self.node[n]: None for n in names}, f"round {round_index} keep", round=round_index)
+        """Nothing is sent now: each covered site keeps its evaluated model of ``round_index`` when its
+        next message (the next round's train, or final) arrives, before that message's own step."""
+        for name in names:
+            self.pending_keep[name] = round_index
         return {n: ({}, {}) for n in names}  # the models stay on the sites until the final message
 
     def final(self):
-        results = self._exchange("query.final", {node: None for node in self._nodes()}, "final")
+        results = self._exchange("query.final", {node: None for node in self._nodes()}, "final", per_node=self._take_keeps())
         out = {}
         for name, (value, _) in zip(self.names, self._by_site(results)):
             withheld = check_final(f"final: site {name}", value, self.reference, self.cfg.rounds)
@@ -291,7 +314,7 @@ def main(grid: Grid, context: Context) -> None:
         os.environ[faults.KILL_AT_ENV] = str(settings["kill-at"])
     serve(cfg, Path(str(settings["out"])), transport, progress=True, checkpoint_every=int(settings.get("checkpoint-every", 1)),
           checkpoint_every_seconds=float(settings.get("checkpoint-every-seconds", 0)), resume=bool(settings.get("resume", True)))  # fmt: skip
-    traffic = {"bytes_sent": transport.bytes_sent, "bytes_received": transport.bytes_received, "rounds": cfg.rounds, "sites": len(transport.names),
+    traffic = {"bytes_sent": transport.bytes_sent, "bytes_received": transport.bytes_received, "messages_sent": transport.messages_sent, "rounds": cfg.rounds, "sites": len(transport.names),
                # what each site reads (its data digest, as the engine's checkpoints digest it) and what a
                # site kept to itself (node config share-model / share-predictions = false)
                "data_digests": transport.site_digests, "withheld": transport.withheld}  # fmt: skip

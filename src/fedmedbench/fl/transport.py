@@ -4,7 +4,10 @@ behind Flower's SuperNodes (``fedmedbench.federation``).
 A round, seen from the server: every site trains and replies (``train``); the method's server may
 ask a second question (``query`` -> ``answer``); it aggregates; every site receives its package and
 evaluates the model it would hand over on val (and test on curve rounds) (``evaluate``); when the
-validation scores improve a selection, the covered sites keep that model (``keep``). After the last
+validation scores improve a selection, the covered sites keep that model (``keep``). A transport
+may defer a keep to its next message to the site (Flower's: ``keep`` sends nothing; the next
+round's ``train``, or ``final``, carries it and the site applies it first, so its state at the end
+of round r, and a snapshot of r, always hold the model kept at r). After the last
 round each site scores its kept model on its test split (``final``); then each test-only cohort (an
 unseen institution, ``ood_clients``: never set up, never trained or evaluated) scores every site's
 kept model on its own test rows (``ood``), as the engine's ``evaluation.ood_test``.
@@ -51,6 +54,7 @@ class Site:
         self.kept: dict | None = None
         self.hold_kept = hold_kept
         self.cfg_json, self.train_rows = None, None  # how a Flower site rebuilds itself (federation.clientapp)
+        self.round_done: int | None = None  # a Flower site's state file: the round whose end it holds (None: mid-round)
 
     def start(self, package) -> None:
         """Before round 1: the server's initial package (round 0)."""
@@ -165,7 +169,7 @@ class Transport(Protocol):
 
     def snapshot(self, round_index: int) -> None: ...
 
-    def resume(self, round_index: int, packages: list) -> None: ...
+    def resume(self, round_index: int, packages: list, kept: dict[str, int] | None = None) -> None: ...
 
     def data_fingerprint(self) -> str: ...
 
@@ -206,7 +210,7 @@ class InProcessTransport:
         """Nothing to do: whoever checkpoints an in-process run holds its clients' states (the engine's
         checkpoint stores them)."""
 
-    def resume(self, round_index, packages):
+    def resume(self, round_index, packages, kept=None):
         raise SiteError(f"round {round_index}: in-process sites keep no snapshots of their own; resume an in-process run with the engine (fedmedbench train)")
 
     def data_fingerprint(self):
@@ -270,7 +274,9 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     first (``transport.snapshot``: they keep their own state of that round). The checkpoint holds no
     client state: the sites hold it. A restarted server (``resume``) whose run folder holds a valid
     checkpoint of this config and of the sites' data continues from the next round, after telling the
-    sites which round to go back to (``transport.resume``); a site that cannot is refused in one line."""
+    sites which round to go back to and which of them the restored selection kept at that round
+    (``transport.resume``: a deferred keep of that round may not have reached the site); a site that
+    cannot is refused in one line."""
     import logging
     from pathlib import Path
 
@@ -312,7 +318,9 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
         history_log.reset()
         transport.start(packages)
     else:
-        transport.resume(last_round, packages)  # every site back to its state at the checkpointed round
+        # Every site back to its state at the checkpointed round, with the round each one's model was kept at.
+        kept = {name: entry["round"] for entry in selection.best.values() for name in entry["val"]}
+        transport.resume(last_round, packages, kept)
     del packages
     bar = Progress(cfg.rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", initial=last_round, interval=0.0, enabled=progress)
     last_saved = time.monotonic()
