@@ -2,6 +2,7 @@
 
     python benchmarks/bench_federation.py                       # FedAvg, PRR-FL, Fed-LWR; tiny store
     python benchmarks/bench_federation.py --methods fedavg ditto --rounds 2 --repeats 3
+    python benchmarks/bench_federation.py --methods fedavg --warm --rounds 2 --repeats 3 --flower-waits both --profile --ab
 
 The federation is the one ``tests/test_federation.py`` runs: one ``flower-superlink`` and one
 ``flower-supernode`` per site on 127.0.0.1 (``fedmedbench.federation.local``), ``flwr run`` of
@@ -420,6 +421,8 @@ def time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app,
                 results[method]["engine"].setdefault(rounds, []).append(time.perf_counter() - t0)
             variants = ([("federation", ROOT / "flower-app", False)] if stock else []) + ([("flower_poll", ab_app, False)] if stock and method in args.ab else [])
             variants += [("short_waits", ROOT / "flower-app", True), ("short_all", short_app, True)] if short else []
+            if rep % 2:  # every other repetition in reverse: a load that drifts during a repetition favours no variant
+                variants.reverse()
             for variant, app_dir, short_waits in variants:
                 set_short_waits(switch, short_waits)
                 for rounds in by_rounds:
