@@ -153,6 +153,8 @@ class Cohort:
 class Transport(Protocol):
     """How the server's loop reaches the sites; every list is in the run's client order."""
 
+    cohort_names: list[str]  # the test-only cohorts it serves (``ood``), in ``ood_clients`` order
+
     def start(self, packages: list) -> None: ...
 
     def train(self, round_index: int) -> list[tuple[dict, float, list[dict]]]: ...
