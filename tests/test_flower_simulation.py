@@ -77,6 +77,15 @@ def test_a_variant_chooses_the_runtime_and_a_bad_value_is_refused_naming_the_key
         cfgmod.validate(tiny_config({"tasks": {"prostate": {"runtime": "ray"}}}), "config")
 
 
+def test_every_client_and_test_only_cohort_is_a_simulated_node_of_its_own(tmp_path):
+    from fedmedbench.federation.simulation import site_settings
+
+    cfg = RunConfig.from_dict(tiny_run_config("store", "split.csv", clients=["A", "B"], ood_clients=["C"]))
+    sites = site_settings(cfg, tmp_path, threads=1, device="cpu")
+    assert {index: site["client"] for index, site in sites.items()} == {0: "A", 1: "B", 2: "C"}
+    assert {site["state-dir"] for site in sites.values()} == {str(tmp_path)}
+
+
 def test_the_simulation_client_app_answers_every_message_the_generic_one_does():
     from fedmedbench.federation import clientapp, simulation
 
@@ -111,15 +120,17 @@ def test_a_simulated_run_equals_the_engine_byte_for_byte(tmp_path, tiny_task):
     from fedmedbench.fl.engine import run_training
 
     store, split = tiny_task
-    cfg = tiny_run_config(store, split, "fedavg", rounds=2)
+    # Two training sites and a test-only cohort (its own simulated SuperNode, scored after final).
+    cfg = tiny_run_config(store, split, "fedavg", rounds=2, clients=["A", "B"], ood_clients=["C"])
     run_training(cfg, tmp_path / "engine", threads=1, progress=False)
     final = run_simulated(cfg, tmp_path / "flower", threads=1, progress=False)
+    assert set(final["ood"]) == {"C"}
     for name in ("final.json", "history.csv", "model_best.pt", "predictions.npz"):
         assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
     assert final == json.loads((tmp_path / "engine" / "final.json").read_text())
     # The sites' state between messages lived in the run folder's .flower-sites, removed at the end.
     assert sorted(p.name for p in (tmp_path / "flower").iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz"]
-    assert json.loads((tmp_path / "flower" / "federation.json").read_text())["sites"] == 3
+    assert json.loads((tmp_path / "flower" / "federation.json").read_text())["sites"] == 2
 
 
 def run_simulated_in_a_process(cfg, out, kill_at=None):

@@ -24,8 +24,8 @@ message's own step. So every snapshot of a round holds the model kept at it. (A 
 its own is still answered, as an older ServerApp sends it.)
 
 Resume: ``<key>`` is stable across a restarted server (Flower gives every ``flwr run`` a new run
-id): a digest of the run's ``out`` folder (its run config's ``out``; the run id where there is none,
-as in Flower's simulation runtime). When the server checkpoints round r it says so in its next
+id): a digest of the run's ``out`` folder (its run config's ``out``, which the simulation route's
+dispatcher sets too; the run id where there is none). When the server checkpoints round r it says so in its next
 message (``snapshot=r`` on round r+1's train message), and the site first copies its state file,
 then still its state at the end of round r, to ``<client>.round-<r>.pt``; it keeps the snapshots of
 the two latest checkpointed rounds (the server's checkpoint and the ``.prev`` it falls back to). A

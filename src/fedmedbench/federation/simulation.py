@@ -38,11 +38,12 @@ import torch
 from fedmedbench.errors import ConfigError, FedmedbenchError
 
 def site_settings(cfg, state_dir: Path, threads: int, device: str) -> dict[int, dict]:
-    """partition-id -> the node config a deployed SuperNode of that site would be given."""
+    """partition-id -> the node config a deployed SuperNode of that site would be given: the run's
+    clients first, then its test-only cohorts (``ood_clients``: a SuperNode each, as deployed)."""
     return {
         # Absolute paths: Ray's actors need not share this process's working directory (final.json keeps the config's own).
         index: {"client": name, "store": str(Path(cfg.data.store).resolve()), "split": str(Path(cfg.data.split).resolve()), "state-dir": str(state_dir), "threads": threads, "device": device}
-        for index, name in enumerate(cfg.clients)
+        for index, name in enumerate([*cfg.clients, *cfg.ood_clients])
     }
 
 
@@ -182,8 +183,8 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
             run_simulation(
                 server_app=server_app(settings),
                 client_app=client_app(site_settings(cfg, work, threads, device), str(out_dir)),
-                num_supernodes=len(cfg.clients),
-                backend_config=backend_config(len(cfg.clients), device),
+                num_supernodes=len(cfg.clients) + len(cfg.ood_clients),
+                backend_config=backend_config(len(cfg.clients) + len(cfg.ood_clients), device),
             )
             final = out_dir / "final.json"
             if not final.is_file():  # Flower logged the ServerApp's error; say which run
