@@ -6,8 +6,9 @@ ask a second question (``query`` -> ``answer``); it aggregates; every site recei
 evaluates the model it would hand over on val (and test on curve rounds) (``evaluate``); when the
 validation scores improve a selection, the covered sites keep that model (``keep``). A transport
 may defer a keep to its next message to the site (Flower's: ``keep`` sends nothing; the next
-round's ``train``, or ``final``, carries it and the site applies it first, so its state at the end
-of round r, and a snapshot of r, always hold the model kept at r). After the last
+round's ``train``, or ``final``, carries it and the site applies it first, so a snapshot of round
+r always holds the model kept at r; a restarted server's ``resume`` names the sites its restored
+selection kept at its checkpoint's round, as their state file may not hold it yet). After the last
 round each site scores its kept model on its test split (``final``); then each test-only cohort (an
 unseen institution, ``ood_clients``: never set up, never trained or evaluated) scores every site's
 kept model on its own test rows (``ood``), as the engine's ``evaluation.ood_test``.
