@@ -369,7 +369,7 @@ def resume(message: Message, context: Context) -> Message:
             # The state file is that round's end: with the keep the dead server never sent applied,
             # it becomes the round's snapshot (a later restart may need it again).
             if ckpt_io.load(path)["cfg"] != config["cfg"]:
-                raise SiteError(f"site {name}: cannot resume after round {round_index}: its snapshot {snapshot_file(context, round_index)} was made for another run config; refused")
+                raise SiteError(f"site {name}: cannot resume after round {round_index}: its state file {path} was made for another run config; refused")
             if keep_here:
                 kept_model(context, round_index)
             take_snapshot(context, round_index)
