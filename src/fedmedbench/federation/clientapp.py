@@ -124,11 +124,12 @@ def round_done(path: Path) -> int | None:
     return ckpt_io.load(path).get("round_done") if path.is_file() else None
 
 
-def take_snapshot(context: Context, round_index: int) -> None:
+def take_snapshot(context: Context, round_index: int, done: int | None) -> None:
     """Copy the state file (the end of checkpointed round ``round_index``) to its snapshot; keep the
-    two latest snapshots (the server's checkpoint and its ``.prev``)."""
+    two latest snapshots (the server's checkpoint and its ``.prev``). ``done``: the round whose end
+    the state file holds, as the caller read it (no second read of the file)."""
     path = state_file(context)
-    if round_done(path) != round_index:
+    if done != round_index:
         raise SiteError(f"site {node_setting(context, 'client')}: the server checkpointed round {round_index}, but this site's state at {path} is not at the end of that round; refused")
     copy_atomic(path, snapshot_file(context, round_index))
     found = snapshots(context)
@@ -250,7 +251,7 @@ def handle(message: Message, context: Context, step, ends_round: bool = False) -
         if int(config.get("keep", -1)) >= 0:  # a selection improved at that round: keep its evaluated model
             keep_model(site, context, int(config["keep"]))
         if int(config.get("snapshot", -1)) >= 0:  # the server checkpointed that round: keep the site's state of it
-            take_snapshot(context, int(config["snapshot"]))
+            take_snapshot(context, int(config["snapshot"]), site.round_done)
         value = step(site, unpack(message.content, f"server message to site {name}"), config)
         save_site(site, context, int(config["round"]) if ends_round else None)
         value, config = value if isinstance(value, tuple) else (value, {})
@@ -372,7 +373,7 @@ def resume(message: Message, context: Context) -> Message:
                 raise SiteError(f"site {name}: cannot resume after round {round_index}: its state file {path} was made for another run config; refused")
             if keep_here:
                 kept_model(context, round_index)
-            take_snapshot(context, round_index)
+            take_snapshot(context, round_index, round_index)  # its state file is at that round's end (checked above)
             snapshot = snapshot_file(context, round_index)
         if snapshot is None:
             have = sorted(snapshots(context))

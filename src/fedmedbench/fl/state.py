@@ -427,7 +427,7 @@ class _Blobs:
 
     def add(self, storage: torch.UntypedStorage, device: torch.device, ptr: int, n: int) -> int:
         """The blob holding this storage's bytes (new, or an earlier byte-equal one)."""
-        host = (device == _CPU or device.type == "cpu") and not _DEVICE_PATH  # _host, inlined: it runs per storage
+        host = _host(device)
         if host:
             sample = (device, n, _SAMPLE_AT(ptr).raw + _SAMPLE_AT(ptr + n - SAMPLE).raw) if n > 2 * SAMPLE else (device, n, _string_at(ptr, n) if n else b"")
         else:
