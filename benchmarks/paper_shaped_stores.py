@@ -1,0 +1,147 @@
+"""Stores with the shapes and per-client counts of the papers' real data, filled with random pixels,
+where a run of the paper config would look for its data: so that ``python -m fedmedbench estimate``
+can time the paper's jobs on a machine that has a GPU but not the data (a lent GPU node, a cluster
+node before the download). A round's time depends on the image size, the channels, the number of
+samples per client and split and the model, not on the pixel values; the scores such a run reaches
+mean nothing.
+
+    python benchmarks/paper_shaped_stores.py --out results/paper-shaped          # every task
+    python benchmarks/paper_shaped_stores.py --tasks prostate skin --scale 0.05    # fewer samples
+    python -m fedmedbench estimate --config config/config.yaml results/paper-shaped/overlay.yaml \
+        --experiments harmofl_table6_ablation_prostate
+
+The overlay it writes sets ``results_dir`` and ``run_name`` so that the paper config's data paths
+point into ``--out`` (a real ``results/paper`` is never touched). Counts, per client (train, val, test):
+- prostate (HarmoFL): the annotated slices per site of HarmoFL's index files (261/157/468/411/384/175),
+  split 64/16/20 at slice level (the first floor(0.64 n), up to floor(0.8 n), the rest);
+- prostate_lwr (Fed-LWR): the same slices per site (Site1..6 = BIDMC, BMC, HK, I2CVB, RUNMC, UCL),
+  about 60/20/20 (the real split is by case, so a few slices off);
+- nuclei (HarmoFL): MoNuSAC's 294 images (train + test) shared equally by its four organs (the real
+  per-organ counts are not published), MoNuSeg's 30 + 14, TNBC's 50; 64/16/20;
+- camelyon17 (HarmoFL): WILDS' patches per hospital, test 20 %, val 20 % of the rest;
+- skin (PRR-FL): the split files of record (specs/datasets.md 4.3) and the 427 images of the OOD cohort;
+- fundus (Fed-LWR): 40/10/51, 79/20/60, 256/64/80, 256/64/80 (the Fed-LWR fork's log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from fedmedbench import config as cfgmod  # noqa: E402
+from fedmedbench.data.store import write_client, write_split_csv  # noqa: E402
+from fedmedbench.errors import ConfigError, FedmedbenchError  # noqa: E402
+
+
+def harmofl_cut(n: int) -> tuple[int, int, int]:
+    """64/16/20 as HarmoFL's loaders cut a site: train = first floor(0.64 n), val up to floor(0.8 n)."""
+    train, val_end = int(0.64 * n), int(0.8 * n)
+    return train, val_end - train, n - val_end
+
+
+def camelyon_cut(n: int) -> tuple[int, int, int]:
+    test = int(n * 0.2)
+    val = int((n - test) * 0.2)
+    return n - test - val, val, test
+
+
+def sixty_twenty(n: int) -> tuple[int, int, int]:
+    val, test = round(0.2 * n), round(0.2 * n)
+    return n - val - test, val, test
+
+
+SLICES = {"BIDMC": 261, "HK": 157, "I2CVB": 468, "ISBI": 411, "ISBI_1.5": 384, "UCL": 175}
+LWR_SITES = {"Site1": 261, "Site2": 384, "Site3": 157, "Site4": 468, "Site5": 411, "Site6": 175}  # BIDMC BMC HK I2CVB RUNMC UCL
+NUCLEI = {"MoNuSAC_breast": 74, "MoNuSAC_kidney": 74, "MoNuSAC_lung": 73, "MoNuSAC_prostate": 73, "MoNuSeg": 44, "TNBC": 50}
+HOSPITALS = {"hospital1": 59436, "hospital2": 34904, "hospital3": 85054, "hospital4": 129838, "hospital5": 146722}
+SKIN = {"A": (2091, 298, 598), "B": (2708, 386, 774), "C": (1144, 163, 328), "D": (1400, 199, 401), "OOD": (0, 0, 427)}
+FUNDUS = {"Domain1": (40, 10, 51), "Domain2": (79, 20, 60), "Domain3": (256, 64, 80), "Domain4": (256, 64, 80)}
+
+# task: {client: (train, val, test)}
+COUNTS = {
+    "prostate": {c: harmofl_cut(n) for c, n in SLICES.items()},
+    "prostate_lwr": {c: sixty_twenty(n) for c, n in LWR_SITES.items()},
+    "nuclei": {c: harmofl_cut(n) for c, n in NUCLEI.items()},
+    "camelyon17": {c: camelyon_cut(n) for c, n in HOSPITALS.items()},
+    "skin": SKIN,
+    "fundus": FUNDUS,
+}
+IMAGE_SIZE = {"prostate": 384, "prostate_lwr": 384, "nuclei": 256, "camelyon17": 96, "skin": 128, "fundus": 384}
+
+
+def scaled(counts: tuple[int, int, int], scale: float) -> tuple[int, int, int]:
+    """Each non-empty split keeps at least one batch's worth of rows below it (>= 2 rows)."""
+    return tuple(0 if n == 0 else max(2, round(n * scale)) for n in counts)
+
+
+def write_task(config: dict, task: str, scale: float, rng: np.random.Generator) -> tuple[Path, int]:
+    spec = cfgmod.resolve_run(config, task, _any_run(config, task), 0)
+    store, split = Path(spec["data"]["store"]), Path(spec["data"]["split"])
+    if store.exists():
+        raise ConfigError(f"{store} already exists: remove it or pick another --out")
+    model, size = spec["model"], IMAGE_SIZE[task]
+    wanted = set(spec["clients"]) | set(spec.get("ood_clients") or [])
+    if set(COUNTS[task]) != wanted:
+        raise ConfigError(f"task {task}: the config's clients {sorted(wanted)} are not the counted ones {sorted(COUNTS[task])}")
+    rows, written = [], 0
+    for client, counts in COUNTS[task].items():
+        train, val, test = scaled(counts, scale)
+        n = train + val + test
+        images = np.empty((n, size, size, model["in_channels"]), np.uint8)
+        for start in range(0, n, 4096):  # chunks: the generator's temporaries stay small
+            images[start : start + 4096] = rng.integers(0, 256, images[start : start + 4096].shape, dtype=np.uint8)
+        if spec["kind"] == "segmentation":
+            labels = rng.integers(0, model["num_classes"], (n, size, size), dtype=np.uint8)
+        else:
+            labels = (np.arange(n) % model["num_classes"]).astype(np.int64)  # every class in every split
+        ids = [f"{client}/{i}" for i in range(n)]
+        write_client(store, client, images, labels, pd.DataFrame({"id": ids, "group": ids, "source": "paper-shaped"}))
+        parts = ["train"] * train + ["val"] * val + ["test"] * test
+        rows += [{"client": client, "split": s, "row": i, "id": ids[i], "group": ids[i]} for i, s in enumerate(parts)]
+        written += images.nbytes + labels.nbytes
+    write_split_csv(pd.DataFrame(rows), split)
+    return store, written
+
+
+def _any_run(config: dict, task: str) -> str:
+    for experiment in config["experiments"]:
+        for t, run, _ in cfgmod.experiment_runs(config, experiment):
+            if t == task:
+                return run
+    raise ConfigError(f"no experiment of the config runs task {task}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "config/config.yaml"))
+    parser.add_argument("--out", default="results/paper-shaped", help="results_dir/run_name the overlay points at")
+    parser.add_argument("--tasks", nargs="+", default=list(COUNTS), choices=list(COUNTS))
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the real counts (a smoke test)")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    overlay = out / "overlay.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    overlay.write_text(yaml.safe_dump({"results_dir": str(out.parent), "run_name": out.name}))
+    config = cfgmod.load_config(args.config, str(overlay))
+    rng = np.random.default_rng(0)
+    for task in args.tasks:
+        started = time.perf_counter()
+        store, written = write_task(config, task, args.scale, rng)
+        print(f"{task}: {written / 1e9:.2f} GB in {time.perf_counter() - started:.1f} s -> {store}", flush=True)
+    print(f"overlay: {overlay}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except FedmedbenchError as err:
+        sys.exit(f"paper_shaped_stores.py: {err}")
