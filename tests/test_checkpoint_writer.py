@@ -5,7 +5,9 @@ tensors still refuses what a checkpoint cannot hold."""
 
 from __future__ import annotations
 
+import json
 import os
+import zlib
 
 import pytest
 import torch
@@ -77,3 +79,65 @@ def test_the_fast_path_still_refuses_what_a_checkpoint_cannot_hold_and_keeps_com
         with pytest.raises(TypeError, match=r"bad\.pt: cannot checkpoint the value at \['w'\]\[1\]: " + what):
             ckpt_io.save_checkpoint({"w": [torch.ones(1), value]}, tmp_path / "bad.pt")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]  # the temporary removed
+
+
+def trailer(data: bytes) -> tuple[dict, int]:
+    """(the index, the blobs' CRC32 the trailer records) of a checkpoint's bytes."""
+    _, offset, length, _, data_crc = ckpt_io.TRAILER.unpack(data[-ckpt_io.TRAILER.size :])
+    return json.loads(data[offset : offset + length]), data_crc
+
+
+def test_the_blobs_crc32_is_zlibs_over_the_written_bytes_with_libdeflate_or_without(tmp_path, monkeypatch):
+    """The CRC32 is computed on the walk's thread, a batch at a time (libdeflate's where installed):
+    the trailer holds zlib.crc32 of exactly the blob bytes in the file, and the file is the same
+    byte for byte with zlib's own crc32."""
+    monkeypatch.setattr(ckpt_io, "CHUNK", 4096)
+    monkeypatch.setattr(ckpt_io, "SMALL", 1024)  # staged buffers and views in several batches
+    distinct, obj = mixed_sizes()
+    ckpt_io.save_checkpoint(obj, tmp_path / "fast.pt")
+    data = (tmp_path / "fast.pt").read_bytes()
+    index, data_crc = trailer(data)
+    blobs = data[len(ckpt_io.MAGIC) : len(ckpt_io.MAGIC) + sum(index["blobs"])]
+    assert len(blobs) == 147_436 and data_crc == zlib.crc32(blobs) == zlib.crc32(b"".join(t.numpy().tobytes() for t in distinct))
+    monkeypatch.setattr(ckpt_io, "_CRC32_AT", None)
+    ckpt_io.save_checkpoint(obj, tmp_path / "zlib.pt")
+    assert (tmp_path / "zlib.pt").read_bytes() == data
+
+
+@pytest.mark.skipif(ckpt_io._CRC32_AT is None, reason="libdeflate is not installed here")
+def test_libdeflates_crc32_continues_zlibs_over_pieces_of_any_size():
+    data = torch.randint(0, 256, (300_001,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)).numpy()
+    crc, cuts = 0, [0, 1, 7, 4096, 4097, 100_000, 300_001]
+    for a, b in zip(cuts, cuts[1:]):
+        crc = ckpt_io._crc32(data[a:b], data.ctypes.data + a, b - a, crc)
+    assert crc == zlib.crc32(data.tobytes()) and ckpt_io._crc32(b"", 0, 0, 12345) == 12345
+
+
+@pytest.mark.parametrize("release", [1 << 20, 0], ids=["compares-hold-the-gil", "compares-release-the-gil"])
+def test_a_copy_differing_in_one_byte_is_written_and_an_equal_copy_is_not(tmp_path, monkeypatch, release):
+    """The duplicate compare (libc memcmp, holding the GIL below ``RELEASE`` bytes, releasing it from
+    there): a copy of the global weights that differs in one byte in the middle (the sampled ends
+    equal) is a blob of its own; an equal copy is not; a tensor sharing the global's storage (the
+    same tensor, a view) is never compared at all. Both ways write the same file."""
+    monkeypatch.setattr(ckpt_io, "RELEASE", release)
+    torch.manual_seed(0)
+    weights = torch.randn(5000)  # 20,000 bytes
+    differ = weights.clone()
+    differ.view(torch.uint8)[10_001] ^= 1  # one bit of one byte, far from either sampled end
+    obj = {"global": weights, "clients": [weights.clone(), differ, weights, weights[100:200]]}
+    calls = {"held": 0, "released": 0}
+    held, released = ckpt_io._MEMCMP_HELD, ckpt_io._MEMCMP
+    monkeypatch.setattr(ckpt_io, "_MEMCMP_HELD", lambda a, b, n: calls.__setitem__("held", calls["held"] + 1) or held(a, b, n))
+    monkeypatch.setattr(ckpt_io, "_MEMCMP", lambda a, b, n: calls.__setitem__("released", calls["released"] + 1) or released(a, b, n))
+    ckpt_io.save_checkpoint(obj, tmp_path / "c.pt")
+    # Compared: the equal copy (once, equal) and `differ` (once, with the one earlier blob of its size
+    # and ends); the global tensor again and its view share its storage and are not compared.
+    assert calls == ({"held": 2, "released": 0} if release else {"held": 0, "released": 2})
+    data = (tmp_path / "c.pt").read_bytes()
+    index, _ = trailer(data)
+    assert index["blobs"] == [20_000, 20_000] and index["storages"] == [0, 0, 1]
+    blobs = data[len(ckpt_io.MAGIC) : len(ckpt_io.MAGIC) + 40_000]
+    assert blobs == weights.numpy().tobytes() + differ.numpy().tobytes()
+    back = ckpt_io.load_checkpoint(tmp_path / "c.pt")
+    assert torch.equal(back["clients"][1], differ) and not torch.equal(back["clients"][1], back["global"])
+    assert back["clients"][2] is back["global"] and torch.equal(back["clients"][3], weights[100:200])

@@ -19,10 +19,9 @@ is tagged JSON (no pickle: nothing in a checkpoint can run code), with dict/list
 as pickle keeps it.
 
 Writing streams: blobs go to the file straight from the tensors' memory (small tensors staged
-together), handed in batches of about 4 MiB to a writer thread (one ``writev`` each) and a thread
-computing their running CRC32, while this thread walks on and compares the next storages, so a
-checkpoint's size never raises the host memory. The
-writer starts the disk's writeback of every 8 MiB it has written (Linux ``sync_file_range``), so the
+together), handed in batches of about 4 MiB to a writer thread (one ``writev`` each); this thread
+adds each batch to the running CRC32 while the writer writes it, then walks on and compares the
+next storages, so a checkpoint's size never raises the host memory. The writer starts the disk's writeback of every 8 MiB it has written (Linux ``sync_file_range``), so the
 disk works while the CPU walks, compares and checksums, and the final fsync waits only for the last
 pieces: a checkpoint costs about the disk's time for its bytes, as a raw write of them does.
 The file is a temporary, fsynced and renamed over the previous checkpoint, which is kept as
@@ -98,9 +97,10 @@ def load(path: Path):
 
 
 # --- bytes of storages ---------------------------------------------------------------------------
-def _memcmp():
+def _memcmp(dll=ctypes.CDLL):
+    """libc's ``memcmp`` through ``dll``: ``CDLL`` releases the GIL for the call, ``PyDLL`` keeps it."""
     try:
-        libc = ctypes.CDLL(None) if os.name != "nt" else ctypes.cdll.msvcrt
+        libc = dll(None) if os.name != "nt" else dll("msvcrt")
         fn = libc.memcmp
     except (OSError, AttributeError):
         return None
@@ -109,6 +109,38 @@ def _memcmp():
 
 
 _MEMCMP = _memcmp()  # libc's memcmp: stops at the first difference, ~5x torch.equal on bytes
+# The same, holding the GIL: Camelyon17's 3,635 duplicate compares take ~4 us each, and releasing
+# the GIL for every one handed it to the writer thread and back each time (a futex wake-up on the
+# other core per compare), which cost more CPU than the compares (measured: 0.31 -> 0.20 CPU s a
+# write). Compares of at least RELEASE bytes (> 0.1 ms) still release it, so the writer is not held up.
+_MEMCMP_HELD = _memcmp(ctypes.PyDLL)
+RELEASE = 1 << 20
+
+
+def _libdeflate_crc32():
+    """libdeflate's ``crc32`` (the same CRC-32 as zlib's, computed with carry-less multiplies: ~2x
+    zlib's speed here) when the library is installed and gives zlib's values, else None."""
+    for name in ("libdeflate.so.0", "libdeflate.so", "libdeflate.dylib"):
+        try:
+            fn = ctypes.CDLL(name).libdeflate_crc32
+        except (OSError, AttributeError):
+            continue
+        fn.restype, fn.argtypes = ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        check = bytes(range(256)) * 3
+        if fn(0, check, len(check)) == zlib.crc32(check) and fn(zlib.crc32(check[:5]), check[5:], len(check) - 5) == zlib.crc32(check):
+            return fn
+    return None
+
+
+_CRC32_AT = _libdeflate_crc32()
+
+
+def _crc32(buffer, address: int, n: int, crc: int) -> int:
+    """CRC32 of ``n`` bytes at ``address`` (``buffer``'s memory), continuing ``crc``: zlib's value
+    either way (the format is unchanged), by libdeflate where present."""
+    if _CRC32_AT is not None and n:  # (libdeflate reads a NULL buffer as "give the initial value")
+        return _CRC32_AT(crc, address, n)
+    return zlib.crc32(buffer, crc)
 
 
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -286,9 +318,9 @@ _STRIDES: dict[torch.Size, tuple[int, ...]] = {}  # shape -> its contiguous stri
 
 
 class _Consumer(threading.Thread):
-    """Applies ``fn`` to batches of buffers in order (writing and checksumming them) while the walk
-    goes on: file writes, ``sync_file_range`` and ``zlib.crc32`` release the GIL. An error is kept
-    for the caller, who raises it once everything is handed over.
+    """Applies ``fn`` to batches of buffers in order (writing them) while the walk goes on: file
+    writes and ``sync_file_range`` release the GIL. An error is kept for the caller, who raises it
+    once everything is handed over.
 
     Buffers come in batches of about ``CHUNK`` bytes (one ``writev``), not one by one: every hand-over
     wakes this thread, which then needs the GIL back from the walk, and a few hundred of them (one per
@@ -395,10 +427,10 @@ class _Blobs:
     exact, exits at the first difference), so distinct contents are never merged and equal ones are
     written once. With ``handle`` None nothing is written (to time the comparisons alone).
 
-    New blobs are handed to the writer and CRC threads in batches of at least ``CHUNK`` bytes: views
-    of host tensors' own memory (in ``CHUNK`` pieces, so that writing, writeback and CRC overlap the
-    walk), small ones (below ``SMALL``) copied into a staging buffer, device memory copied a piece
-    at a time."""
+    New blobs are handed to the writer thread in batches of at least ``CHUNK`` bytes: views of host
+    tensors' own memory (in ``CHUNK`` pieces, so that writing and writeback overlap the walk), small
+    ones (below ``SMALL``) copied into a staging buffer, device memory copied a piece at a time.
+    This thread computes the batch's CRC32 right after handing it over, while the writer writes it."""
 
     def __init__(self, handle=None, offset: int = 0):
         self.buckets: dict[tuple, list[int]] = {}
@@ -407,23 +439,20 @@ class _Blobs:
         self.sizes: list[int] = []
         self.staging = bytearray()
         self.batch: list = []  # buffers not handed over yet
+        self.addresses: list[int] = []  # their addresses, for the CRC32
         self.batch_bytes = 0
         self.batch_copied = False
         self.crc = 0
         self.consumers = []
         if handle is not None:
-            # Two threads, not one doing both: the copy into the page cache and the CRC32 each cost
-            # about what the walk does, and in parallel they keep up with it (measured on 2 busy
-            # cores: the per-repetition median 1.07-1.43 x a raw write with two, 1.34-1.59 with one).
-            self.consumers = [_Consumer("checkpoint-writer", _Writer(handle, offset)), _Consumer("checkpoint-crc32", self._checksum)]
+            # One thread, writing; the CRC32 on the walk's thread. A CRC thread of its own needed the
+            # GIL back after every buffer's crc32 (~700 for Camelyon17), each a hand-off from the walk
+            # and a wake-up on the other core; with the CRC here, the walk releases the GIL in
+            # crc32 once a batch and the writer takes it then (on 2 idle cores: 0.25-0.36 -> 0.15-0.2
+            # CPU s a Camelyon17 write; docs/decisions.md, "The checkpoint's CRC32 on the walk's thread").
+            self.consumers = [_Consumer("checkpoint-writer", _Writer(handle, offset))]
             for consumer in self.consumers:
                 consumer.start()
-
-    def _checksum(self, batch: list) -> None:
-        crc, crc32 = self.crc, zlib.crc32
-        for buffer in batch:
-            crc = crc32(buffer, crc)
-        self.crc = crc
 
     def add(self, storage: torch.UntypedStorage, device: torch.device, ptr: int, n: int) -> int:
         """The blob holding this storage's bytes (new, or an earlier byte-equal one)."""
@@ -439,8 +468,9 @@ class _Blobs:
             return bucket[0]
         elif host and _MEMCMP is not None:
             pointers = self.pointers
+            memcmp = _MEMCMP_HELD if n < RELEASE and _MEMCMP_HELD is not None else _MEMCMP
             for index in bucket:
-                if _MEMCMP(pointers[index], ptr, n) == 0:
+                if memcmp(pointers[index], ptr, n) == 0:
                     return index
         else:
             for index in bucket:
@@ -467,33 +497,39 @@ class _Blobs:
         if host:  # the tensor's own memory, no copy (a numpy array keeps the tensor it views alive)
             data = view.numpy()
             for start in range(0, n, CHUNK):
-                self.append(data[start : start + CHUNK], False)
+                self.append(data[start : start + CHUNK], ptr + start, False)
         else:  # a device: copied to the host a piece at a time, each its own batch (QUEUE in flight at most)
             for start in range(0, n, CHUNK):
                 piece = view[start : start + CHUNK].cpu()
                 self.flush()
-                self.append(piece.numpy(), True)  # the numpy array keeps ``piece`` alive
+                self.append(piece.numpy(), piece.data_ptr(), True)  # the numpy array keeps ``piece`` alive
                 self.flush()
 
     def flush_staging(self) -> None:
-        self.append(self.staging, True)
-        self.staging = bytearray()
+        staging = self.staging
+        self.append(staging, ctypes.addressof(ctypes.c_char.from_buffer(staging)), True)
+        self.staging = bytearray()  # a new one: the writer may still be reading this one
 
-    def append(self, buffer, copied: bool) -> None:
+    def append(self, buffer, address: int, copied: bool) -> None:
         self.batch.append(buffer)
+        self.addresses.append(address)
         self.batch_bytes += len(buffer)
         self.batch_copied |= copied
         if self.batch_bytes >= CHUNK:
             self.flush()
 
     def flush(self) -> None:
-        """Hand the batch over to the threads."""
+        """Hand the batch over to the writer, then add its bytes to the CRC32 while it writes them."""
         if not self.batch:
             return
-        batch, copied = self.batch, self.batch_copied
+        batch, addresses, copied = self.batch, self.addresses, self.batch_copied
         for consumer in self.consumers:
             consumer.put(batch, copied)
-        self.batch, self.batch_bytes, self.batch_copied = [], 0, False
+        self.batch, self.addresses, self.batch_bytes, self.batch_copied = [], [], 0, False
+        crc = self.crc
+        for buffer, address in zip(batch, addresses):
+            crc = _crc32(buffer, address, len(buffer), crc)
+        self.crc = crc
 
     def finish(self) -> int:
         """Wait until every blob is written; the CRC32 of their bytes."""
