@@ -14,6 +14,7 @@ docs/performance.md with the device named.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import subprocess
@@ -61,8 +62,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain_loop_ms(spec: dict, device: torch.device, steps: int, precision: str = "fp32") -> float:
-    """ms per step of the reference loop: forward, loss, backward, step on one resident batch."""
+@contextlib.contextmanager
+def kernel_choice(deterministic: bool):
+    """cuDNN's and torch's kernel choice for a timed loop, restored after it. The engine's jobs run
+    deterministic kernels on CUDA (``seeding.seed_everything``: cudnn.deterministic, no autotuning) and
+    the engine's runs leave that set in this process, so each plain loop sets what it is timed with
+    instead of inheriting whatever ran before it."""
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled())
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, False
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[0], saved[1]
+        torch.use_deterministic_algorithms(saved[2], warn_only=True)
+
+
+def plain_loop_ms(spec: dict, device: torch.device, steps: int, precision: str = "fp32", deterministic: bool = False) -> float:
+    """ms per step of the reference loop: forward, loss, backward, step on one resident batch, with
+    torch's default kernel choice or (``deterministic``) the engine's."""
+    with kernel_choice(deterministic):
+        return _plain_loop_ms(spec, device, steps, precision)
+
+
+def _plain_loop_ms(spec: dict, device: torch.device, steps: int, precision: str) -> float:
     model = build_model(spec["model"]).to(device)
     optimizer = build_optimizer(model.parameters(), RunConfig.from_dict(run_config(spec, "-", "-", 1)).optimizer)
     loss_fn = build_loss(spec["loss"])
@@ -190,15 +213,17 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"device: {name}; torch {torch.__version__}; shapes: {'small' if args.small else 'paper'}\n")
     results = {}
-    print("| task | plain ms/step fp32 | plain ms/step bf16 | engine ms/step | engine / plain | s/round train | eval | checkpoint |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    # engine / plain: against the plain loop with the engine's (deterministic) kernel choice, the same numerics.
+    print("| task | plain ms/step fp32 | plain fp32, deterministic kernels | plain ms/step bf16 | engine ms/step (fp32, deterministic) | engine / plain | s/round train | eval | checkpoint |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for task in args.tasks:
         spec = task_spec(task, args.small)
         plain = plain_loop_ms(spec, device, args.steps)
+        plain_det = plain_loop_ms(spec, device, args.steps, deterministic=True)
         plain_bf16 = plain_loop_ms(spec, device, args.steps, "bf16")
         eng = engine_breakdown(spec, args.device, args.rounds)
-        results[task] = {"plain_ms": plain, "plain_bf16_ms": plain_bf16, **eng}
-        print(f"| {task} ({spec['size']}², batch {spec['batch']}) | {plain:.1f} | {plain_bf16:.1f} | {eng['engine_ms_per_step']:.1f} | {eng['engine_ms_per_step'] / plain:.2f} | {eng['train']:.2f} | {eng['eval']:.2f} | {eng['checkpoint']:.2f} |")
+        results[task] = {"plain_ms": plain, "plain_deterministic_ms": plain_det, "plain_bf16_ms": plain_bf16, **eng}
+        print(f"| {task} ({spec['size']}², batch {spec['batch']}) | {plain:.1f} | {plain_det:.1f} | {plain_bf16:.1f} | {eng['engine_ms_per_step']:.1f} | {eng['engine_ms_per_step'] / plain_det:.2f} | {eng['train']:.2f} | {eng['eval']:.2f} | {eng['checkpoint']:.2f} |")
     print("\n| task | " + " | ".join(f"{j} job(s): steps/s (× one job)" for j in args.concurrency) + " |")
     print("|---|" + "---:|" * len(args.concurrency))
     for task in args.tasks:
