@@ -27,6 +27,19 @@ def test_projection_per_experiment_and_total_counts_shared_jobs_once():
     assert rows["total"]["wall_hours"] == pytest.approx(1.05)  # 2.1 GPU-h over 2 GPUs
 
 
+def test_jobs_share_a_measurement_only_when_their_rounds_cost_the_same():
+    from pathlib import Path
+
+    from fedmedbench import config as cfgmod
+
+    config = cfgmod.load_config(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
+    jobs = {(j.run, j.seed): j.cost_key for j in estimate.jobs_of(config, ["harmofl_table6_ablation_prostate"])}
+    assert jobs[("fedavg", 0)] == jobs[("fedavg", 2)]  # seeds: one measurement
+    # HarmoFL with and without its weight perturbation (a second forward/backward a step) are two kinds
+    kinds = {jobs[(run, 0)] for run in ("fedavg", "harmofl", "harmofl-ampnorm", "harmofl-official")}
+    assert len(kinds) == 4 and len(set(jobs.values())) == 4
+
+
 def test_wall_hours_with_shared_gpus():
     # 8 one-hour jobs, 1 GPU, 4 per GPU with a 2.5x throughput gain: 8 / 2.5 = 3.2 h
     assert estimate.wall_hours([3600.0] * 8, gpus=1, jobs_per_gpu=4, sharing_gain=2.5) == pytest.approx(3.2)

@@ -1,7 +1,8 @@
 """A cost estimate to read before launching: ``python -m fedmedbench estimate``.
 
 Every training job of the selected experiments is resolved from the config. Jobs that cost the same
-per round — same task, method, local epochs and model — share one measurement: that job is trained
+per round — same task, method and method parameters, local epochs, model, batch size and precision —
+share one measurement: that job is trained
 here, on this device, once for 1 round and once for k rounds (``--rounds-to-time``), which separates
 the fixed cost (process start, data, first-round warm-up, final outputs) from the cost of one more
 round. Each job is then projected as ``fixed + rounds x per_round``.
@@ -116,7 +117,10 @@ def measure_evaluation(run_cfg: dict, device: str, threads: int | None, data_wor
 
 
 def cost_key(run_cfg: dict) -> str:
-    return json.dumps([run_cfg["task"], run_cfg["method"], run_cfg["local_epochs"], run_cfg["model"]], sort_keys=True)
+    """Jobs whose rounds cost the same. A method's parameters are part of it: HarmoFL with and
+    without its weight perturbation (one more forward and backward a step) are different kinds."""
+    keys = ("task", "method", "method_params", "local_epochs", "model", "batch_size", "precision")
+    return json.dumps([run_cfg.get(k) for k in keys], sort_keys=True)
 
 
 def jobs_of(config: dict, experiments: list[str]) -> list[Job]:
