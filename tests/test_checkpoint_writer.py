@@ -113,31 +113,35 @@ def test_libdeflates_crc32_continues_zlibs_over_pieces_of_any_size():
     assert crc == zlib.crc32(data.tobytes()) and ckpt_io._crc32(b"", 0, 0, 12345) == 12345
 
 
-@pytest.mark.parametrize("release", [1 << 20, 0], ids=["compares-hold-the-gil", "compares-release-the-gil"])
-def test_a_copy_differing_in_one_byte_is_written_and_an_equal_copy_is_not(tmp_path, monkeypatch, release):
+@pytest.mark.parametrize("release, split", [(1 << 20, 1 << 23), (0, 1 << 23), (0, 8192)], ids=["compares-hold-the-gil", "compares-release-the-gil", "compares-split-in-two"])
+def test_a_copy_differing_in_one_byte_is_written_and_an_equal_copy_is_not(tmp_path, monkeypatch, release, split):
     """The duplicate compare (libc memcmp, holding the GIL below ``RELEASE`` bytes, releasing it from
-    there): a copy of the global weights that differs in one byte in the middle (the sampled ends
-    equal) is a blob of its own; an equal copy is not; a tensor sharing the global's storage (the
-    same tensor, a view) is never compared at all. Both ways write the same file."""
+    there, in two halves on two threads from ``SPLIT``): a copy of the global weights that differs in
+    one bit in the second half, one that differs in the first half (the sampled ends equal), are blobs
+    of their own; an equal copy is not; a tensor sharing the global's storage (the same tensor, a
+    view) is never compared at all. All three ways write the same file."""
     monkeypatch.setattr(ckpt_io, "RELEASE", release)
+    monkeypatch.setattr(ckpt_io, "SPLIT", split)
     torch.manual_seed(0)
-    weights = torch.randn(5000)  # 20,000 bytes
-    differ = weights.clone()
-    differ.view(torch.uint8)[10_001] ^= 1  # one bit of one byte, far from either sampled end
-    obj = {"global": weights, "clients": [weights.clone(), differ, weights, weights[100:200]]}
+    weights = torch.randn(5000)  # 20,000 bytes: halves at 8,192 (a page boundary)
+    second, first = weights.clone(), weights.clone()
+    second.view(torch.uint8)[10_001] ^= 1  # one bit of one byte, far from either sampled end
+    first.view(torch.uint8)[5_000] ^= 128
+    obj = {"global": weights, "clients": [weights.clone(), second, first, weights, weights[100:200]]}
     calls = {"held": 0, "released": 0}
     held, released = ckpt_io._MEMCMP_HELD, ckpt_io._MEMCMP
     monkeypatch.setattr(ckpt_io, "_MEMCMP_HELD", lambda a, b, n: calls.__setitem__("held", calls["held"] + 1) or held(a, b, n))
     monkeypatch.setattr(ckpt_io, "_MEMCMP", lambda a, b, n: calls.__setitem__("released", calls["released"] + 1) or released(a, b, n))
     ckpt_io.save_checkpoint(obj, tmp_path / "c.pt")
-    # Compared: the equal copy (once, equal) and `differ` (once, with the one earlier blob of its size
-    # and ends); the global tensor again and its view share its storage and are not compared.
-    assert calls == ({"held": 2, "released": 0} if release else {"held": 0, "released": 2})
+    # Four compares: the equal copy with the global (equal), `second` with it (differs), `first` with
+    # both (differs twice); split, each is two memcmps. The global again and its view share its
+    # storage and are not compared.
+    assert calls == {"held": 4 if release else 0, "released": 0 if release else 4 if split > 20_000 else 8}
     data = (tmp_path / "c.pt").read_bytes()
     index, _ = trailer(data)
-    assert index["blobs"] == [20_000, 20_000] and index["storages"] == [0, 0, 1]
-    blobs = data[len(ckpt_io.MAGIC) : len(ckpt_io.MAGIC) + 40_000]
-    assert blobs == weights.numpy().tobytes() + differ.numpy().tobytes()
+    assert index["blobs"] == [20_000] * 3 and index["storages"] == [0, 0, 1, 2]
+    blobs = data[len(ckpt_io.MAGIC) : len(ckpt_io.MAGIC) + 60_000]
+    assert blobs == weights.numpy().tobytes() + second.numpy().tobytes() + first.numpy().tobytes()
     back = ckpt_io.load_checkpoint(tmp_path / "c.pt")
-    assert torch.equal(back["clients"][1], differ) and not torch.equal(back["clients"][1], back["global"])
-    assert back["clients"][2] is back["global"] and torch.equal(back["clients"][3], weights[100:200])
+    assert torch.equal(back["clients"][1], second) and torch.equal(back["clients"][2], first) and not torch.equal(back["clients"][1], back["global"])
+    assert back["clients"][3] is back["global"] and torch.equal(back["clients"][4], weights[100:200]) and torch.equal(back["clients"][0], weights)
