@@ -21,8 +21,11 @@ Numbers:
   as the new file (a buffer already in memory, written to a temporary, fsynced, renamed over the
   previous file, which is kept as ``.prev``: the checkpoint's policy, and no less), the new
   ``save_checkpoint``, the same raw write done in the checkpoint's pieces with its early writeback
-  (``state._Writer``), a raw write of the state's bytes, the old writer. Files stay between
-  repetitions, so every write replaces the one before, as in a run.
+  (``state._Writer``), the same raw write into a recycled file (``state._checkpoint_file``: written
+  over the file two writes back, as the checkpoint writes since the fourth session: the same
+  bytes, renames and fsync, the checkpoint's own file handling, so ``new / raw recycled`` is the
+  checkpoint's own cost beside its bytes), a raw write of the state's bytes, the old writer. Files
+  stay between repetitions, so every write replaces the one before, as in a run.
 - peak memory: each writer in its own process, which loaded the state from a checkpoint (no build
   peak above the state's size); the rise of ``ru_maxrss`` during the write, and of ``VmHWM`` after
   resetting the high-water mark through ``/proc/self/clear_refs`` (the same kernel counter).
@@ -189,6 +192,13 @@ def raw_write_pieces(buffer: memoryview, path: Path) -> None:
             os.replace(path, ckpt_io.previous(path))
 
 
+def raw_write_recycled(buffer: memoryview, path: Path) -> None:
+    """The same bytes in one ``write``, through the checkpoint's own file handling
+    (``state._checkpoint_file``: over the spare file, then the checkpoint's renames and fsync)."""
+    with ckpt_io._checkpoint_file(path) as handle:
+        handle.write(buffer)
+
+
 def timed(fn, *args) -> float:
     started = time.perf_counter()
     fn(*args)
@@ -281,10 +291,10 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, histor
     # Interleaved, so load from other processes hits every variant alike. Files are kept between
     # repetitions, so each write replaces the previous one and keeps it as ``.prev``, as in a run.
     buffer = memoryview(torch.randint(0, 256, (max(state_bytes, new_size),), dtype=torch.uint8).numpy())
-    times = {"raw_file": [], "raw_pieces": [], "new": [], "raw_state": [], "old": [], "dedup_pass": [], "raw_file_cpu": [], "raw_pieces_cpu": [], "new_cpu": [], "before": [], "before_cpu": []}
+    times = {"raw_file": [], "raw_pieces": [], "raw_recycled": [], "new": [], "raw_state": [], "old": [], "dedup_pass": [], "raw_file_cpu": [], "raw_pieces_cpu": [], "raw_recycled_cpu": [], "new_cpu": [], "before": [], "before_cpu": []}
     loads = [os.getloadavg()[0]]
     for _ in range(reps):
-        variants = (("raw_file", raw_write, (buffer[:new_size], tmp / "raw.bin")), ("new", ckpt_io.save_checkpoint, (obj, tmp / "checkpoint.pt")), ("raw_pieces", raw_write_pieces, (buffer[:new_size], tmp / "pieces.bin")))
+        variants = (("raw_file", raw_write, (buffer[:new_size], tmp / "raw.bin")), ("new", ckpt_io.save_checkpoint, (obj, tmp / "checkpoint.pt")), ("raw_pieces", raw_write_pieces, (buffer[:new_size], tmp / "pieces.bin")), ("raw_recycled", raw_write_recycled, (buffer[:new_size], tmp / "recycled.bin")))
         if before is not None:
             variants += (("before", before.save_checkpoint, (obj, tmp / "before.pt")),)
         for key, fn, args in variants:
@@ -297,11 +307,12 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, histor
     loads.append(os.getloadavg()[0])
     for path in tmp.iterdir():
         if path.suffix != ".py":
-            path.unlink()
+            path.unlink()  # the spares too (".<name>.spare.tmp")
     del buffer
     median = {k: statistics.median(v) for k, v in times.items() if v}
     # Each repetition's own ratios: the raw write and the checkpoints ran within a second of each other.
     per_rep = {f"{k}_per_rep": statistics.median(a / r for a, r in zip(times[k], times["raw_file"])) for k in ("new", "before") if times[k]}
+    per_rep["new_per_rep_recycled"] = statistics.median(a / r for a, r in zip(times["new"], times["raw_recycled"]))
 
     # History: at round 1 and at the last round, with the rows of all rounds before already logged.
     # The whole save_state (the selection file already written, as in a round where it did not
@@ -390,17 +401,17 @@ def report(results: list[dict]) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['task']} | {r['selection_models']} | {r['selection_distinct']} | {mb(r['model_bytes'])} | {mb(r['selection_old_file'])} | {mb(r['selection_new_file'])} | {r['selection_new_file'] / (r['selection_distinct'] * r['model_bytes']):.3f} |")
-    print("\n| task | raw write of the new file's bytes s (one write / pieces + writeback) | new write s | new / raw, same bytes (one write / pieces) | CPU s raw / new | raw write of the state's bytes s | old write s | old / raw (same bytes) | new / raw of the state | walk + compare s |")
+    print("\n| task | raw write of the new file's bytes s (one write / pieces + writeback / recycled file) | new write s | new / raw, same bytes (one write / pieces / recycled) | CPU s raw / new | raw write of the state's bytes s | old write s | old / raw (same bytes) | new / raw of the state | walk + compare s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         t = r["times"]
-        print(f"| {r['task']} | {t['raw_file']:.3f} / {t['raw_pieces']:.3f} | {t['new']:.3f} | {t['new'] / t['raw_file']:.2f} / {t['new'] / t['raw_pieces']:.2f} | {t['raw_file_cpu']:.2f} / {t['new_cpu']:.2f} | {t['raw_state']:.3f} | {t['old']:.3f} | {t['old'] / t['raw_state']:.2f} | {t['new'] / t['raw_state']:.2f} | {t['dedup_pass']:.3f} |")
+        print(f"| {r['task']} | {t['raw_file']:.3f} / {t['raw_pieces']:.3f} / {t['raw_recycled']:.3f} | {t['new']:.3f} | {t['new'] / t['raw_file']:.2f} / {t['new'] / t['raw_pieces']:.2f} / {t['new'] / t['raw_recycled']:.2f} | {t['raw_file_cpu']:.2f} / {t['new_cpu']:.2f} | {t['raw_state']:.3f} | {t['old']:.3f} | {t['old'] / t['raw_state']:.2f} | {t['new'] / t['raw_state']:.2f} | {t['dedup_pass']:.3f} |")
     if all(r["times"].get("before") for r in results):
-        print(f"\n| task | load average, start → end | raw, one write s | before ({results[0]['against']}) s | new s | before / raw | **new / raw** | new / before | median of per-repetition ratios, before / new | CPU s raw / before / new | same bytes |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---|")
+        print(f"\n| task | load average, start → end | raw, one write s | raw into a recycled file s | before ({results[0]['against']}) s | new s | before / raw | **new / raw** | new / raw recycled | new / before | median of per-repetition ratios, before / new / new vs recycled | CPU s raw / before / new | same bytes |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
         for r in results:
             t = r["times"]
-            print(f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['raw_file']:.3f} | {t['before']:.3f} | {t['new']:.3f} | {t['before'] / t['raw_file']:.2f} | **{t['new'] / t['raw_file']:.2f}** | {t['new'] / t['before']:.2f} | {t['before_per_rep']:.2f} / {t['new_per_rep']:.2f} | {t['raw_file_cpu']:.2f} / {t['before_cpu']:.2f} / {t['new_cpu']:.2f} | {'yes' if r['same_bytes_as_before'] else 'NO'} |")
+            print(f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['raw_file']:.3f} | {t['raw_recycled']:.3f} | {t['before']:.3f} | {t['new']:.3f} | {t['before'] / t['raw_file']:.2f} | **{t['new'] / t['raw_file']:.2f}** | {t['new'] / t['raw_recycled']:.2f} | {t['new'] / t['before']:.2f} | {t['before_per_rep']:.2f} / {t['new_per_rep']:.2f} / {t['new_per_rep_recycled']:.2f} | {t['raw_file_cpu']:.2f} / {t['before_cpu']:.2f} / {t['new_cpu']:.2f} | {'yes' if r['same_bytes_as_before'] else 'NO'} |")
     if not all(r.get("peak_new") for r in results):
         return
     print("\n| task | resident MiB before the write | peak rise, new MiB (ru_maxrss / VmHWM) | peak rise, old MiB (ru_maxrss / VmHWM) |")

@@ -145,3 +145,52 @@ def test_a_copy_differing_in_one_byte_is_written_and_an_equal_copy_is_not(tmp_pa
     back = ckpt_io.load_checkpoint(tmp_path / "c.pt")
     assert torch.equal(back["clients"][1], second) and torch.equal(back["clients"][2], first) and not torch.equal(back["clients"][1], back["global"])
     assert back["clients"][3] is back["global"] and torch.equal(back["clients"][4], weights[100:200]) and torch.equal(back["clients"][0], weights)
+
+
+def test_each_checkpoint_overwrites_the_one_before_the_previous_and_keeps_path_and_prev_intact(tmp_path):
+    """The writer recycles a file instead of creating one: after two checkpoints the one before
+    ``.prev`` is kept as the spare, and the next checkpoint is written over it (same inode), cut to
+    its own length when it is shorter, grown when longer; ``checkpoint.pt`` and ``.prev`` are
+    always whole files of the last two checkpoints, byte for byte what a fresh write gives."""
+    path = tmp_path / "checkpoint.pt"
+    states = [{"w": torch.full((n,), float(i)), "round": i} for i, n in enumerate((50_000, 40_000, 30_000, 10_000, 60_000))]
+    fresh = []
+    for i, state in enumerate(states):
+        ckpt_io.save_checkpoint(state, tmp_path / f"fresh{i}.pt")
+        fresh.append((tmp_path / f"fresh{i}.pt").read_bytes())
+    inodes = []
+    for i, state in enumerate(states):
+        spare_inode = ckpt_io.spare(path).stat().st_ino if ckpt_io.spare(path).exists() else None
+        ckpt_io.save_checkpoint(state, path)
+        inodes.append(path.stat().st_ino)
+        assert path.read_bytes() == fresh[i] and ckpt_io.load_checkpoint(path)["round"] == i
+        if i >= 1:
+            assert ckpt_io.previous(path).read_bytes() == fresh[i - 1]
+        if i >= 2:  # the checkpoint before .prev: kept, not unlinked
+            assert ckpt_io.spare(path).read_bytes() == fresh[i - 2]
+        if i >= 3:  # written over the spare: its inode, now holding this checkpoint's bytes only
+            assert inodes[i] == spare_inode == inodes[i - 3]
+    # 10,000 floats over the 40,000-float file: cut; 60,000 over the 30,000-float one: grown.
+    assert len(fresh[3]) < len(fresh[1]) and len(fresh[4]) > len(fresh[2])
+    names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("fresh"))
+    assert names == [".checkpoint.pt.spare.tmp", "checkpoint.pt", "checkpoint.pt.prev"]
+
+
+def test_a_failed_write_over_the_spare_leaves_the_last_two_checkpoints_and_no_temporary(tmp_path):
+    from fedmedbench.fl import runfolder
+
+    path = tmp_path / "checkpoint.pt"
+    for i in range(3):
+        ckpt_io.save_checkpoint({"round": i, "w": torch.arange(1000.0) + i}, path)
+    last, prev = path.read_bytes(), ckpt_io.previous(path).read_bytes()
+    with pytest.raises(TypeError, match=r"checkpoint\.pt: cannot checkpoint the value at \['bad'\]"):
+        ckpt_io.save_checkpoint({"w": torch.zeros(3000), "bad": object()}, path)
+    assert path.read_bytes() == last and ckpt_io.previous(path).read_bytes() == prev
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "checkpoint.pt.prev"]  # the spare it took is gone
+    ckpt_io.save_checkpoint({"round": 3}, path)
+    ckpt_io.save_checkpoint({"round": 4}, path)
+    assert ckpt_io.spare(path).exists()
+    # A run's start and end remove temporaries of atomic writes; the spare is named as one.
+    runfolder.remove_stale_files(tmp_path, selection_version=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "checkpoint.pt.prev"]
+    assert ckpt_io.load_checkpoint(path) == {"round": 4} and ckpt_io.load_checkpoint(ckpt_io.previous(path)) == {"round": 3}

@@ -25,7 +25,8 @@ next storages, so a checkpoint's size never raises the host memory. The writer s
 disk works while the CPU walks, compares and checksums, and the final fsync waits only for the last
 pieces: a checkpoint costs about the disk's time for its bytes, as a raw write of them does.
 The file is a temporary, fsynced and renamed over the previous checkpoint, which is kept as
-``<name>.prev``. A file cut short or damaged fails a CRC and is reported as
+``<name>.prev``; the temporary is the checkpoint before that one, kept as a spare and written over
+(its pages and disk blocks reused: no page allocation, block allocation or unlink per checkpoint). A file cut short or damaged fails a CRC and is reported as
 :class:`CorruptCheckpoint`, so resuming falls back to the previous good state instead of crashing
 or silently loading wrong numbers. Checkpoints load always onto the CPU: random-generator states
 must stay CPU byte tensors, and each client moves its own tensors to its device.
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import ctypes
 import io
 import json
@@ -85,6 +87,46 @@ class CorruptCheckpoint(DataError):
 
 def previous(path: Path) -> Path:
     return Path(path).with_name(Path(path).name + ".prev")
+
+
+def spare(path: Path) -> Path:
+    """The checkpoint before ``previous(path)``, kept to be overwritten by the next checkpoint: a
+    temporary's name, so ``runfolder.remove_stale_files`` removes it at a run's start and end."""
+    return Path(path).with_name(f".{Path(path).name}.spare.tmp")
+
+
+@contextlib.contextmanager
+def _checkpoint_file(path: Path):
+    """``atomic_file`` for checkpoints, writing over the spare file's pages and disk blocks instead
+    of a new file's. A new file costs the kernel a fresh page for every 4 KiB written and a block
+    allocation for each, and the previous file's unlink frees as many (on this VM, 0.14 s for a raw
+    write of 166 MB, and up to 0.6 s when the host backs the fresh pages again; overwriting a kept
+    file of the same size: 0.08 s). The renames stay those of ``atomic_file`` and the ``.prev``
+    policy: during the write ``path`` and ``previous(path)`` are both intact; the file they leave
+    (the checkpoint before ``previous(path)``) becomes the spare instead of being unlinked. The
+    temporary is removed on an error; a killed job leaves it (and the spare) to ``remove_stale_files``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.next.tmp")
+    try:
+        os.replace(spare(path), tmp)
+        fd = os.open(tmp, os.O_WRONLY)  # no O_TRUNC: the old pages are overwritten, the rest cut below
+    except FileNotFoundError:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # the mode open() gives
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR))  # a longer spare's tail
+            if path.exists():
+                if previous(path).exists():
+                    os.replace(previous(path), spare(path))
+                os.replace(path, previous(path))
+            os.fsync(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -573,7 +615,7 @@ def save_checkpoint(obj, path: Path) -> None:
     A value a checkpoint cannot hold (e.g. a numpy array in a method's state) is a ``TypeError``
     naming where it is; only a temporary was written, and it is removed."""
     path = Path(path)
-    with atomic_file(path) as handle:
+    with _checkpoint_file(path) as handle:
         handle.write(MAGIC)
         blobs = _Blobs(handle, len(MAGIC))
         try:
@@ -592,8 +634,6 @@ def save_checkpoint(obj, path: Path) -> None:
             blobs.close()
         handle.write(index)
         handle.write(TRAILER.pack(MAGIC, len(MAGIC) + sum(blobs.sizes), len(index), zlib.crc32(index), data_crc))
-        if path.exists():
-            os.replace(path, previous(path))
 
 
 # --- loading ----------------------------------------------------------------------------------------
