@@ -33,14 +33,28 @@ MODELS = {
 
 
 def engine_like_state(model: torch.nn.Module, clients: int) -> dict:
-    """The global model, each client's copy of it after the broadcast (equal bytes, own storage), and
-    one client that trained a step (different bytes): what a FedAvg checkpoint holds."""
+    """The global model, each client's copy of it after the broadcast (equal bytes, own storage), one
+    client that trained a step (different bytes), and each client's Adam state as torch keeps it
+    (the step count a CPU tensor between two GPU moments: host and device storages interleaved), the
+    host RNG state and a large host tensor: what a FedAvg checkpoint of a GPU job holds."""
     glob = {k: v.detach().clone() for k, v in model.state_dict().items()}
     copies = [{k: v.clone() for k, v in glob.items()} for _ in range(clients)]
     for v in copies[0].values():
         if v.is_floating_point():
             v.add_(1e-3)
-    return {"global": glob, "clients": copies, "round": 3}
+    adam = [{i: {"step": torch.tensor(3.0), "exp_avg": p.detach().clone() * 0.1, "exp_avg_sq": p.detach().clone() ** 2} for i, p in enumerate(model.parameters())} for _ in range(clients)]
+    host = {"rng": torch.get_rng_state(), "curve": torch.arange(100_000, dtype=torch.float32)}
+    return {"global": glob, "clients": copies, "optimizers": adam, "host": host, "round": 3}
+
+
+def same_tree(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def raw_write(path: Path, data: bytes) -> float:
@@ -79,9 +93,7 @@ def main() -> None:
             times["raw"].append(raw_write(raw_file, bytes(gpu_file.stat().st_size)))
         same = gpu_file.read_bytes() == host_file.read_bytes()
         back = state.load_checkpoint(gpu_file)
-        equal = all(torch.equal(back["global"][k], host_state["global"][k]) for k in host_state["global"]) and all(
-            torch.equal(b[k], h[k]) for b, h in zip(back["clients"], host_state["clients"]) for k in h
-        )
+        equal = same_tree(back, host_state)
         size = gpu_file.stat().st_size
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; {args.model}, {clients} clients + global; file {size / 1e6:.1f} MB")

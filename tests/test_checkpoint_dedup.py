@@ -175,15 +175,17 @@ def mixed_state() -> dict:
 
 
 def test_the_device_path_writes_the_same_file_as_the_host_path(tmp_path, monkeypatch):
-    """The path for device memory (CUDA: compared with torch.equal on the device, copied to the host in
-    CHUNK pieces, each copy holding a queue slot) forced on CPU tensors, with pieces of 1 KiB and one
-    slot: byte for byte the file the host path writes (memcmp, views of the tensors' memory). It has
-    never run on a GPU here; this test is what exercises its code."""
+    """The path for device memory (fl/state_device.py: equal storages found in bulk before the walk,
+    new blobs copied to the host PENDING bytes at a time) forced on CPU tensors, with pieces of 1 KiB
+    and copies of 4 KiB: byte for byte the file the host path writes (memcmp, views of the tensors'
+    memory), and few copies to the host, each of which is a wait for the device on a GPU
+    (benchmarks/bench_checkpoint_gpu.py checks the same on a real one)."""
     obj = mixed_state()
     ckpt_io.save_checkpoint(obj, tmp_path / "host.pt")
     monkeypatch.setattr(ckpt_io, "_DEVICE_PATH", True)
     monkeypatch.setattr(ckpt_io, "CHUNK", 1024)  # the 12,000-byte weights: 12 pieces
-    monkeypatch.setattr(ckpt_io, "QUEUE", 1)  # every copied piece waits for the one before to be written
+    monkeypatch.setattr(ckpt_io, "PENDING", 4096)  # copied to the host 4 pieces at a time
+    monkeypatch.setattr(ckpt_io, "QUEUE", 1)  # every copied batch waits for the one before to be written
     calls = {"equal": 0, "cpu": 0}
     real_equal, real_cpu = torch.equal, torch.Tensor.cpu
     monkeypatch.setattr(ckpt_io.torch, "equal", lambda a, b: calls.__setitem__("equal", calls["equal"] + 1) or real_equal(a, b))
@@ -191,11 +193,12 @@ def test_the_device_path_writes_the_same_file_as_the_host_path(tmp_path, monkeyp
     monkeypatch.setattr(ckpt_io, "_MEMCMP", None)
     ckpt_io.save_checkpoint(obj, tmp_path / "device.pt")
     assert (tmp_path / "device.pt").read_bytes() == (tmp_path / "host.pt").read_bytes()
-    # Compared on the device: the two client copies (equal) and `differ` (same size and ends) with the
-    # server's weights. Copied to the host: 12 + 12 pieces of the two distinct 12,000-byte storages, one
-    # piece each for arange(7) and ones(3), and the samples: the ends of the 4 storages of 12,000
-    # bytes, the whole of the 3 small ones (the empty one needs none).
-    assert calls["equal"] == 3 and calls["cpu"] == 24 + 2 + 4 + 3
+    # Copies to the host: 1 of every storage's ends; 1 of the answers for the two client copies and
+    # `differ` (same size and ends) compared with the server's weights in one stack (`differ`, alone in
+    # the next pass, needs no compare); 6 of the new blobs: the weights' and differ's 24 pieces
+    # (11 x 1,024 + 736 bytes each) flushed at 4,096, 4,096, 4,832, 4,096, 4,096 bytes, and the last
+    # 2,784 bytes with arange(7) and ones(3) at the end. No compare one pair at a time.
+    assert calls["equal"] == 0 and calls["cpu"] == 1 + 1 + 6
     back = ckpt_io.load_checkpoint(tmp_path / "device.pt")
     assert torch.equal(back["differ"], obj["differ"]) and all(torch.equal(c, obj["server"]) for c in back["clients"])
     assert back["view"].untyped_storage().data_ptr() == back["server"].untyped_storage().data_ptr()

@@ -60,6 +60,7 @@ import torch
 from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_file
 from fedmedbench import faults
+from fedmedbench.fl import state_device
 
 MAGIC = b"FMBCKPT2"
 TRAILER = struct.Struct("<8sQQII")  # magic, index offset, index length, crc32(index), crc32(blobs)
@@ -69,6 +70,7 @@ LEGACY_TRAILER = struct.Struct("<8sQI")  # magic, payload length, crc32 (payload
 SAMPLE = 64  # bytes from each end of a storage: the key that finds candidate duplicates
 SMALL = 1 << 16  # storages below this are copied into a staging buffer, written 4 MiB at a time
 CHUNK = 1 << 22  # staging buffer size; also the piece size for copying device memory to the host
+PENDING = 1 << 24  # device bytes copied to the host at once (one wait for the device per copy)
 QUEUE = 8  # blobs/chunks in flight to the writer thread (bounds the memory of device copies)
 WRITEBACK = 1 << 23  # the writer starts the disk's writeback every this many bytes
 
@@ -210,21 +212,8 @@ def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
 
 
 def _same_bytes(a: torch.UntypedStorage, b: torch.UntypedStorage) -> bool:
-    if _host(a.device) and _MEMCMP is not None:
-        return _MEMCMP(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0
+    """Host memory where libc's memcmp is missing."""
     return torch.equal(_byte_view(a), _byte_view(b))  # exact: integer compare, NaN bits included
-
-
-def _sample(storage: torch.UntypedStorage, n: int) -> bytes:
-    """The whole content of a small storage, else its first and last ``SAMPLE`` bytes."""
-    if n == 0:
-        return b""
-    if _host(storage.device):
-        ptr = storage.data_ptr()
-        return ctypes.string_at(ptr, n) if n <= 2 * SAMPLE else ctypes.string_at(ptr, SAMPLE) + ctypes.string_at(ptr + n - SAMPLE, SAMPLE)
-    view = _byte_view(storage)
-    part = view if n <= 2 * SAMPLE else torch.cat([view[:SAMPLE], view[-SAMPLE:]])
-    return part.cpu().numpy().tobytes()
 
 
 # --- the tree: tagged JSON -----------------------------------------------------------------------
@@ -489,9 +478,13 @@ class _Blobs:
     exact, exits at the first difference), so distinct contents are never merged and equal ones are
     written once. With ``handle`` None nothing is written (to time the comparisons alone).
 
+    Storages in device memory (a GPU job's state) are decided before the walk, all at once
+    (``fl/state_device.py``: which hold equal bytes, with one or two waits for the device instead of
+    one per storage), and their new blobs are copied to the host ``PENDING`` bytes at a time.
+
     New blobs are handed to the writer thread in batches of at least ``CHUNK`` bytes: views of host
     tensors' own memory (in ``CHUNK`` pieces, so that writing and writeback overlap the walk), small
-    ones (below ``SMALL``) copied into a staging buffer, device memory copied a piece at a time.
+    ones (below ``SMALL``) copied into a staging buffer, device memory in the host copies of a batch.
     This thread computes the batch's CRC32 right after handing it over, while the writer writes it."""
 
     def __init__(self, handle=None, offset: int = 0):
@@ -505,6 +498,10 @@ class _Blobs:
         self.batch_bytes = 0
         self.batch_copied = False
         self.crc = 0
+        self.device_first: dict[tuple, tuple] = {}  # device storage -> the first storage with its bytes
+        self.device_blob: dict[tuple, int] = {}  # such a first storage -> its blob
+        self.pending: list = []  # device views (and small host bytes after them) awaiting one copy
+        self.pending_bytes = 0
         self.consumers = []
         if handle is not None:
             # One thread, writing; the CRC32 on the walk's thread. A CRC thread of its own needed the
@@ -516,19 +513,29 @@ class _Blobs:
             for consumer in self.consumers:
                 consumer.start()
 
+    def plan_device(self, obj) -> None:
+        """Decide, for every storage of ``obj`` in device memory, which earlier one holds its bytes."""
+        storages = state_device.device_storages(obj, lambda device: not _host(device))
+        if storages:
+            self.device_first = state_device.equal_classes(storages, SAMPLE)
+
     def add(self, storage: torch.UntypedStorage, device: torch.device, ptr: int, n: int) -> int:
         """The blob holding this storage's bytes (new, or an earlier byte-equal one)."""
         host = _host(device)
-        if host:
-            sample = (device, n, _SAMPLE_AT(ptr).raw + _SAMPLE_AT(ptr + n - SAMPLE).raw) if n > 2 * SAMPLE else (device, n, _string_at(ptr, n) if n else b"")
-        else:
-            sample = (device, n, _sample(storage, n))
+        if not host:
+            key = (device, ptr, n)
+            first = self.device_first.get(key, key)  # (one the plan did not see: a blob of its own)
+            index = self.device_blob.get(first)
+            if index is None:
+                index = self.device_blob[first] = self.new_blob(storage, host, ptr, n)
+            return index
+        sample = (device, n, _SAMPLE_AT(ptr).raw + _SAMPLE_AT(ptr + n - SAMPLE).raw) if n > 2 * SAMPLE else (device, n, _string_at(ptr, n) if n else b"")
         bucket = self.buckets.get(sample)
         if bucket is None:
             bucket = self.buckets[sample] = []
         elif n <= 2 * SAMPLE:  # small: the key is the content
             return bucket[0]
-        elif host and _MEMCMP is not None:
+        elif _MEMCMP is not None:
             pointers = self.pointers
             memcmp = _MEMCMP_HELD if n < RELEASE and _MEMCMP_HELD is not None else _MEMCMP if n < SPLIT else _memcmp_split
             for index in bucket:
@@ -538,8 +545,12 @@ class _Blobs:
             for index in bucket:
                 if _same_bytes(self.storages[index], storage):
                     return index
-        index = len(self.sizes)
+        index = self.new_blob(storage, host, ptr, n)
         bucket.append(index)
+        return index
+
+    def new_blob(self, storage: torch.UntypedStorage, host: bool, ptr: int, n: int) -> int:
+        index = len(self.sizes)
         self.storages.append(storage)
         self.pointers.append(ptr)
         self.sizes.append(n)
@@ -549,7 +560,11 @@ class _Blobs:
 
     def emit_storage(self, storage, host: bool, ptr: int, n: int) -> None:
         if host and n < SMALL:
-            self.staging += _string_at(ptr, n) if n else b""
+            data = _string_at(ptr, n) if n else b""
+            if self.pending:  # after device blobs that wait for their copy: in the file's order
+                self.pending.append(data)
+                return
+            self.staging += data
             if len(self.staging) >= CHUNK:
                 self.flush_staging()
             return
@@ -557,15 +572,34 @@ class _Blobs:
             self.flush_staging()
         view = _byte_view(storage)
         if host:  # the tensor's own memory, no copy (a numpy array keeps the tensor it views alive)
+            self.flush_pending()
             data = view.numpy()
             for start in range(0, n, CHUNK):
                 self.append(data[start : start + CHUNK], ptr + start, False)
-        else:  # a device: copied to the host a piece at a time, each its own batch (QUEUE in flight at most)
+        else:  # a device: waits with others for one copy to the host, PENDING bytes at most
             for start in range(0, n, CHUNK):
-                piece = view[start : start + CHUNK].cpu()
-                self.flush()
-                self.append(piece.numpy(), piece.data_ptr(), True)  # the numpy array keeps ``piece`` alive
-                self.flush()
+                piece = view[start : start + CHUNK]
+                self.pending.append(piece)
+                self.pending_bytes += len(piece)
+                if self.pending_bytes >= PENDING:
+                    self.flush_pending()
+
+    def flush_pending(self) -> None:
+        """Copy the waiting device views to the host at once, and append them, with the small host
+        storages that came after them, in their order."""
+        if not self.pending:
+            return
+        pending, self.pending, self.pending_bytes = self.pending, [], 0
+        host, offsets = state_device.to_host([x for x in pending if isinstance(x, torch.Tensor)])
+        base, views = host.ctypes.data, iter(offsets)
+        for x in pending:
+            if isinstance(x, torch.Tensor):
+                if self.staging:
+                    self.flush_staging()
+                start = next(views)
+                self.append(host[start : start + len(x)], base + start, True)  # slices keep ``host`` alive
+            else:
+                self.staging += x
 
     def flush_staging(self) -> None:
         staging = self.staging
@@ -597,6 +631,7 @@ class _Blobs:
         """Wait until every blob is written; the CRC32 of their bytes."""
         if self.staging:
             self.flush_staging()
+        self.flush_pending()
         self.flush()
         self.close()
         for consumer in self.consumers:
@@ -619,6 +654,7 @@ def save_checkpoint(obj, path: Path) -> None:
         handle.write(MAGIC)
         blobs = _Blobs(handle, len(MAGIC))
         try:
+            blobs.plan_device(obj)
             packer = _Packer(blobs)
             try:
                 tree = packer.pack(obj)
