@@ -206,6 +206,46 @@ def test_the_device_path_writes_the_same_file_as_the_host_path(tmp_path, monkeyp
     assert index["blobs"] == [12000, 12000, 28, 24, 0]  # weights, differ, arange(7) once, ones(3) int64, the empty one
 
 
+def gpu_job_state() -> tuple[dict, list[torch.Tensor]]:
+    """A GPU job's checkpoint as torch lays it out: models and Adam moments in device memory, each
+    Adam step count a host scalar between two device moments, then the host RNG state (small) and a
+    large host tensor. Returns the state and the tensors that play device memory."""
+    torch.manual_seed(1)
+    weights = {"conv": torch.randn(20_000), "bias": torch.randn(16)}
+    clients = [{k: v.clone() for k, v in weights.items()} for _ in range(2)]
+    adam = [{i: {"step": torch.tensor(3.0), "exp_avg": torch.randn(5_000), "exp_avg_sq": torch.rand(5_000)} for i in range(3)} for _ in range(2)]
+    # "buffers" (device) right before the host ones: device bytes are waiting when the RNG state comes.
+    state = {"global": weights, "clients": clients, "optimizers": adam, "buffers": torch.randn(1_000), "host": {"rng": torch.get_rng_state(), "curve": torch.arange(30_000.0)}, "tail": torch.randn(9_000)}
+    device = [*weights.values(), *(t for c in clients for t in c.values()), *(m[k] for o in adam for m in o.values() for k in ("exp_avg", "exp_avg_sq")), state["buffers"], state["tail"]]
+    return state, device
+
+
+def test_device_and_host_storages_interleaved_as_in_a_gpu_job_keep_the_files_order(tmp_path, monkeypatch):
+    """Device blobs wait for one copy to the host while small host blobs after them wait with them, and
+    a large host blob after both goes after them: the file is byte for byte the host path's, whatever
+    takes the device path (on an H200 a state like this loaded back wrong before this was fixed)."""
+    state, device = gpu_job_state()
+    ckpt_io.save_checkpoint(state, tmp_path / "host.pt")
+    monkeypatch.setattr(ckpt_io, "_DEVICE_PATH", frozenset(t.untyped_storage().data_ptr() for t in device))
+    monkeypatch.setattr(ckpt_io, "CHUNK", 8192)
+    monkeypatch.setattr(ckpt_io, "PENDING", 50_000)  # several copies, some with host blobs between them
+    copies = []
+    real_to_host = ckpt_io.state_device.to_host
+    monkeypatch.setattr(ckpt_io.state_device, "to_host", lambda views: copies.append(sum(len(v) for v in views)) or real_to_host(views))
+    ckpt_io.save_checkpoint(state, tmp_path / "device.pt")
+    assert (tmp_path / "device.pt").read_bytes() == (tmp_path / "host.pt").read_bytes()
+    back = ckpt_io.load_checkpoint(tmp_path / "device.pt")
+    assert torch.equal(back["host"]["curve"], state["host"]["curve"]) and torch.equal(back["host"]["rng"], state["host"]["rng"])
+    assert all(torch.equal(back["optimizers"][c][i][k], state["optimizers"][c][i][k]) for c in range(2) for i in range(3) for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert torch.equal(back["tail"], state["tail"]) and torch.equal(back["clients"][1]["conv"], state["global"]["conv"])
+    # New device bytes: the global model (80,064), 12 moments of 20,000, the buffers (4,000), the tail
+    # (36,000). Copied as soon as 50,000 bytes wait (pieces of at most 8,192): 6 copies; the buffers'
+    # 4,000 bytes when the curve (120,000 bytes, host) arrives, with the RNG state waiting behind them;
+    # the tail at the end. The client copies are found equal before the walk: never copied.
+    assert copies == [57_344, 50_912, 51_808, 56_384, 51_808, 51_808, 4_000, 36_000]
+    assert sum(copies) == 80_064 + 12 * 20_000 + 4_000 + 36_000
+
+
 @pytest.mark.skipif(ckpt_io._SYNC_FILE_RANGE is None, reason="needs Linux's sync_file_range")
 def test_the_writer_starts_the_disks_writeback_over_every_byte_and_falls_back_when_refused(tmp_path, monkeypatch):
     obj = {"w": torch.arange(50_000, dtype=torch.float32), "v": torch.arange(30_000, dtype=torch.int64)}

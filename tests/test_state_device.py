@@ -7,7 +7,7 @@ import torch
 
 from fedmedbench.fl import state_device as sd
 
-ALL = lambda device: True  # noqa: E731 - every storage counts as device memory here
+ALL = lambda storage: True  # noqa: E731 - every storage counts as device memory here
 SAMPLE = 64
 
 
@@ -64,7 +64,7 @@ def test_storages_in_walk_order_each_once_and_only_those_on_the_device():
     obj = {"a": [t, view], "b": (other, {"c": t}), "d": {other}}
     storages = sd.device_storages(obj, ALL)
     assert [s.data_ptr() for s in storages] == [t.untyped_storage().data_ptr(), other.untyped_storage().data_ptr()]
-    assert sd.device_storages(obj, lambda device: device.type == "cuda") == []
+    assert sd.device_storages(obj, lambda storage: storage.device.type == "cuda") == []
 
 
 def test_large_and_stacked_pairs_give_the_same_answers():

@@ -462,14 +462,17 @@ class _Writer:
                 self.started = 1 << 62
 
 
-def _host(device: torch.device) -> bool:
-    """Whether a storage on ``device`` is host memory this process reads by address (memcmp, file
-    writes straight from it). Else (CUDA, MPS, ...) it is compared on its device and copied to the
-    host in ``CHUNK`` pieces; tests force that path on the CPU through ``_DEVICE_PATH``."""
-    return device.type == "cpu" and not _DEVICE_PATH
+def _host(storage: torch.UntypedStorage) -> bool:
+    """Whether ``storage`` is host memory this process reads by address (memcmp, file writes straight
+    from it). Else (CUDA, MPS, ...) it takes the device path: decided in bulk, copied to the host in
+    batches. Tests send host storages that way through ``_DEVICE_PATH``: all (True), or those whose
+    address is in a set (a state where host and "device" storages alternate, as in a GPU job's)."""
+    if storage.device.type != "cpu":
+        return False
+    return not (_DEVICE_PATH is True or (_DEVICE_PATH and storage.data_ptr() in _DEVICE_PATH))
 
 
-_DEVICE_PATH = False
+_DEVICE_PATH: bool | frozenset = False
 
 
 class _Blobs:
@@ -515,13 +518,13 @@ class _Blobs:
 
     def plan_device(self, obj) -> None:
         """Decide, for every storage of ``obj`` in device memory, which earlier one holds its bytes."""
-        storages = state_device.device_storages(obj, lambda device: not _host(device))
+        storages = state_device.device_storages(obj, lambda storage: not _host(storage))
         if storages:
             self.device_first = state_device.equal_classes(storages, SAMPLE)
 
     def add(self, storage: torch.UntypedStorage, device: torch.device, ptr: int, n: int) -> int:
         """The blob holding this storage's bytes (new, or an earlier byte-equal one)."""
-        host = _host(device)
+        host = _host(storage)
         if not host:
             key = (device, ptr, n)
             first = self.device_first.get(key, key)  # (one the plan did not see: a blob of its own)
@@ -568,11 +571,14 @@ class _Blobs:
             if len(self.staging) >= CHUNK:
                 self.flush_staging()
             return
-        if self.staging:
+        if host:
+            # Everything before it first: device blobs waiting for their copy and the small host ones
+            # after them (which flush_pending moves to the staging buffer), then the staging buffer.
+            self.flush_pending()
+        if self.staging:  # (never while device blobs wait: small ones then wait with them)
             self.flush_staging()
         view = _byte_view(storage)
         if host:  # the tensor's own memory, no copy (a numpy array keeps the tensor it views alive)
-            self.flush_pending()
             data = view.numpy()
             for start in range(0, n, CHUNK):
                 self.append(data[start : start + CHUNK], ptr + start, False)

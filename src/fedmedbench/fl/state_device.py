@@ -33,7 +33,7 @@ def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
 
 def device_storages(obj, on_device) -> list[torch.UntypedStorage]:
     """The storages of the tensors in ``obj`` (nested dicts, lists, tuples, sets) for which
-    ``on_device(storage.device)`` holds, each once, in the order a depth-first walk meets them."""
+    ``on_device(storage)`` holds, each once, in the order a depth-first walk meets them."""
     found: dict[Key, torch.UntypedStorage] = {}
     seen: set[int] = set()
     stack = [obj]
@@ -42,7 +42,7 @@ def device_storages(obj, on_device) -> list[torch.UntypedStorage]:
         if isinstance(x, torch.Tensor):
             if x.layout is torch.strided and not x.is_meta:
                 storage = x.untyped_storage()
-                if on_device(storage.device):
+                if on_device(storage):
                     found.setdefault(storage_key(storage), storage)
         elif isinstance(x, (dict, list, tuple, set, frozenset)):
             if id(x) in seen:
