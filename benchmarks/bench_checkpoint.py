@@ -25,7 +25,8 @@ Numbers:
   over the file two writes back, as the checkpoint writes since the fourth session: the same
   bytes, renames and fsync, the checkpoint's own file handling, so ``new / raw recycled`` is the
   checkpoint's own cost beside its bytes), a raw write of the state's bytes, the old writer. Files
-  stay between repetitions, so every write replaces the one before, as in a run.
+  stay between repetitions, so every write replaces the one before, as in a run; each is written
+  three times untimed first, so that the timed writes meet the files of a run's steady state.
 - peak memory: each writer in its own process, which loaded the state from a checkpoint (no build
   peak above the state's size); the rise of ``ru_maxrss`` during the write, and of ``VmHWM`` after
   resetting the high-water mark through ``/proc/self/clear_refs`` (the same kernel counter).
@@ -292,11 +293,16 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, peaks: dict, histor
     # repetitions, so each write replaces the previous one and keeps it as ``.prev``, as in a run.
     buffer = memoryview(torch.randint(0, 256, (max(state_bytes, new_size),), dtype=torch.uint8).numpy())
     times = {"raw_file": [], "raw_pieces": [], "raw_recycled": [], "new": [], "raw_state": [], "old": [], "dedup_pass": [], "raw_file_cpu": [], "raw_pieces_cpu": [], "raw_recycled_cpu": [], "new_cpu": [], "before": [], "before_cpu": []}
+    variants = (("raw_file", raw_write, (buffer[:new_size], tmp / "raw.bin")), ("new", ckpt_io.save_checkpoint, (obj, tmp / "checkpoint.pt")), ("raw_pieces", raw_write_pieces, (buffer[:new_size], tmp / "pieces.bin")), ("raw_recycled", raw_write_recycled, (buffer[:new_size], tmp / "recycled.bin")))
+    if before is not None:
+        variants += (("before", before.save_checkpoint, (obj, tmp / "before.pt")),)
+    # Three untimed writes of each first: every timed one then finds the files a run has from its
+    # fourth checkpoint on (the previous file, its .prev, and for the recycling legs the spare).
+    for _ in range(3):
+        for _key, fn, args in variants:
+            fn(*args)
     loads = [os.getloadavg()[0]]
     for _ in range(reps):
-        variants = (("raw_file", raw_write, (buffer[:new_size], tmp / "raw.bin")), ("new", ckpt_io.save_checkpoint, (obj, tmp / "checkpoint.pt")), ("raw_pieces", raw_write_pieces, (buffer[:new_size], tmp / "pieces.bin")), ("raw_recycled", raw_write_recycled, (buffer[:new_size], tmp / "recycled.bin")))
-        if before is not None:
-            variants += (("before", before.save_checkpoint, (obj, tmp / "before.pt")),)
         for key, fn, args in variants:
             wall, cpu = cpu_timed(fn, *args)
             times[key].append(wall)
