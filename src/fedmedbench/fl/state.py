@@ -207,8 +207,7 @@ def _crc32(buffer, address: int, n: int, crc: int) -> int:
     return zlib.crc32(buffer, crc)
 
 
-def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+_byte_view = state_device.byte_view  # a storage's bytes as a 1-D uint8 tensor (no copy)
 
 
 def _same_bytes(a: torch.UntypedStorage, b: torch.UntypedStorage) -> bool:
