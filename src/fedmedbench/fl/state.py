@@ -500,7 +500,8 @@ class _Blobs:
         self.batch_bytes = 0
         self.batch_copied = False
         self.crc = 0
-        self.device_first: dict[tuple, tuple] = {}  # device storage -> the first storage with its bytes
+        self.source = None  # the object being written: planned when the walk meets a device storage
+        self.device_first: dict[tuple, tuple] | None = None  # device storage -> the first with its bytes
         self.device_blob: dict[tuple, int] = {}  # such a first storage -> its blob
         self.pending: list = []  # device views (and small host bytes after them) awaiting one copy
         self.pending_bytes = 0
@@ -515,16 +516,18 @@ class _Blobs:
             for consumer in self.consumers:
                 consumer.start()
 
-    def plan_device(self, obj) -> None:
-        """Decide, for every storage of ``obj`` in device memory, which earlier one holds its bytes."""
-        storages = state_device.device_storages(obj, lambda storage: not _host(storage))
-        if storages:
-            self.device_first = state_device.equal_classes(storages, SAMPLE)
+    def plan_device(self) -> dict[tuple, tuple]:
+        """For every storage of the object in device memory, the first one holding its bytes. Made
+        when the walk meets the first device storage, so a state in host memory pays no second walk."""
+        storages = state_device.device_storages(self.source, lambda storage: not _host(storage))
+        return state_device.equal_classes(storages, SAMPLE)
 
     def add(self, storage: torch.UntypedStorage, device: torch.device, ptr: int, n: int) -> int:
         """The blob holding this storage's bytes (new, or an earlier byte-equal one)."""
         host = _host(storage)
         if not host:
+            if self.device_first is None:
+                self.device_first = self.plan_device()
             key = (device, ptr, n)
             first = self.device_first.get(key, key)  # (one the plan did not see: a blob of its own)
             index = self.device_blob.get(first)
@@ -659,7 +662,7 @@ def save_checkpoint(obj, path: Path) -> None:
         handle.write(MAGIC)
         blobs = _Blobs(handle, len(MAGIC))
         try:
-            blobs.plan_device(obj)
+            blobs.source = obj
             packer = _Packer(blobs)
             try:
                 tree = packer.pack(obj)
