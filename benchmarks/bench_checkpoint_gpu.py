@@ -11,7 +11,6 @@ on CPU tensors (tests/test_checkpoint_dedup.py).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from bench_checkpoint import raw_write  # noqa: E402  (the CPU benchmark's floor: write, fsync, rename, .prev)
 from fedmedbench.fl import state  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
 
@@ -57,12 +57,9 @@ def same_tree(a, b) -> bool:
     return a == b
 
 
-def raw_write(path: Path, data: bytes) -> float:
+def timed_raw_write(path: Path, data: bytes) -> float:
     started = time.perf_counter()
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    raw_write(memoryview(data), path)
     return time.perf_counter() - started
 
 
@@ -90,7 +87,7 @@ def main() -> None:
         for _ in range(args.reps):  # interleaved; each write replaces the one before (kept as .prev)
             times["gpu"].append(timed_save(gpu_state, gpu_file))
             times["host"].append(timed_save(host_state, host_file))
-            times["raw"].append(raw_write(raw_file, bytes(gpu_file.stat().st_size)))
+            times["raw"].append(timed_raw_write(raw_file, bytes(gpu_file.stat().st_size)))
         same = gpu_file.read_bytes() == host_file.read_bytes()
         back = state.load_checkpoint(gpu_file)
         equal = same_tree(back, host_state)

@@ -37,20 +37,24 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from bench_memory import REAL as HOSPITALS  # noqa: E402  (WILDS' patches per hospital)
 from fedmedbench import config as cfgmod  # noqa: E402
+from fedmedbench.data.camelyon17.splits import TEST_FRACTION, VAL_FRACTION  # noqa: E402
+from fedmedbench.data.prostate.splits import cut_points  # noqa: E402
 from fedmedbench.data.store import write_client, write_split_csv  # noqa: E402
 from fedmedbench.errors import ConfigError, FedmedbenchError  # noqa: E402
 
 
 def harmofl_cut(n: int) -> tuple[int, int, int]:
-    """64/16/20 as HarmoFL's loaders cut a site: train = first floor(0.64 n), val up to floor(0.8 n)."""
-    train, val_end = int(0.64 * n), int(0.8 * n)
-    return train, val_end - train, n - val_end
+    """64/16/20 as HarmoFL's loaders cut a site (the prostate split's own cut points)."""
+    train_end, val_end = cut_points(n)
+    return train_end, val_end - train_end, n - val_end
 
 
 def camelyon_cut(n: int) -> tuple[int, int, int]:
-    test = int(n * 0.2)
-    val = int((n - test) * 0.2)
+    """The Camelyon17 split of record's patch-level fractions."""
+    test = int(n * TEST_FRACTION)
+    val = int((n - test) * VAL_FRACTION)
     return n - test - val, val, test
 
 
@@ -62,7 +66,6 @@ def sixty_twenty(n: int) -> tuple[int, int, int]:
 SLICES = {"BIDMC": 261, "HK": 157, "I2CVB": 468, "ISBI": 411, "ISBI_1.5": 384, "UCL": 175}
 LWR_SITES = {"Site1": 261, "Site2": 384, "Site3": 157, "Site4": 468, "Site5": 411, "Site6": 175}  # BIDMC BMC HK I2CVB RUNMC UCL
 NUCLEI = {"MoNuSAC_breast": 74, "MoNuSAC_kidney": 74, "MoNuSAC_lung": 73, "MoNuSAC_prostate": 73, "MoNuSeg": 44, "TNBC": 50}
-HOSPITALS = {"hospital1": 59436, "hospital2": 34904, "hospital3": 85054, "hospital4": 129838, "hospital5": 146722}
 SKIN = {"A": (2091, 298, 598), "B": (2708, 386, 774), "C": (1144, 163, 328), "D": (1400, 199, 401), "OOD": (0, 0, 427)}
 FUNDUS = {"Domain1": (40, 10, 51), "Domain2": (79, 20, 60), "Domain3": (256, 64, 80), "Domain4": (256, 64, 80)}
 
