@@ -5,6 +5,7 @@ tensors still refuses what a checkpoint cannot hold."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import zlib
@@ -87,8 +88,8 @@ def trailer(data: bytes) -> tuple[dict, int]:
     return json.loads(data[offset : offset + length]), data_crc
 
 
-def test_the_blobs_crc32_is_zlibs_over_the_written_bytes_with_libdeflate_or_without(tmp_path, monkeypatch):
-    """The CRC32 is computed on the walk's thread, a batch at a time (libdeflate's where installed):
+def test_the_blobs_crc32_is_zlibs_over_the_written_bytes_with_isal_or_without(tmp_path, monkeypatch):
+    """The CRC32 is computed on the walk's thread, a batch at a time (ISA-L's where installed):
     the trailer holds zlib.crc32 of exactly the blob bytes in the file, and the file is the same
     byte for byte with zlib's own crc32."""
     monkeypatch.setattr(ckpt_io, "CHUNK", 4096)
@@ -99,18 +100,20 @@ def test_the_blobs_crc32_is_zlibs_over_the_written_bytes_with_libdeflate_or_with
     index, data_crc = trailer(data)
     blobs = data[len(ckpt_io.MAGIC) : len(ckpt_io.MAGIC) + sum(index["blobs"])]
     assert len(blobs) == 147_436 and data_crc == zlib.crc32(blobs) == zlib.crc32(b"".join(t.numpy().tobytes() for t in distinct))
-    monkeypatch.setattr(ckpt_io, "_CRC32_AT", None)
+    monkeypatch.setattr(ckpt_io, "_CRC32", zlib.crc32)
     ckpt_io.save_checkpoint(obj, tmp_path / "zlib.pt")
     assert (tmp_path / "zlib.pt").read_bytes() == data
 
 
-@pytest.mark.skipif(ckpt_io._CRC32_AT is None, reason="libdeflate is not installed here")
-def test_libdeflates_crc32_continues_zlibs_over_pieces_of_any_size():
+def test_the_fast_crc32_continues_zlibs_over_pieces_of_any_size_and_kind():
+    """Whichever CRC32 the checkpoint uses (ISA-L's, a pinned dependency, or zlib's), it continues
+    zlib's value over pieces of any length, from a numpy slice, a bytearray or a ctypes memoryview."""
     data = torch.randint(0, 256, (300_001,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)).numpy()
-    crc, cuts = 0, [0, 1, 7, 4096, 4097, 100_000, 300_001]
-    for a, b in zip(cuts, cuts[1:]):
-        crc = ckpt_io._crc32(data[a:b], data.ctypes.data + a, b - a, crc)
-    assert crc == zlib.crc32(data.tobytes()) and ckpt_io._crc32(b"", 0, 0, 12345) == 12345
+    crc, cuts = 0, [0, 1, 7, 4096, 4097, 100_000, 200_000, 300_001]
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        piece = [data[a:b], bytearray(data[a:b].tobytes()), memoryview((ctypes.c_char * (b - a)).from_address(data.ctypes.data + a)).cast("B")][i % 3]
+        crc = ckpt_io._CRC32(piece, crc)
+    assert crc == zlib.crc32(data.tobytes()) and ckpt_io._CRC32(b"", 12345) == 12345
 
 
 @pytest.mark.parametrize("release, split", [(1 << 20, 1 << 23), (0, 1 << 23), (0, 8192)], ids=["compares-hold-the-gil", "compares-release-the-gil", "compares-split-in-two"])
