@@ -28,7 +28,8 @@ def test_copies_join_the_first_storage_with_their_bytes_and_a_one_byte_differenc
     middle[2000] ^= 1  # the middle of 4,000 bytes: same size and same first/last 64 bytes as the others
     obj = {"global": glob, "clients": clients}
     storages = sd.device_storages(obj, ALL)
-    classes = sd.equal_classes(storages, SAMPLE)
+    classes, views = sd.equal_classes(storages, SAMPLE)
+    assert [v.data_ptr() for v in views.values()] == [s.data_ptr() for s in storages] and views[key(glob["w"])].dtype == torch.uint8 and len(views[key(glob["w"])]) == 4000
     assert classes[key(clients[0]["w"])] == key(glob["w"]) and classes[key(clients[2]["w"])] == key(glob["w"])
     assert classes[key(clients[1]["w"])] == key(clients[1]["w"])  # its own class: never merged
     assert all(classes[key(c["b"])] == key(glob["b"]) for c in clients)  # small: the content is the key
@@ -43,7 +44,7 @@ def test_members_that_differ_from_the_first_are_compared_again_among_themselves(
     passes = []
     real = sd._compare
     monkeypatch.setattr(sd, "_compare", lambda pairs: passes.append(len(pairs)) or real(pairs))
-    classes = sd.equal_classes(sd.device_storages([a, b, c, d], ALL), SAMPLE)
+    classes, _ = sd.equal_classes(sd.device_storages([a, b, c, d], ALL), SAMPLE)
     assert classes[key(d)] == key(a) and classes[key(c)] == key(b) and classes[key(b)] == key(b)
     assert passes == [3, 1]  # b, c, d against a; then c against b
 
@@ -72,7 +73,7 @@ def test_large_and_stacked_pairs_give_the_same_answers():
     big_other = big.clone()
     big_other[-1] = 7
     small = [torch.full((100,), i % 3, dtype=torch.uint8) for i in range(6)]
-    s = lambda t: t.untyped_storage()  # noqa: E731
+    s = lambda t: sd.byte_view(t.untyped_storage())  # noqa: E731
     pairs = [(s(big), s(big.clone())), (s(big), s(big_other))] + [(s(small[i]), s(small[j])) for i, j in ((0, 3), (0, 1), (2, 5))]
     assert sd._compare(pairs) == [True, False, True, False, True]
 
@@ -81,3 +82,14 @@ def test_to_host_concatenates_with_offsets():
     views = [torch.arange(3, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8), torch.full((2,), 9, dtype=torch.uint8)]
     host, offsets = sd.to_host(views)
     assert host.tolist() == [0, 1, 2, 9, 9] and offsets == [0, 3, 3]
+
+
+def test_samples_are_the_whole_small_contents_and_the_two_ends_of_large_ones_in_any_order():
+    """Small (at most 2 x sample bytes), empty and large storages interleaved: each sample is the
+    content of a small one, and the first and last ``sample`` bytes of a large one (one strided view)."""
+    g = torch.Generator().manual_seed(5)
+    sizes = [300, 0, 128, 129, 7, 1000, 64]
+    tensors = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in sizes]
+    samples = sd._samples([sd.byte_view(t.untyped_storage()) for t in tensors], SAMPLE)
+    expected = [t.numpy().tobytes() if len(t) <= 2 * SAMPLE else t[:SAMPLE].numpy().tobytes() + t[-SAMPLE:].numpy().tobytes() for t in tensors]
+    assert samples == expected and [len(s) for s in samples] == [128, 0, 128, 128, 7, 128, 64]

@@ -494,6 +494,7 @@ class _Blobs:
         self.source = None  # the object being written: planned when the walk meets a device storage
         self.device_first: dict[tuple, tuple] | None = None  # device storage -> the first with its bytes
         self.device_blob: dict[tuple, int] = {}  # such a first storage -> its blob
+        self.device_views: dict[tuple, torch.Tensor] = {}  # device storage -> its byte view (from the plan)
         self.pending: list = []  # device views (and small host bytes after them) awaiting one copy
         self.pending_bytes = 0
         self.consumers = []
@@ -507,18 +508,19 @@ class _Blobs:
             for consumer in self.consumers:
                 consumer.start()
 
-    def plan_device(self) -> dict[tuple, tuple]:
-        """For every storage of the object in device memory, the first one holding its bytes. Made
-        when the walk meets the first device storage, so a state in host memory pays no second walk."""
+    def plan_device(self) -> None:
+        """For every storage of the object in device memory, the first one holding its bytes (and its
+        byte view). Made when the walk meets the first device storage, so a state in host memory pays
+        no second walk."""
         storages = state_device.device_storages(self.source, lambda storage: not _host(storage))
-        return state_device.equal_classes(storages, SAMPLE)
+        self.device_first, self.device_views = state_device.equal_classes(storages, SAMPLE)
 
     def add(self, storage: torch.UntypedStorage, device: torch.device, ptr: int, n: int) -> int:
         """The blob holding this storage's bytes (new, or an earlier byte-equal one)."""
         host = (device == _CPU and _DEVICE_PATH is False) or _host(storage)  # (the common case first)
         if not host:
             if self.device_first is None:
-                self.device_first = self.plan_device()
+                self.plan_device()
             key = (device, ptr, n)
             first = self.device_first.get(key, key)  # (one the plan did not see: a blob of its own)
             index = self.device_blob.get(first)
@@ -577,9 +579,11 @@ class _Blobs:
             for start in range(0, n, CHUNK):
                 self.append(data[start : start + CHUNK], False)
         else:  # a device: waits with others for one copy to the host, PENDING bytes at most
-            view = _byte_view(storage)
+            view = self.device_views.get((storage.device, ptr, n))
+            if view is None:
+                view = _byte_view(storage)
             for start in range(0, n, CHUNK):
-                piece = view[start : start + CHUNK]
+                piece = view[start : start + CHUNK] if n > CHUNK else view  # (a slice is one more op)
                 self.pending.append(piece)
                 self.pending_bytes += len(piece)
                 if self.pending_bytes >= PENDING:
