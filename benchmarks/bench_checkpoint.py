@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -379,7 +380,8 @@ def main() -> None:
     parser.add_argument("--against", metavar="REV", help="also time save_checkpoint of fl/state.py at this git revision, interleaved (before/after)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"CPU, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; sizes: {'small' if args.small else 'paper'}\n")
+    crc = "isal (ISA-L)" if ckpt_io._CRC32 is not zlib.crc32 else "zlib"
+    print(f"CPU, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; CRC32: {crc}; sizes: {'small' if args.small else 'paper'}\n")
     results = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         # Peaks first, before this process grows.
