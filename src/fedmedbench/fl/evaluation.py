@@ -16,7 +16,7 @@ import torch
 from fedmedbench import faults
 from fedmedbench.errors import DivergenceError
 from fedmedbench.fl.client import autocast, batch_to_device
-from fedmedbench.fl.data import eval_batches
+from fedmedbench.fl.data import SplitData, eval_batches
 from fedmedbench.fl.selection import Selection
 from fedmedbench.losses import build_loss
 from fedmedbench.metrics import METERS
@@ -57,12 +57,14 @@ def predict_samples(model: torch.nn.Module, split, cfg: RunConfig, device: torch
     model.eval()
     # The evaluation's own batches: a model with batch statistics at test time (`model.bn: stateless`)
     # predicts each image from its batch, so the figure shows the predictions the scores were made of.
+    # Only the batches that hold the first ``count`` items: the batches read ahead one beyond what
+    # they yield, so a split cut there saves gathering a batch nobody uses (the same first batches).
+    covered = min(len(split), -(-count // cfg.eval_batch) * cfg.eval_batch)
+    head = SplitData(split.images, split.labels, split.rows[:covered], split.groups[:covered], split.reader)
     labels, preds = [], []
-    for x, y, _ in eval_batches(split, cfg.eval_batch, cfg.intensity_scale):
+    for x, y, _ in eval_batches(head, cfg.eval_batch, cfg.intensity_scale):
         labels.append(y)
         preds.append(model(x.to(device)).argmax(1).cpu())
-        if sum(len(b) for b in labels) >= count:
-            break
     y, pred = torch.cat(labels)[:count], torch.cat(preds)[:count]
     image = torch.from_numpy(np.asarray(split.images[split.rows[:count]]))
     return {"image": image, "label": y.to(torch.uint8), "pred": pred.to(torch.uint8)}

@@ -40,7 +40,9 @@ class SiteError(FedmedbenchError):
 
 
 def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in state.items()}
+    """A host copy of every tensor, independent of the model: one copy each (``.cpu()`` of a device
+    tensor is already a copy, so ``.cpu().clone()`` copied a kept model twice on a GPU)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
 class Site:
