@@ -70,3 +70,48 @@ def test_evaluation_cost_counts_the_engines_passes_and_is_printed_as_a_share_of_
     text = estimate.format_evaluation(jobs, {"k": Timing(2.0, 4.0)}, {"k": fixed})
     assert "| tiny / fedavg | 18 | 10 (6 + 4) | 1.00 | 4.00 | 25% |" in text
     assert text.count("| tiny / fedavg |") == 1  # one row per kind of job
+
+
+def test_a_job_is_projected_with_its_own_test_cadence_not_the_short_runs_one(tmp_path, tiny_task, monkeypatch):
+    """The timed 1- and k-round runs test only in their last round; a job's further test rounds are
+    added at one test pass each. A fake engine on a fake clock: 1 s start, 2 s a round, 3 s a test
+    evaluation (every `curve_every`-th round and the last, as the engine does). A 500-round job with
+    the paper config's `curve_every: 0` (test every 10th round: 50 test rounds) then costs exactly
+    1 + 500 x 2 + 50 x 3 = 1151 s. Timed with the job's own cadence, a 2-round run would test every
+    round and project 1 + 500 x 5 = 2501 s."""
+    from tests.conftest import tiny_run_config
+
+    from fedmedbench.fl import engine
+
+    store, split = tiny_task
+    cfg = tiny_run_config(store, split, rounds=500, curve_every=0)
+    now, runs = [0.0], []
+
+    def fake_run_training(run_cfg, out, **kwargs):
+        rounds, every = run_cfg["rounds"], run_cfg.get("curve_every") or max(1, run_cfg["rounds"] // 50)
+        runs.append((rounds, every))
+        now[0] += 1.0 + 2.0 * rounds + 3.0 * sum(1 for r in range(1, rounds + 1) if r % every == 0 or r == rounds)
+
+    monkeypatch.setattr(engine, "run_training", fake_run_training)
+    monkeypatch.setattr(estimate.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(estimate, "measure_evaluation", lambda *a, **k: estimate.EvalCost(trained_samples=1, val_passes=1, test_passes=0.1, seconds=0.5, test_seconds=3.0))
+    config = {"tasks": {}, "experiments": {}}
+    monkeypatch.setattr(estimate.cfgmod, "resolve_run", lambda config, task, run, seed: cfg)
+    job = Job("table", "tiny", "fedavg", 0, 500, "k", estimate.rounds_with_test(500, 10))
+    assert job.test_rounds == 50
+    timing = estimate.measure(config, [job], 2, "cpu", 1)["k"]
+    assert runs[1:] == [(1, 3), (2, 3)]  # after the warm-up: the timed runs test in their last round only
+    assert timing == Timing(fixed_seconds=4.0, seconds_per_round=2.0, test_seconds=3.0)
+    assert timing.job_seconds(500, 50) == 1151.0 and timing.round_seconds(500, 50) == pytest.approx(2.0 + 49 * 3.0 / 500)
+    rows = {r["experiment"]: r for r in estimate.project([job], {"k": timing}, gpus=1, jobs_per_gpu=1, sharing_gain=1.0)}
+    assert rows["table"]["gpu_hours"] == pytest.approx(1151.0 / 3600)
+
+
+def test_jobs_know_their_test_rounds_from_the_config():
+    from pathlib import Path
+
+    from fedmedbench import config as cfgmod
+
+    config = cfgmod.load_config(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
+    jobs = estimate.jobs_of(config, ["harmofl_table6_ablation_prostate"])
+    assert {(j.rounds, j.test_rounds) for j in jobs} == {(500, 50)}  # curve_every 0: every 10th of 500

@@ -5,7 +5,12 @@ per round — same task, method and method parameters, local epochs, model, batc
 share one measurement: that job is trained
 here, on this device, once for 1 round and once for k rounds (``--rounds-to-time``), which separates
 the fixed cost (process start, data, first-round warm-up, final outputs) from the cost of one more
-round. Each job is then projected as ``fixed + rounds x per_round``.
+round. Both timed runs evaluate test once, in their last round, as every job does; the test
+evaluations a job does besides (every ``curve_every`` rounds) are timed apart, one pass over every
+client's test split, so a job is projected as ``fixed + rounds x per_round + (test rounds - 1) x
+test pass``. (Timing the short runs with the job's own cadence would not do: a 2-round run of a
+job with ``curve_every: 0`` tests every round, ~50 curve points per run, where its 500 rounds test
+every 10th, and the test pass would count in every projected round.)
 
 GPU-hours are the sum over jobs. Wall-hours assume the jobs are spread over ``gpus`` devices with
 ``jobs_per_gpu`` concurrent jobs each, whose combined throughput is ``sharing_gain`` times one job's
@@ -43,15 +48,21 @@ class Job:
     seed: int
     rounds: int
     cost_key: str  # jobs with the same key cost the same per round
+    test_rounds: int = 1  # rounds in which it evaluates test (every `curve_every`-th and the last)
 
 
 @dataclass(frozen=True)
 class Timing:
-    fixed_seconds: float
-    seconds_per_round: float
+    fixed_seconds: float  # includes one test evaluation (a job's last round has one)
+    seconds_per_round: float  # a round without test evaluation
+    test_seconds: float = 0.0  # one test evaluation of every client
 
-    def job_seconds(self, rounds: int) -> float:
-        return self.fixed_seconds + rounds * self.seconds_per_round
+    def job_seconds(self, rounds: int, test_rounds: int = 1) -> float:
+        return self.fixed_seconds + rounds * self.seconds_per_round + max(test_rounds - 1, 0) * self.test_seconds
+
+    def round_seconds(self, rounds: int, test_rounds: int = 1) -> float:
+        """A round's average over a job of ``rounds`` rounds, its test evaluations included."""
+        return self.seconds_per_round + max(test_rounds - 1, 0) * self.test_seconds / rounds
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class EvalCost:
     val_passes: int  # validation forward passes per round (every round)
     test_passes: float  # test forward passes per round, on average (test every `curve_every` rounds)
     seconds: float  # evaluation seconds per round: validation + test x its share of rounds
+    test_seconds: float = 0.0  # one test evaluation of every client
 
     @property
     def passes(self) -> float:
@@ -113,6 +125,7 @@ def measure_evaluation(run_cfg: dict, device: str, threads: int | None, data_wor
         val_passes=sum(len(c.val) for c in clients),
         test_passes=sum(len(c.test) for c in clients) * share,
         seconds=seconds["val"] + seconds["test"] * share,
+        test_seconds=seconds["test"],
     )
 
 
@@ -124,11 +137,15 @@ def cost_key(run_cfg: dict) -> str:
 
 
 def jobs_of(config: dict, experiments: list[str]) -> list[Job]:
+    from fedmedbench.fl.evaluation import curve_every
+    from fedmedbench.runconfig import RunConfig
+
     jobs = []
     for experiment in experiments:
         for task, run, seed in cfgmod.experiment_runs(config, experiment):
             run_cfg = cfgmod.resolve_run(config, task, run, seed)
-            jobs.append(Job(experiment, task, run, seed, run_cfg["rounds"], cost_key(run_cfg)))
+            tests = rounds_with_test(run_cfg["rounds"], curve_every(RunConfig.from_dict(run_cfg)))
+            jobs.append(Job(experiment, task, run, seed, run_cfg["rounds"], cost_key(run_cfg), tests))
     return jobs
 
 
@@ -156,14 +173,15 @@ def project(jobs: list[Job], timings: dict[str, Timing], gpus: int, jobs_per_gpu
         by_experiment.setdefault(job.experiment, []).append(job)
     unique = {(j.task, j.run, j.seed): j for j in jobs}
     for name, group in [*by_experiment.items(), ("total", list(unique.values()))]:
-        seconds = [timings[j.cost_key].job_seconds(j.rounds) for j in group]
+        seconds = [timings[j.cost_key].job_seconds(j.rounds, j.test_rounds) for j in group]
         rows.append({"experiment": name, "jobs": len(group), "gpu_hours": sum(seconds) / 3600, "wall_hours": wall_hours(seconds, gpus, jobs_per_gpu, sharing_gain)})
     return rows
 
 
 def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | None, data_workers: int = 0, evaluation: dict[str, EvalCost] | None = None) -> dict[str, Timing]:
-    """Per cost key: fixed and per-round seconds. With ``evaluation`` (a dict to fill), also the
-    evaluation cost of each kind of job, keyed like the timings (measured once per ``eval_key``)."""
+    """Per cost key: fixed, per-round and test-pass seconds. With ``evaluation`` (a dict to fill),
+    also the evaluation cost of each kind of job, keyed like the timings (measured once per
+    ``eval_key``)."""
     from fedmedbench.fl.engine import run_training
 
     timings: dict[str, Timing] = {}
@@ -186,15 +204,18 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
         for rounds in (1, k):
             with tempfile.TemporaryDirectory(prefix="fedmedbench-estimate-") as out:
                 started = time.perf_counter()
-                run_training({**run_cfg, "rounds": rounds}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
+                # Test in the last round only (curve_every beyond it): see the module's docstring.
+                run_training({**run_cfg, "rounds": rounds, "curve_every": k + 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
                 seconds.append(time.perf_counter() - started)
-        timings[job.cost_key] = timing_from(seconds[0], seconds[1], k)
-        log.info("%s/%s: %.2f s fixed + %.2f s per round", job.task, job.run, timings[job.cost_key].fixed_seconds, timings[job.cost_key].seconds_per_round)
+        key = eval_key(run_cfg)
+        if key not in by_eval_key:
+            by_eval_key[key] = measure_evaluation(run_cfg, device, threads, data_workers)
+        cost = by_eval_key[key]
+        timing = timing_from(seconds[0], seconds[1], k)
+        timings[job.cost_key] = Timing(timing.fixed_seconds, timing.seconds_per_round, cost.test_seconds)
+        log.info("%s/%s: %.2f s fixed + %.2f s per round + %.2f s per further test evaluation", job.task, job.run, timing.fixed_seconds, timing.seconds_per_round, cost.test_seconds)
         if evaluation is not None:
-            key = eval_key(run_cfg)
-            if key not in by_eval_key:
-                by_eval_key[key] = measure_evaluation(run_cfg, device, threads, data_workers)
-            evaluation[job.cost_key] = by_eval_key[key]
+            evaluation[job.cost_key] = cost
     return timings
 
 
@@ -228,7 +249,7 @@ def format_evaluation(jobs: list[Job], timings: dict[str, Timing], evaluation: d
         if job.cost_key in seen or job.cost_key not in evaluation:
             continue
         seen.add(job.cost_key)
-        cost, per_round = evaluation[job.cost_key], timings[job.cost_key].seconds_per_round
+        cost, per_round = evaluation[job.cost_key], timings[job.cost_key].round_seconds(job.rounds, job.test_rounds)
         share = f"{min(cost.seconds / per_round, 1.0):.0%}" if per_round > 0 else "n/a"
         lines.append(
             f"| {job.task} / {job.run} | {cost.trained_samples:,} | {cost.passes:,.0f} ({cost.val_passes:,} + {cost.test_passes:,.0f}) "
