@@ -5,8 +5,10 @@
 #   1. the device and the software;
 #   2. benchmarks/bench_engine.py at the papers' shapes: plain loop vs engine, fp32/bf16, 1/2/4 jobs;
 #   3. the checkpoint writer's GPU path (benchmarks/bench_checkpoint_gpu.py): the same file as the host path;
-#   4. `fedmedbench estimate` on stores of the papers' shapes and counts (benchmarks/paper_shaped_stores.py),
-#      one experiment at a time, as long as the time lasts (all in estimate.md).
+#   4. where a prostate FedAvg round goes on the device (benchmarks/bench_round.py, 3 rounds, test every
+#      10th round as the 500-round job does) on a store of the paper's shapes and counts;
+#   5. `fedmedbench estimate` on such stores (benchmarks/paper_shaped_stores.py), one experiment at a
+#      time, as long as the time lasts (all in estimate.md).
 #
 #   bash benchmarks/gpu_session.sh                 # results in results/gpu-session/
 #   OUT=/somewhere BUDGET=900 bash benchmarks/gpu_session.sh
@@ -34,6 +36,8 @@ step() {  # step FILE LIMIT COMMAND...: run with the smaller of LIMIT and the ti
 step bench_engine.md 230 $PY benchmarks/bench_engine.py --json "$OUT/bench_engine.json"
 step checkpoint_gpu.md 45 $PY benchmarks/bench_checkpoint_gpu.py
 step stores.txt 60 $PY benchmarks/paper_shaped_stores.py --out "$STORES/paper-shaped" --tasks prostate prostate_lwr nuclei skin
+step bench_round.md 90 $PY benchmarks/bench_round.py --config config/config.yaml "$STORES/paper-shaped/overlay.yaml" \
+    --task prostate --run fedavg --rounds 3 --curve-every 10 --device cuda --json "$OUT/bench_round.json"
 for experiment in harmofl_table6_ablation_prostate fedlwr_fig2_convergence harmofl_table5_ablation_nuclei prrfl_fig1_retrogress; do
     step estimate.md 150 $PY -m fedmedbench estimate --config config/config.yaml "$STORES/paper-shaped/overlay.yaml" \
         --experiments "$experiment" --device cuda
