@@ -47,7 +47,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess

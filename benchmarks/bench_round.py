@@ -108,7 +108,7 @@ class Clock:
 
 def instrument(clock: Clock, method_name: str, method_module: str | None) -> None:
     from fedmedbench import metrics
-    from fedmedbench.fl import client, data, engine, evaluation, runfolder, selection, state, transport
+    from fedmedbench.fl import client, data, engine, evaluation, selection, state, transport
     from fedmedbench.registry import load_method
 
     method = load_method(method_name, method_module)

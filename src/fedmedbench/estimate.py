@@ -28,6 +28,7 @@ forward passes beside 111,700 trained samples with the paper config).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -211,9 +212,8 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
         if key not in by_eval_key:
             by_eval_key[key] = measure_evaluation(run_cfg, device, threads, data_workers)
         cost = by_eval_key[key]
-        timing = timing_from(seconds[0], seconds[1], k)
-        timings[job.cost_key] = Timing(timing.fixed_seconds, timing.seconds_per_round, cost.test_seconds)
-        log.info("%s/%s: %.2f s fixed + %.2f s per round + %.2f s per further test evaluation", job.task, job.run, timing.fixed_seconds, timing.seconds_per_round, cost.test_seconds)
+        timing = timings[job.cost_key] = dataclasses.replace(timing_from(seconds[0], seconds[1], k), test_seconds=cost.test_seconds)
+        log.info("%s/%s: %.2f s fixed + %.2f s per round + %.2f s per further test evaluation", job.task, job.run, timing.fixed_seconds, timing.seconds_per_round, timing.test_seconds)
         if evaluation is not None:
             evaluation[job.cost_key] = cost
     return timings

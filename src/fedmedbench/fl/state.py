@@ -497,16 +497,15 @@ class _Blobs:
         self.device_views: dict[tuple, torch.Tensor] = {}  # device storage -> its byte view (from the plan)
         self.pending: list = []  # device views (and small host bytes after them) awaiting one copy
         self.pending_bytes = 0
-        self.consumers = []
+        self.writer: _Consumer | None = None  # None: nothing is written (the compares alone are timed)
         if handle is not None:
             # One thread, writing; the CRC32 on the walk's thread. A CRC thread of its own needed the
             # GIL back after every buffer's crc32 (~700 for Camelyon17), each a hand-off from the walk
             # and a wake-up on the other core; with the CRC here, the walk releases the GIL in
             # crc32 and the writer takes it then (on 2 idle cores: 0.25-0.36 -> 0.15-0.2 CPU s a
             # Camelyon17 write; docs/decisions.md, "The checkpoint's CRC32 on the walk's thread").
-            self.consumers = [_Consumer("checkpoint-writer", _Writer(handle, offset))]
-            for consumer in self.consumers:
-                consumer.start()
+            self.writer = _Consumer("checkpoint-writer", _Writer(handle, offset))
+            self.writer.start()
 
     def plan_device(self) -> None:
         """For every storage of the object in device memory, the first one holding its bytes (and its
@@ -552,7 +551,7 @@ class _Blobs:
         self.storages.append(storage)
         self.pointers.append(ptr)
         self.sizes.append(n)
-        if self.consumers:
+        if self.writer is not None:
             self.emit_storage(storage, host, ptr, n)
         return index
 
@@ -622,8 +621,8 @@ class _Blobs:
         if not self.batch:
             return
         batch, copied = self.batch, self.batch_copied
-        for consumer in self.consumers:
-            consumer.put(batch, copied)
+        if self.writer is not None:
+            self.writer.put(batch, copied)
         self.batch, self.batch_bytes, self.batch_copied = [], 0, False
         crc, crc32 = self.crc, _CRC32
         for buffer in batch:
@@ -637,15 +636,13 @@ class _Blobs:
         self.flush_pending()
         self.flush()
         self.close()
-        for consumer in self.consumers:
-            if consumer.error is not None:
-                raise consumer.error
+        if self.writer is not None and self.writer.error is not None:
+            raise self.writer.error
         return self.crc
 
     def close(self) -> None:
-        for consumer in self.consumers:
-            if consumer.is_alive():
-                consumer.finish()
+        if self.writer is not None and self.writer.is_alive():
+            self.writer.finish()
 
 
 @contextlib.contextmanager
