@@ -14,7 +14,12 @@ blindly. What is accepted, and how:
   non-zero channel is foreground);
 * everything else (float, 32-bit or signed integers, 16-bit colour, CMYK, ...) is refused.
 
-Every refusal is one ``DataError`` (the caller's subclass) naming the file and what was found.
+Every refusal is one ``DataError`` (the caller's subclass) naming the file and what was found; so is
+an image too large for Pillow to decode safely (``open_image``).
+
+``upright=True`` turns the mask upright as a viewer shows it, by its own EXIF Orientation tag
+(``exif_orientation``, ``apply_orientation``: what ``PIL.ImageOps.exif_transpose`` does), as the user's own
+data (``folders``) reads images and masks alike; the papers' families read their masks as stored.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 
 from ..errors import DataError
 
-__all__ = ["read_mask", "deep_rawmode"]
+__all__ = ["read_mask", "deep_rawmode", "exif_orientation", "open_image", "apply_orientation"]
 
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 _COLOUR = ("RGB", "RGBA", "LA", "P", "PA")
@@ -51,39 +56,92 @@ def deep_rawmode(img) -> str:
     return next((r for r in _rawmodes(img) if _DEEP_RAWMODE.search(r)), "")
 
 
+EXIF_ORIENTATION = 0x0112  # the EXIF tag: 1 upright, 2..8 mirrored and/or rotated (TIFF tag 274 alike)
+
+
+def open_image(path: Path, error: type[DataError] = DataError):
+    """``Image.open`` (lazy: the header only), with Pillow's guard against decompression bombs told in
+    one line naming the file: an image of more than twice ``Image.MAX_IMAGE_PIXELS`` pixels (about
+    179 million) is refused before any pixel is decoded."""
+    from PIL import Image
+
+    try:
+        return Image.open(path)
+    except Image.DecompressionBombError as exc:
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{int(found.group(1)) / 1e6:.0f} million pixels" if found else "too many pixels"
+        limit = 2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6
+        raise error(f"{path}: {pixels}, more than the {limit:.0f} million that Pillow decodes safely (a decompression "
+                    "bomb guard); downscale the image or cut it into tiles before using it") from None
+
+
+def exif_orientation(img) -> int:
+    """The EXIF Orientation (1..8) of an opened Pillow image, 1 when it has none. Only the EXIF
+    block the header holds is read: a PNG whose eXIf chunk comes after its pixels counts as
+    upright until its pixels are loaded."""
+    if "exif" not in img.info and img.format == "PNG":
+        return 1  # Pillow's PNG getexif() would decode the whole image to look further
+    try:
+        value = img.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 (a damaged EXIF block: the pixels are read as stored)
+        return 1
+    return int(value) if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def apply_orientation(array: np.ndarray, orientation: int) -> np.ndarray:
+    """``array`` (H x W or H x W x C, as stored) as a viewer shows it under an EXIF Orientation: the
+    transposition ``PIL.ImageOps.exif_transpose`` applies (checked against it in the tests)."""
+    turned = {
+        2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[::-1],
+        5: lambda a: a.swapaxes(0, 1), 6: lambda a: np.rot90(a, -1), 7: lambda a: np.rot90(a, 2).swapaxes(0, 1),
+        8: lambda a: np.rot90(a, 1),
+    }.get(orientation)  # fmt: skip
+    return array if turned is None else np.ascontiguousarray(turned(array))
+
+
 def _values(array: np.ndarray, limit: int = 6) -> str:
     found = np.unique(array)
     shown = ", ".join(str(v) for v in found[:limit].tolist())
     return f"{shown}, ... ({len(found)} distinct)" if len(found) > limit else shown
 
 
-def read_mask(path: str | os.PathLike, *, error: type[DataError] = DataError, colour: str = "refuse") -> np.ndarray:
+def read_mask(path: str | os.PathLike, *, error: type[DataError] = DataError, colour: str = "refuse",
+              upright: bool = False) -> np.ndarray:
     """The mask at ``path`` as a uint8 H x W array of grey values, never clipped or rounded.
 
     ``colour="refuse"``: a mask whose colour channels differ is an error (a grey mask is expected);
     ``colour="max"``: the largest of R, G, B per pixel (for masks read as "any value > 0").
+    ``upright``: turned upright by the file's EXIF Orientation tag, if it has one.
     """
-    from PIL import Image, UnidentifiedImageError
+    grey, orientation = _read_grey(Path(path), error, colour)
+    return apply_orientation(grey, orientation) if upright else grey
+
+
+def _read_grey(path: Path, error: type[DataError], colour: str) -> tuple[np.ndarray, int]:
+    """The mask's grey values as stored, and its EXIF Orientation."""
+    from PIL import UnidentifiedImageError
 
     if colour not in ("refuse", "max"):
         raise ValueError(f"colour must be 'refuse' or 'max', got {colour!r}")
-    path = Path(path)
     try:
-        with Image.open(path) as img:
+        with open_image(path, error) as img:
             rawmodes = _rawmodes(img)
             img.load()
+            orientation = exif_orientation(img)
             mode = img.mode
             if mode in ("P", "PA"):
                 img = img.convert("RGBA")  # the palette entries, exactly
             array = np.asarray(img)
+    except error:
+        raise  # open_image's own line
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise error(f"{path}: cannot decode the mask ({exc})") from exc
 
     deep = [r for r in rawmodes if _DEEP_RAWMODE.search(r)]
     if mode == "L" and not deep:
-        return np.ascontiguousarray(array, dtype=np.uint8)
+        return np.ascontiguousarray(array, dtype=np.uint8), orientation
     if mode == "1":
-        return array.astype(np.uint8) * 255
+        return array.astype(np.uint8) * 255, orientation
     if mode in _SIXTEEN_BIT:
         array = array.astype(np.uint16)
         if (array % 257).any():
@@ -91,15 +149,15 @@ def read_mask(path: str | os.PathLike, *, error: type[DataError] = DataError, co
                 f"{path}: 16-bit mask with values that are not 8-bit levels scaled by 257 (found {_values(array)}); "
                 "it cannot be read without changing its classes: save it as 8-bit grey"
             )
-        return (array // 257).astype(np.uint8)
+        return (array // 257).astype(np.uint8), orientation
     if mode in _COLOUR and not deep and array.dtype == np.uint8:
         if mode == "LA":
-            return np.ascontiguousarray(array[..., 0])
+            return np.ascontiguousarray(array[..., 0]), orientation
         rgb = array[..., :3]  # alpha ignored
         if (rgb[..., 0] == rgb[..., 1]).all() and (rgb[..., 1] == rgb[..., 2]).all():
-            return np.ascontiguousarray(rgb[..., 0])
+            return np.ascontiguousarray(rgb[..., 0]), orientation
         if colour == "max":
-            return rgb.max(axis=-1)
+            return rgb.max(axis=-1), orientation
         differ = int(((rgb[..., 0] != rgb[..., 1]) | (rgb[..., 1] != rgb[..., 2])).sum())
         raise error(
             f"{path}: colour mask ({mode}, R/G/B differ at {differ} of {rgb.shape[0] * rgb.shape[1]} pixels) "

@@ -3,7 +3,8 @@
 Segmentation layout (``kind: segmentation``)::
 
     <root>/<site>/images/<stem>.<ext>    PNG, JPEG, BMP or TIFF images, or NIfTI volumes (.nii, .nii.gz)
-    <root>/<site>/masks/<stem>.<ext>     the mask of the image with the same stem (any supported suffix)
+    <root>/<site>/masks/<stem>.<ext>     the mask of the image with the same stem (any supported suffix);
+                                         <stem><mask_suffix>.<ext> with ``mask_suffix`` (e.g. _Segmentation)
 
 Every non-hidden sub-folder of ``root`` is a site (``__MACOSX`` and names starting with ``.`` are
 skipped). Masks are read with the project's one mask reader (``images.read_mask``: real bit depth,
@@ -35,11 +36,18 @@ resize) and summarised per site in the log. All images must have one size unless
 is set (then every image is resized to a square: bilinear images, nearest-neighbour masks). One
 site's images must all be grey or all colour.
 
-``split`` cuts each site's groups (image stem, NIfTI volume, classification ``group``) into
+2-D images and masks are turned upright by their own EXIF Orientation tag (a JPEG stored sideways
+is shown upright by viewers, and its mask was drawn on that view); ``meta.csv``'s ``orientation``
+keeps what was applied and the log counts the images turned per site.
+
+Groups (the patients a split keeps whole) are by default the image stem, the NIfTI volume or the
+classification ``group``; ``group_pattern`` (``re.search`` on the image's path under its site
+folder, first capture group) or ``groups_csv`` (columns site, image, group) replace them, see
+``groups``. ``split`` cuts each site's groups into
 train/val/test with ``fractions`` (val and test get ``max(1, round(f * groups))`` groups, train the
 rest) from a seeded permutation, or follows ``split_csv``: a CSV with columns site, image, split
-that must name every image of the store exactly once (``image``: the path relative to ``root`` as in
-the store's ``source`` column, or relative to the site folder).
+that must name every image of the store exactly once (``image``: the path under the site folder,
+e.g. ``images/01_1.png``, the path from ``root``, or an unambiguous file name or stem).
 
 Bad data stop with one ``FoldersDataError`` naming the file or site; the store (or split file) is
 only renamed into place once everything has been read, so nothing half-written is left behind.
@@ -47,7 +55,8 @@ only renamed into place once everything has been read, so nothing half-written i
 
 The package's parts: ``options`` (``FoldersOptions``, the layouts' names, ``FoldersDataError``),
 ``reading`` (finding the sites, pairs and ``labels.csv``; reading images, masks and NIfTI volumes),
-``splits`` (the seeded cut or the user's ``split_csv``), ``example`` (``write_example``) and
+``groups`` (``group_pattern``, ``groups_csv``, how a CSV names an image), ``splits`` (the seeded
+cut or the user's ``split_csv``), ``example`` (``write_example``) and
 ``inspect`` (what ``fedmedbench check-data`` reports, also the head of the preprocessing log); this
 module is the family interface (``preprocess``, ``split``) and builds the store.
 """
@@ -95,6 +104,7 @@ from .reading import (  # noqa: F401
     native_size,
     read_image,
 )
+from .groups import assign_groups
 from .splits import split  # noqa: F401
 
 
@@ -115,8 +125,8 @@ DOWNLOADS: list = []  # the data are already on the user's disk
 PROTOCOLS: dict[str, list[str]] = {}  # the sites are found on disk (discover_sites), not fixed by a paper
 
 
-def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_check: _SizeCheck):
-    pairs = list_pairs(root, site)
+def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_check: _SizeCheck, groups: dict[str, str] | None):
+    pairs = list_pairs(root, site, options.mask_suffix)
     loaded = _pool_map(lambda p: (_volume_samples if p[3] == "nifti" else _image_samples)(p[1], p[2], options), pairs)
     images, labels, rows, channels = [], [], [], []
     for (stem, image_path, mask_path, fmt), samples in zip(pairs, loaded):
@@ -127,10 +137,12 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_chec
                 image, mask = _resize(image, mask, options.image_size)
             images.append(image)
             labels.append(mask)
+            source = _relative(image_path, root)
             rows.append({
                 "id": f"{site}/{stem}" if fmt == "image" else f"{site}/{stem}/s{info['slice']:03d}",
-                "group": f"{site}/{stem}",  # a volume's slices are one group
-                "source": _relative(image_path, root),
+                # the user's groups (group_pattern, groups_csv), else the file: a volume's slices are one group
+                "group": f"{site}/{groups[source] if groups else stem}",
+                "source": source,
                 "mask_source": _relative(mask_path, root),
                 "slice": info["slice"],
                 **{key: info[key] for key in META_DETAILS},
@@ -142,7 +154,8 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_chec
     return np.stack(images), np.stack(labels), pd.DataFrame(rows), what
 
 
-def _classification_site(root: Path, site: str, table: pd.DataFrame, options: FoldersOptions, size_check: _SizeCheck):
+def _classification_site(root: Path, site: str, table: pd.DataFrame, options: FoldersOptions, size_check: _SizeCheck,
+                         groups: dict[str, str] | None):
     loaded = _pool_map(read_image, list(table["path"]))
     images, channels, native = [], [], []
     for path, (image, n_channels, _) in zip(table["path"], loaded):
@@ -154,6 +167,8 @@ def _classification_site(root: Path, site: str, table: pd.DataFrame, options: Fo
         images.append(image)
     _check_channels(site, channels)
     sources = [_relative(p, root) for p in table["path"]]
+    if groups:  # group_pattern or groups_csv
+        table = table.assign(group=[groups[s] for s in sources])
     meta = pd.DataFrame({
         "id": sources,
         # no group given: the image is its own group
@@ -163,6 +178,7 @@ def _classification_site(root: Path, site: str, table: pd.DataFrame, options: Fo
         **{key: [scaling[key] for *_, scaling in loaded] for key in META_DETAILS if key.startswith("intensity")},
         "native_height": [h for h, _ in native],
         "native_width": [w for _, w in native],
+        "orientation": [scaling["orientation"] for *_, scaling in loaded],
     })
     per_class = np.bincount(table["label_index"], minlength=len(options.classes))
     what = ", ".join(f"{name} {n}" for name, n in zip(options.classes, per_class.tolist()))
@@ -268,22 +284,25 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
     sites = discover_sites(root, options.kind)
     tables = {}
     if options.kind == "segmentation":
-        for site in sites:
-            list_pairs(root, site)
+        sources = {site: [_relative(p[1], root) for p in list_pairs(root, site, options.mask_suffix)] for site in sites}
     else:
         tables = _classification_sites(root, options)
+        sources = {site: [_relative(p, root) for p in tables[site]["path"]] for site in sites}
+    groups = assign_groups(root, options, sources) or {}
     size_check = _SizeCheck(options.image_size)
     counts: dict[str, int] = {}
     metas: dict[str, pd.DataFrame] = {}
     with staged_dir(store_dir) as tmp_store:
         for site in sites:
             if options.kind == "segmentation":
-                images, labels, meta, what = _segmentation_site(root, site, options, size_check)
+                images, labels, meta, what = _segmentation_site(root, site, options, size_check, groups.get(site))
             else:
-                images, labels, meta, what = _classification_site(root, site, tables[site], options, size_check)
+                images, labels, meta, what = _classification_site(root, site, tables[site], options, size_check, groups.get(site))
             write_client(tmp_store, site, images, labels, meta)
             counts[site] = len(meta)
-            log(f"folders {site}: {len(meta)} images ({what}), {images.shape[2]}x{images.shape[1]}; "
+            turned = int((_per_file(meta)["orientation"] != 1).sum())
+            upright = f"; {turned} image(s) turned upright by their EXIF Orientation tag" if turned else ""
+            log(f"folders {site}: {len(meta)} images ({what}), {images.shape[2]}x{images.shape[1]}{upright}; "
                 "train/val/test come with the split")
             metas[site] = meta
             for line in site_notes(site, meta):
@@ -300,6 +319,8 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
             "image_size": options.image_size,
             "nifti_axis": options.nifti_axis,
             "stack": options.stack,
+            "mask_suffix": options.mask_suffix,
+            "group_pattern": options.group_pattern,
             "counts": counts,
         }
         atomic_write_text(Path(tmp_store) / "info.json", json.dumps(info, indent=2) + "\n")

@@ -30,16 +30,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..images import read_mask
+from ..images import exif_orientation, open_image, read_mask
 from ..store import SPLITS
+from .groups import assign_groups, groups_source, prefix_warning
 from .options import LABELS_FILE, FoldersDataError, FoldersOptions
 from .reading import (
+    DAMAGED_HINT,
     _check_root,
     _geometry_difference,
     _labelled_images,
     _map_mask,
     _read_volume,
     _relative,
+    _tiff_orientation,
     _unlisted_message,
     discover_sites,
     list_pairs,
@@ -50,6 +53,7 @@ __all__ = ["DataReport", "SiteReport", "builtin_line", "image_header", "inspect_
 
 THREADS = 2  # header reads are I/O bound; two threads stay polite on a shared machine
 MAX_FILE_PROBLEMS = 10  # per site: the first unreadable files are named, the rest counted
+GROUPS_SHOWN = 6  # per split in a site's groups line
 # Pillow modes as reading.read_image sees them (P/PA become RGBA, CMYK/YCbCr/LAB/HSV RGB).
 _GREY_MODES = ("1", "L", "LA", "I", "F")
 _COLOUR_MODES = ("RGB", "RGBA", "P", "PA", "CMYK", "YCbCr", "LAB", "HSV")
@@ -71,6 +75,8 @@ class SiteReport:
     mask_values: dict[int, int] = field(default_factory=dict)  # pixel value -> pixels (segmentation)
     class_pixels: list[int] | None = None  # pixels per class index (segmentation)
     class_images: list[int] | None = None  # images per class index (classification)
+    upright: int = 0  # files turned upright by their EXIF Orientation tag
+    group_splits: dict[str, list[tuple[str, int]]] | None = None  # split -> (group, samples), when groups hold several files
 
     @property
     def class_fractions(self) -> list[float]:
@@ -118,7 +124,8 @@ class DataReport:
         split = f"train/val/test = {'/'.join(str(s.split[k]) for k in SPLITS)} {unit}s" if s.split else "no split (see the problems)"
         sizes = ", ".join(f"{h}x{w} ({_count(n, unit)})" for (h, w), n in s.sizes.most_common())
         channels = ", ".join(f"{kind} ({_count(n, files)})" for kind, n in sorted(s.channels.items()))
-        lines = [f"{s.site}: {what}, {_count(s.groups, 'group')}; {split}; H x W {sizes or '-'}; {channels or '-'}"]
+        upright = f"; {s.upright} turned upright by their EXIF Orientation tag" if s.upright else ""
+        lines = [f"{s.site}: {what}, {_count(s.groups, 'group')}; {split}; H x W {sizes or '-'}; {channels or '-'}{upright}"]
         names = self.class_names
         if s.class_pixels is not None:
             total = sum(s.mask_values.values()) or 1
@@ -131,6 +138,11 @@ class DataReport:
             lines.append("  pixels per class: " + ", ".join(shares + ([f"not in mask_values {_percent(unmapped / total)}"] if unmapped else [])))
         if s.class_images is not None:
             lines.append("  images per class: " + ", ".join(f"{n} {c}" for n, c in zip(names, s.class_images)))
+        if s.group_splits:
+            shown = "; ".join(f"{name} " + ", ".join(f"{g} ({n})" for g, n in groups[:GROUPS_SHOWN])
+                              + (f", ... ({len(groups)} groups)" if len(groups) > GROUPS_SHOWN else "")
+                              for name, groups in s.group_splits.items() if groups)
+            lines.append(f"  groups ({groups_source(self.options)}; {unit}s per group): {shown}")
         return lines
 
 
@@ -149,31 +161,44 @@ def _percent(x: float) -> str:
 
 def image_header(path: str | os.PathLike) -> tuple[int, int, str]:
     """(H, W, "grey" | "colour") of a 2-D image from its header, as ``reading.read_image`` would
-    decode it (TIFFs as tifffile sees them, as preprocessing reads them with tifffile first)."""
-    path = Path(path)
+    decode it (TIFFs as tifffile sees them, as preprocessing reads them with tifffile first; upright,
+    by the file's EXIF Orientation)."""
+    return _header(Path(path))[:3]
+
+
+def _header(path: Path) -> tuple[int, int, str, int]:
+    """``image_header`` and the file's EXIF (TIFF) Orientation (1: upright as stored)."""
     errors = []
     if path.suffix.lower() in (".tif", ".tiff"):
         try:
             import tifffile
 
             with tifffile.TiffFile(path) as tif:
-                return _shape_kind(tuple(tif.series[0].shape), path)
+                if not tif.pages or not tif.series:
+                    raise ValueError("no image directory in the file")
+                h, w, kind = _shape_kind(tuple(tif.series[0].shape), path)
+                orientation = _tiff_orientation(tif)
+            return (w, h, kind, orientation) if orientation >= 5 else (h, w, kind, orientation)  # 5..8 swap H and W
         except FoldersDataError:
             raise
         except Exception as exc:  # tifffile raises many types (bad tags, truncated header)
             errors.append(f"tifffile: {exc}")
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
-            mode, (width, height) = img.mode, img.size
+        with open_image(path, FoldersDataError) as img:
+            mode, (width, height), orientation = img.mode, img.size, exif_orientation(img)
+    except FoldersDataError:
+        raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         errors.append(f"{exc}" if not errors else f"Pillow: {exc}")
-        raise FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)})") from None
+        raise FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)}); {DAMAGED_HINT}") from None
+    if orientation >= 5:  # read upright: orientations 5..8 swap H and W
+        width, height = height, width
     if mode in _GREY_MODES or mode.startswith("I;16"):
-        return height, width, "grey"
+        return height, width, "grey", orientation
     if mode in _COLOUR_MODES:
-        return height, width, "colour"
+        return height, width, "colour", orientation
     raise FoldersDataError(f"{path}: unsupported Pillow mode {mode}")
 
 
@@ -218,6 +243,7 @@ class _Pair:
     channels: str | None = None
     values: dict[int, int] = field(default_factory=dict)  # mask value -> pixels
     foreground: list[int] = field(default_factory=list)  # per row: pixels of classes >= 1
+    orientation: int = 1
     problem: str | None = None
 
 
@@ -240,9 +266,9 @@ def _read_pair(pair: tuple, options: FoldersOptions) -> _Pair:
                 raise FoldersDataError(f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values")
             mask = mask.astype(np.int64)
         else:
-            h, w, out.channels = image_header(image_path)
+            h, w, out.channels, out.orientation = _header(image_path)
             out.size = (h, w)
-            mask = read_mask(mask_path, error=FoldersDataError)[None]
+            mask = read_mask(mask_path, error=FoldersDataError, upright=True)[None]
             if mask.shape[1:] != (h, w):
                 raise FoldersDataError(f"{image_path} is {w}x{h} but its mask {mask_path} is {mask.shape[2]}x{mask.shape[1]}")
         found, counts = np.unique(mask, return_counts=True)
@@ -281,6 +307,7 @@ def inspect_folders(options: Mapping | FoldersOptions, name: str = "", *,
             metas = {site: _segmentation_site(root, site, options, report, pool) for site in sites}
         else:
             metas = _classification_sites(root, options, report, pool)
+    metas = _groups(report, root, metas)
     _split(report, metas)
     _check_sizes(report, size_problem)
     _check_classes(report)
@@ -305,7 +332,7 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: D
     rep = SiteReport(site, class_pixels=[0] * options.num_classes)
     report.sites.append(rep)
     try:
-        pairs = list_pairs(root, site)
+        pairs = list_pairs(root, site, options.mask_suffix)
     except FoldersDataError as exc:
         report.problems.append(str(exc))
         return None
@@ -314,6 +341,7 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: D
     for (stem, image_path, _, fmt), got in zip(pairs, read):
         rep.files += 1
         rep.volumes += fmt == "nifti"
+        rep.upright += got.orientation != 1
         if got.problem:
             problems.append(got.problem)
         if got.channels:
@@ -349,7 +377,7 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
 
     def header(path):
         try:
-            return image_header(path)
+            return _header(path)
         except FoldersDataError as exc:
             return str(exc)
 
@@ -365,6 +393,7 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
                 continue
             rep.sizes[got[:2]] += 1
             rep.channels[got[2]] += 1
+            rep.upright += got[3] != 1
             kinds.append((path, got[2]))
         _file_problems(report, site, problems)
         _check_channels(report, rep, kinds)
@@ -374,6 +403,34 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
         metas[site] = pd.DataFrame({"group": groups, "source": sources, "foreground": np.nan})
         rep.samples, rep.groups = len(table), len(set(groups))
     return metas
+
+
+def _groups(report: DataReport, root: Path, metas: dict[str, pd.DataFrame | None]) -> dict[str, pd.DataFrame | None]:
+    """The user's groups (group_pattern, groups_csv) put into the store-like tables as preprocessing
+    puts them into the store; a problem with them leaves no split to show. Without them: one warning
+    when file names suggest several images per patient while every image is its own group."""
+    options = report.options
+    if options.group_pattern is None and options.groups_csv is None:
+        if options.split_csv is None:  # a user split already says which images go together
+            own = {site: [src.rsplit("/", 1)[-1] for src in meta["source"].unique()] for site, meta in metas.items()
+                   if meta is not None and len(meta) and meta["group"].nunique() == meta["source"].nunique()}
+            warning = prefix_warning(own)
+            if warning:
+                report.warnings.append(warning)
+        return metas
+    if any(meta is None for meta in metas.values()) or not metas:
+        report.warnings.append(f"{groups_source(options)} not checked: fix the problems above first")
+        return {site: None for site in metas}
+    try:
+        groups = assign_groups(root, options, {site: list(meta["source"]) for site, meta in metas.items()})
+    except FoldersDataError as exc:
+        report.problems.append(str(exc))
+        return {site: None for site in metas}
+    out = {}
+    for site, meta in metas.items():
+        out[site] = meta.assign(group=[f"{site}/{groups[site][s]}" for s in meta["source"]])
+        report.site(site).groups = out[site]["group"].nunique()
+    return out
 
 
 def _split(report: DataReport, metas: dict[str, pd.DataFrame | None]) -> None:
@@ -403,6 +460,9 @@ def _split(report: DataReport, metas: dict[str, pd.DataFrame | None]) -> None:
     for site, (rows, names) in chosen.items():
         rep = report.site(site)
         rep.split = {s: int((names == s).sum()) for s in SPLITS}
+        groups = metas[site]["group"].to_numpy(str)[rows]
+        if len(set(groups)) < metas[site]["source"].nunique():  # some group holds several files: show them
+            rep.group_splits = {s: sorted(Counter(g.split("/", 1)[1] for g in groups[names == s]).items()) for s in SPLITS}
         foreground = metas[site]["foreground"].to_numpy(np.float64)[rows]
         test = foreground[names == "test"]
         if options.kind == "segmentation" and len(test) and not np.isnan(test).any() and test.sum() == 0:

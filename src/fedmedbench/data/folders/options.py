@@ -4,6 +4,7 @@ layouts' names and suffixes, and the family's error ``FoldersDataError``."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -33,21 +34,25 @@ OPTIONAL_LABEL_COLUMNS = ("group",)
 SPLIT_CSV_COLUMNS = ("site", "image", "split")
 
 
+GROUPS_CSV_COLUMNS = ("site", "image", "group")
+
+
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
 
 
 _IGNORED_FILES = {"thumbs.db", "desktop.ini"}  # written by file browsers, never data
 
 
-_SEGMENTATION_ONLY = ("mask_values", "nifti_axis", "stack")
+_SEGMENTATION_ONLY = ("mask_values", "nifti_axis", "stack", "mask_suffix")
 
 
 _THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
-# Per-row columns of meta.csv besides the ids: how the intensities were scaled (see _to_uint8) and
-# the native size of the image or NIfTI slice before any resize (the log summarises both per site).
-META_DETAILS = ("intensity", "intensity_low", "intensity_high", "native_height", "native_width")
+# Per-row columns of meta.csv besides the ids: how the intensities were scaled (see _to_uint8), the
+# native size of the image or NIfTI slice before any resize, and the EXIF Orientation applied to turn
+# the image upright (1: none; NIfTI: always 1). The log summarises them per site.
+META_DETAILS = ("intensity", "intensity_low", "intensity_high", "native_height", "native_width", "orientation")
 
 
 class FoldersDataError(DataError):
@@ -72,6 +77,9 @@ class FoldersOptions:
     nifti_axis: int = 2
     stack: int = 1
     image_size: int | None = None
+    group_pattern: str | None = None  # re.search on the image's path under its site folder; capture 1 = the group
+    groups_csv: str | None = None  # columns site, image, group
+    mask_suffix: str = ""  # the mask of images/<stem>.<ext> is masks/<stem><mask_suffix>.<ext>
 
     @property
     def num_classes(self) -> int:
@@ -181,9 +189,29 @@ class FoldersOptions:
         image_size = d.get("image_size")
         if image_size is not None and (not _is_int(image_size) or image_size < 1):
             raise bad("image_size", "a positive integer or null")
+        group_pattern = d.get("group_pattern")
+        if group_pattern is not None:
+            if not isinstance(group_pattern, str) or not group_pattern:
+                raise bad("group_pattern", "a regular expression with one capture group, e.g. '^images/(\\d+)_'")
+            try:
+                compiled = re.compile(group_pattern)
+            except re.error as exc:
+                raise ConfigError(f"{where}.group_pattern: '{group_pattern}' is not a regular expression ({exc})") from None
+            if compiled.groups < 1:
+                raise ConfigError(f"{where}.group_pattern: '{group_pattern}' has no capture group; put the part that names "
+                                  "the group (patient) in parentheses, e.g. '^images/(\\d+)_'")
+        groups_csv = d.get("groups_csv")
+        if groups_csv is not None and (not isinstance(groups_csv, (str, os.PathLike)) or not os.fspath(groups_csv)):
+            raise bad("groups_csv", "a CSV file path or null")
+        if group_pattern is not None and groups_csv is not None:
+            raise ConfigError(f"{where}: group_pattern and groups_csv are both set; give the groups one way")
+        mask_suffix = d.get("mask_suffix", "")
+        if not isinstance(mask_suffix, str) or "/" in mask_suffix or "\\" in mask_suffix:
+            raise bad("mask_suffix", "the text a mask's name adds to its image's name, e.g. '_Segmentation'")
         return cls(
             root=os.fspath(root), kind=kind, mask_values=mask_values, classes=classes,
             fractions=tuple(float(f) for f in fractions), split_csv=None if split_csv is None else os.fspath(split_csv),
             seed=int(seed), nifti_axis=int(nifti_axis), stack=int(stack),
-            image_size=None if image_size is None else int(image_size),
+            image_size=None if image_size is None else int(image_size), group_pattern=group_pattern,
+            groups_csv=None if groups_csv is None else os.fspath(groups_csv), mask_suffix=mask_suffix,
         )

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import closest
-from ..images import deep_rawmode, read_mask
+from ..images import apply_orientation, deep_rawmode, exif_orientation, open_image, read_mask
 from ..nifti import check_nifti_complete
 from .options import (
     IMAGE_SUFFIXES,
@@ -105,10 +105,9 @@ def _header_size(path: Path, nifti_axis: int) -> tuple[int, int]:
         shape = [k, j, i]  # array order, as _read_volume slices it
         del shape[2 - nifti_axis]
         return shape[0], shape[1]
-    from PIL import Image
-
-    with Image.open(path) as img:  # lazy: reads the header, decodes no pixel
-        return img.height, img.width
+    with open_image(path, FoldersDataError) as img:  # lazy: reads the header, decodes no pixel
+        turned = exif_orientation(img) >= 5  # orientations 5..8 swap H and W
+        return (img.width, img.height) if turned else (img.height, img.width)
 
 
 def native_size(options: Mapping | FoldersOptions) -> tuple[int, int, Path] | None:
@@ -122,24 +121,30 @@ def native_size(options: Mapping | FoldersOptions) -> tuple[int, int, Path] | No
         if options.kind == "classification":
             path = root / os.path.normpath(_read_labels_csv(root)["image"].iloc[0])
         else:
-            path = list_pairs(root, discover_sites(root, "segmentation")[0])[0][1]
+            path = list_pairs(root, discover_sites(root, "segmentation")[0], options.mask_suffix)[0][1]
         return (*_header_size(path, options.nifti_axis), path)
     except Exception:  # noqa: BLE001 (any reader error: a hint is skipped, preprocessing reports the error)
         return None
 
 
-def list_pairs(root: Path, site: str) -> list[tuple[str, Path, Path, str]]:
+def list_pairs(root: Path, site: str, mask_suffix: str = "") -> list[tuple[str, Path, Path, str]]:
     """``(stem, image, mask, format)`` of one site, sorted by stem; every image needs its mask and
-    every mask its image."""
+    every mask its image. The mask of ``images/<stem>.<ext>`` is ``masks/<stem><mask_suffix>.<ext>``."""
     image_dir, mask_dir = root / site / "images", root / site / "masks"
     if not mask_dir.is_dir():
         raise FoldersDataError(f"{mask_dir} does not exist (site {site} needs images/ and masks/)")
-    images, masks = _files_by_stem(image_dir), _files_by_stem(mask_dir)
+    images, by_mask_stem = _files_by_stem(image_dir), _files_by_stem(mask_dir)
     if not images:
         raise FoldersDataError(f"{image_dir}: no images in site {site}")
+    masks = {}
+    for stem, path in by_mask_stem.items():
+        if not stem.endswith(mask_suffix) or stem == mask_suffix:
+            raise FoldersDataError(f"{path}: mask name does not end with mask_suffix {mask_suffix!r} "
+                                   f"(expected masks/<image stem>{mask_suffix}.<ext>)")
+        masks[stem[: len(stem) - len(mask_suffix)]] = path
     for stem, path in images.items():
         if stem not in masks:
-            raise FoldersDataError(f"{path}: image without a mask (expected {mask_dir}/{stem}.<ext>)")
+            raise FoldersDataError(f"{path}: image without a mask (expected {mask_dir}/{stem}{mask_suffix}.<ext>)")
     for stem, path in masks.items():
         if stem not in images:
             raise FoldersDataError(f"{path}: mask without an image (expected {image_dir}/{stem}.<ext>)")
@@ -203,7 +208,7 @@ def _read_labels_csv(root: Path) -> pd.DataFrame:
 
 # Images deeper than 8 bits are scaled from these percentiles of their own pixels (per image, per
 # NIfTI volume) and clipped outside them: one hot pixel at 65535 must not turn the rest of a 12-bit
-# image black, as a min .. max scaling did (docs/decisions.md).
+# image black, as a min .. max scaling did (docs/engineering.md).
 ROBUST_PERCENTILES = (0.5, 99.5)
 
 
@@ -234,9 +239,20 @@ def _to_uint8(array: np.ndarray, path: Path) -> tuple[np.ndarray, dict]:
     return scaled, {"intensity": note, "intensity_low": low, "intensity_high": high}
 
 
-def _decode(path: Path) -> np.ndarray:
-    """The pixels of a 2-D image file at their real bit depth: H x W, or H x W x C (C = 2, 3 or 4)."""
-    from PIL import Image, UnidentifiedImageError
+# What to do about a file that cannot be decoded, the usual causes being an interrupted copy or download.
+DAMAGED_HINT = "if it is cut short or damaged, copy it again from its source, or remove it (and its mask)"
+
+
+def _tiff_orientation(tif) -> int:
+    tag = tif.pages[0].tags.get(274)  # TIFF Orientation, the same values as EXIF's
+    value = getattr(tag, "value", 1)
+    return int(value) if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _decode(path: Path) -> tuple[np.ndarray, int]:
+    """The pixels of a 2-D image file as stored, at their real bit depth (H x W, or H x W x C with C = 2,
+    3 or 4), and the file's EXIF (TIFF) Orientation: 1 upright, 2..8 to be applied."""
+    from PIL import UnidentifiedImageError
 
     errors = []
     if path.suffix.lower() in (".tif", ".tiff"):
@@ -244,16 +260,22 @@ def _decode(path: Path) -> np.ndarray:
         try:
             import tifffile
 
-            array = np.asarray(tifffile.imread(path))
+            with tifffile.TiffFile(path) as tif:
+                if not tif.pages or not tif.series:  # a cut file without its image directory reads as shape (0,)
+                    raise ValueError("no image directory in the file")
+                array, orientation = np.asarray(tif.asarray()), _tiff_orientation(tif)
+            if array.size == 0:
+                raise ValueError("no pixels in the file")
             if array.ndim == 3 and array.shape[0] in (3, 4) and array.shape[-1] not in (3, 4):
                 array = np.moveaxis(array, 0, -1)  # planar configuration
-            return array
+            return array, orientation
         except Exception as exc:  # tifffile raises many types (codec missing, bad tags, truncated strips)
             errors.append(f"tifffile: {exc}")
     try:
-        with Image.open(path) as img:
+        with open_image(path, FoldersDataError) as img:
             deep = deep_rawmode(img)
             img.load()
+            orientation = exif_orientation(img)
             mode = img.mode
             if deep and mode in ("L", "LA", "RGB", "RGBA"):
                 # Pillow has kept only the high byte of each 16-bit sample: refuse rather than lose bits.
@@ -265,19 +287,21 @@ def _decode(path: Path) -> np.ndarray:
                 img = img.convert("RGB")
             elif mode not in ("1", "L", "LA", "RGB", "RGBA", "I", "F") and not mode.startswith("I;16"):
                 raise FoldersDataError(f"{path}: unsupported Pillow mode {mode}")
-            return np.asarray(img)
+            return np.asarray(img), orientation
     except FoldersDataError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         errors.append(f"{exc}" if not errors else f"Pillow: {exc}")
-    raise FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)})")
+    raise FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)}); {DAMAGED_HINT}")
 
 
 def read_image(path: str | os.PathLike) -> tuple[np.ndarray, int, dict]:
-    """A 2-D image as (uint8 H x W x 3, its colour channels: 1 grey or 3 colour, its scaling: the
-    store's ``intensity`` columns, see ``_to_uint8``)."""
+    """A 2-D image as (uint8 H x W x 3 upright as a viewer shows it, its colour channels: 1 grey or
+    3 colour, its scaling: the store's ``intensity`` columns, see ``_to_uint8``, and ``orientation``,
+    the EXIF Orientation applied, 1 for none)."""
     path = Path(path)
-    array = _decode(path)
+    array, orientation = _decode(path)
+    array = apply_orientation(array, orientation)  # the masks are drawn on the upright view
     if array.ndim == 3 and array.shape[-1] in (1, 2):
         array = array[..., 0]  # grey (+ alpha)
     if array.ndim == 3 and array.shape[-1] in (3, 4):
@@ -289,7 +313,7 @@ def read_image(path: str | os.PathLike) -> tuple[np.ndarray, int, dict]:
     pixels, scaling = _to_uint8(array, path)
     if channels == 1:
         pixels = np.repeat(pixels[..., None], 3, axis=-1)
-    return np.ascontiguousarray(pixels), channels, scaling
+    return np.ascontiguousarray(pixels), channels, {**scaling, "orientation": orientation}
 
 
 def _map_mask(values: np.ndarray, mapping: dict[int, int], path: Path) -> np.ndarray:
@@ -354,7 +378,7 @@ def _volume_samples(image_path: Path, mask_path: Path, options: FoldersOptions) 
         raise FoldersDataError(f"{image_path} has shape {volume.shape} (slices, H, W) but its mask {mask_path} "
                                f"has {mask.shape}")
     # Same array shape is not enough: a mask written with a flipped direction would be scored in
-    # another orientation. Refused, not resampled (docs/decisions.md).
+    # another orientation. Refused, not resampled (docs/engineering.md).
     differs = _geometry_difference(grid, mask_grid)
     if differs is not None:
         raise FoldersDataError(f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
@@ -368,13 +392,14 @@ def _volume_samples(image_path: Path, mask_path: Path, options: FoldersOptions) 
     samples = []
     for i in range(volume.shape[0]):
         picks = (max(i - 1, 0), i, min(i + 1, last)) if options.stack == 3 else (i, i, i)
-        samples.append((np.stack([norm[j] for j in picks], axis=-1), classes[i], {"slice": i, **scaling, **native}))
+        info = {"slice": i, **scaling, **native, "orientation": 1}  # NIfTI: the header's direction, no EXIF
+        samples.append((np.stack([norm[j] for j in picks], axis=-1), classes[i], info))
     return samples
 
 
 def _image_samples(image_path: Path, mask_path: Path, options: FoldersOptions) -> list[tuple[np.ndarray, np.ndarray, dict]]:
     image, channels, scaling = read_image(image_path)
-    grey = read_mask(mask_path, error=FoldersDataError)
+    grey = read_mask(mask_path, error=FoldersDataError, upright=True)
     if grey.shape != image.shape[:2]:
         raise FoldersDataError(f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
                                f"{grey.shape[1]}x{grey.shape[0]}")
@@ -489,4 +514,8 @@ def _labelled_images(root: Path, options: FoldersOptions) -> pd.DataFrame:
     table["label_index"], table["path"] = indices, paths
     if "group" not in table.columns:
         table["group"] = ""
+    option = "group_pattern" if options.group_pattern is not None else "groups_csv" if options.groups_csv is not None else None
+    if option and (table["group"] != "").any():
+        raise FoldersDataError(f"{csv_path}: has a group column and {option} is set; give the groups one way "
+                               f"(remove the column or {option})")
     return table

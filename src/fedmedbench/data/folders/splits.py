@@ -11,6 +11,7 @@ import pandas as pd
 
 from ...errors import closest
 from ..store import SPLITS, client_rng, grouped_split, list_clients, open_client, split_groups, write_split_csv
+from .groups import ImageNames, normalise_image
 from .options import SPLIT_CSV_COLUMNS, FoldersDataError, FoldersOptions
 from .reading import _line, read_user_csv
 
@@ -44,13 +45,6 @@ def _seeded_split(site: str, meta: pd.DataFrame, options: FoldersOptions, permut
     return rows, names[rows]
 
 
-def _normalise_image(value: str) -> str:
-    value = value.strip().replace("\\", "/")
-    while value.startswith("./"):
-        value = value[2:]
-    return value
-
-
 def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(rows, split names) per site from the user's CSV, in the CSV's order; it must name every image
     of the store once and only images of the store."""
@@ -60,38 +54,34 @@ def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[st
     missing = [c for c in SPLIT_CSV_COLUMNS if c not in table.columns]
     if missing:
         raise FoldersDataError(f"{path}: missing column(s) {missing}; expected site, image, split")
-    # Store rows by source path (a NIfTI volume has many), relative to the root or to the site folder;
-    # the path relative to the root wins when both could match.
-    by_source: dict[tuple[str, str], list[int]] = {}
-    in_site: dict[tuple[str, str], list[int]] = {}
+    # Store rows by source path (a NIfTI volume has many); a row names its image as ImageNames allows.
+    rows_of: dict[str, dict[str, list[int]]] = {site: {} for site in metas}
     for site, meta in metas.items():
         for row, source in enumerate(meta["source"]):
-            by_source.setdefault((site, source), []).append(row)
-            if source.startswith(f"{site}/"):
-                in_site.setdefault((site, source[len(site) + 1:]), []).append(row)
+            rows_of[site].setdefault(source, []).append(row)
+    names = {site: ImageNames(site, list(rows_of[site])) for site in metas}
     picked: dict[str, list[tuple[int, str]]] = {site: [] for site in metas}
     seen: dict[tuple[str, str], int] = {}
     unknown = []
     for i, row in enumerate(table.itertuples(index=False)):
-        site, image, name = str(row.site).strip(), _normalise_image(str(row.image)), str(row.split).strip()
+        site, image, name = str(row.site).strip(), normalise_image(str(row.image)), str(row.split).strip()
         where = f"{path} line {_line(i)}"
         if site not in metas:
             raise FoldersDataError(f"{where}: site {site!r} is not in the data{closest(site, metas)} (sites: {sorted(metas)})")
         if name not in SPLITS:
             raise FoldersDataError(f"{where}: split {name!r} is not one of {list(SPLITS)}{closest(name, SPLITS)}")
-        rows = by_source.get((site, image)) or in_site.get((site, image))
-        if rows is None:
+        source = names[site].resolve(image, where)
+        if source is None:
             unknown.append((where, site, image))
             continue
-        key = (site, rows[0])
+        key = (site, source)
         if key in seen:
             raise FoldersDataError(f"{where}: image {image} of site {site} is listed twice (lines {seen[key]} and {_line(i)})")
         seen[key] = _line(i)
-        picked[site] += [(r, name) for r in rows]
+        picked[site] += [(r, name) for r in rows_of[site][source]]
     if unknown:
         where, site, image = unknown[0]
-        more = f" (and {len(unknown) - 1} more row(s))" if len(unknown) > 1 else ""
-        raise FoldersDataError(f"{where}: image {image} is not an image of site {site} in the data{more}")
+        raise names[site].unknown(where, image, len(unknown) - 1)
     out = {}
     for site, meta in metas.items():
         covered = {r for r, _ in picked[site]}
