@@ -12,7 +12,7 @@ import pytest
 
 from fedmedbench.cli import build_parser
 
-COMMANDS = ["check-data", "methods", "new-method", "estimate", "train", "with-jobserver"]
+COMMANDS = ["check-data", "methods", "new-method", "estimate", "train", "with-jobserver", "federation"]
 # Every internal step the Snakefile's rules run (a subset check: a new step needs a help line, not an edit here).
 SOME_STEPS = {"fetch", "extract", "synthesize", "preprocess", "split", "collect", "table", "figure", "report", "ood-table"}
 
@@ -128,3 +128,51 @@ def test_a_step_still_parses_as_before():
     assert (args.command, args.dataset, args.protocol, args.store, args.out, args.seed, args.permutation) == ("split", "prostate", "harmofl", "s", "o.csv", 3, "default")
     args = build_parser().parse_args(["with-jobserver", "snakemake", "--cores", "2", "-n"])
     assert args.cmd == ["snakemake", "--cores", "2", "-n"]
+
+
+# --- the habits of other tools: Snakemake's --configfile, --version, defaults, unknown options ---------
+
+
+def test_every_config_option_is_also_configfile_and_shows_its_default_as_a_value():
+    with_config = [name for name in subcommands() if "--config" in help_of(name)]
+    assert sorted(with_config) == ["check-data", "estimate", "methods", "train"]
+    for name in with_config:
+        text = help_of(name)
+        assert re.search(r"^  --configfile \S*FILE .*, --config ", text, re.MULTILINE), name
+        for spelling in ("--configfile", "--config"):
+            extra = ["--out", "o"] if name == "train" else []
+            args = build_parser().parse_args([name, spelling, "a.yaml", "b.yaml", *extra])
+            assert args.config == ["a.yaml", "b.yaml"], (name, spelling)
+    assert build_parser().parse_args(["estimate"]).config == ["config/config.yaml"]
+    assert "(default: config/config.yaml)" in " ".join(help_of("estimate").split())
+    for name in subcommands():  # a list default would print as ['...']
+        assert "['" not in help_of(name) and "default: [" not in help_of(name), name
+
+
+def test_version_prints_the_version_and_the_git_commit():
+    from fedmedbench import CHECKOUT, version
+
+    result = subprocess.run([sys.executable, "-m", "fedmedbench", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"fedmedbench {version()}") and version() == "0.1.0"
+    if (CHECKOUT / ".git").exists():
+        head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+        assert f"(git commit {head}" in result.stdout and len(head) == 12
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["estimate", "--sharing_gain", "2"], "--sharing-gain"),
+        (["train", "--out", "o", "--seeds", "2"], "--seed"),
+        (["new-method", "x", "--output", "y"], "--out"),
+        (["check-data", "--datasets", "d"], "--dataset"),
+    ],
+)
+def test_an_unknown_option_gets_the_commands_usage_and_closest_option(argv, suggestion):
+    err = _error_of(*argv)
+    assert err.startswith(f"usage: fedmedbench {argv[0]} "), err
+    [error] = [line for line in err.splitlines() if "error:" in line]
+    assert error.startswith(f"fedmedbench {argv[0]}: error: unrecognized arguments: ") and error.endswith(f"(did you mean '{suggestion}'?)")
+    assert "usage: fedmedbench [-h]" not in err  # not the top level's usage
+    assert "did you mean" not in _error_of("estimate", "--zzzzzzzz")  # nothing close: no suggestion

@@ -149,7 +149,7 @@ def test_a_hand_written_run_config_is_read_strictly_too(tmp_path):
     [
         ({"experiments": {"harmofl_table1_prostate": {"task": "prostat"}}}, "experiments.harmofl_table1_prostate: task 'prostat' is not a section of tasks (did you mean 'prostate'?)"),
         ({"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedprox-mu9"]}}}, "run 'fedprox-mu9': no variant 'mu9' under methods.fedprox.variants"),
-        ({"experiments": {"harmofl_table1_prostate": {"runs": ["fedavgg"]}}}, "method 'fedavgg' has no section under methods (did you mean 'fedavg'?)"),
+        ({"experiments": {"harmofl_table1_prostate": {"runs": ["fedavgg"]}}}, "method 'fedavgg' is neither built in nor an installed plug-in (did you mean 'fedavg'?)"),
         ({"tasks": {"prostate": {"protocol": "harmofll"}}}, "tasks.prostate.protocol: 'harmofll' is not one of data.prostate.protocols (did you mean 'harmofl'?)"),
         ({"data": {"prostate": {"protocols": {"harmofl": {"image_size": 100}}}}}, "data.prostate.protocols.harmofl.image_size: 100 is not a multiple of 16"),
         ({"selected_experiments": ["harmofl_tabel1_prostate"]}, "selected_experiments: 'harmofl_tabel1_prostate' is not an experiment"),

@@ -115,3 +115,35 @@ def test_jobs_know_their_test_rounds_from_the_config():
     config = cfgmod.load_config(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
     jobs = estimate.jobs_of(config, ["harmofl_table6_ablation_prostate"])
     assert {(j.rounds, j.test_rounds) for j in jobs} == {(500, 50)}  # curve_every 0: every 10th of 500
+
+
+SHARING_GAIN = "--sharing-gain must be above 0: the throughput of --jobs-per-gpu jobs sharing a GPU over one job's"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpus", "0"], "--gpus must be at least 1 (got 0)"),
+        (["--gpus", "-2"], "--gpus must be at least 1 (got -2)"),
+        (["--jobs-per-gpu", "0"], "--jobs-per-gpu must be at least 1 (got 0)"),
+        (["--threads", "0"], "--threads must be at least 1 (got 0)"),
+        (["--data-workers", "-1"], "--data-workers must be at least 0 (got -1)"),
+        (["--rounds-to-time", "1"], "--rounds-to-time must be at least 2 (got 1)"),
+        (["--sharing-gain", "0"], f"{SHARING_GAIN} (got 0.0)"),
+        (["--sharing-gain", "-1.5"], f"{SHARING_GAIN} (got -1.5)"),
+        (["--sharing-gain", "nan"], f"{SHARING_GAIN} (got nan)"),
+    ],
+)
+def test_impossible_counts_are_refused_in_one_line_before_any_timing(argv, message, monkeypatch, capsys):
+    from pathlib import Path
+
+    from fedmedbench import cli
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed although an option was refused")
+
+    monkeypatch.setattr(estimate, "measure", no_timing)
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the default config/config.yaml
+    assert cli.main(["estimate", *argv]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"ConfigError: {message}"), line

@@ -280,14 +280,33 @@ def check_references(config: dict, source: str) -> None:
             raise ConfigError(f"{where}.x_values: {unknown} are not x values of its series; have: {', '.join(sorted(points))}")
         for run in runs:
             method, variant = split_run(run)
-            if method not in methods:
-                raise ConfigError(f"{where}: run {run!r}: method {method!r} has no section under methods{closest(method, methods)}")
-            variants = (methods[method] or {}).get("variants") or {}
+            check_run_method(method, methods, f"{where}: run {run!r}")
+            variants = (methods.get(method) or {}).get("variants") or {}
             if variant is not None and variant not in variants:
-                raise ConfigError(f"{where}: run {run!r}: no variant {variant!r} under methods.{method}.variants{closest(variant, variants)}; have: {', '.join(variants) or 'none'}")
+                raise ConfigError(
+                    f"{where}: run {run!r}: no variant {variant!r} under methods.{method}.variants{closest(variant, variants)}; have: {', '.join(variants) or 'none'} "
+                    f"(a variant is added as `methods: {{{method}: {{variants: {{{variant}: {{<parameter or task key>: <value>}}}}}}}}`)"
+                )
     for name in config.get("selected_experiments") or []:
         if name not in config["experiments"]:
             raise ConfigError(f"{source}: selected_experiments: {name!r} is not an experiment{closest(name, config['experiments'])}")
+
+
+def check_run_method(method: str, methods: dict, where: str) -> None:
+    """A run's method is built in, an installed plug-in (its entry point: no section needed, its
+    DEFAULTS apply) or a section of ``methods`` (a plug-in by ``module:``); else one line saying
+    which YAML lines to add."""
+    if method in methods:
+        return
+    from fedmedbench.registry import available_methods
+
+    if method in available_methods():
+        return
+    raise ConfigError(
+        f"{where}: method {method!r} is neither built in nor an installed plug-in{closest(method, {*available_methods(), *methods})}; "
+        f"for a method of your own, `pip install -e` its package (docs/extending.md) or add its module to the config: "
+        f"`methods: {{{method}: {{module: <its import path, e.g. {method}.method>}}}}`"
+    )
 
 
 # Snakemake renders a YAML config file that sets this top-level key as a YTE template: the Python
@@ -345,7 +364,7 @@ def read_yaml(path: str | Path) -> dict:
     if YTE_KEY in loaded:
         raise ConfigError(
             f"{path}: {YTE_KEY}: asks Snakemake to run the Python in this file (a YTE template); fedmedbench reads plain "
-            f"YAML only, so it is refused (docs/reliability.md: a config overlay or profile is code to Snakemake)"
+            f"YAML only, so it is refused (docs/engineering.md: a config overlay or profile is code to Snakemake)"
         )
     return loaded
 
@@ -545,9 +564,8 @@ def method_params(config: dict, run: str) -> tuple[dict, dict]:
     """(method hyperparameters, run-config overrides) of a run. A variant's keys that name a method
     hyperparameter change it; any other key overrides the run config (e.g. ``local_epochs``)."""
     method, variant = split_run(run)
-    section = config.get("methods", {}).get(method)
-    if section is None:
-        raise ValueError(f"run {run!r}: method {method!r} has no section under 'methods' in the config")
+    check_run_method(method, config.get("methods") or {}, f"run {run!r}")
+    section = config.get("methods", {}).get(method) or {}  # none: a built-in's or installed plug-in's DEFAULTS
     from fedmedbench.registry import merge_params
 
     params = merge_params(method, method_section_params(section), f"methods.{method}", section.get("module"))

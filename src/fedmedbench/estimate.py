@@ -239,7 +239,7 @@ def format_evaluation(jobs: list[Job], timings: dict[str, Timing], evaluation: d
     the round's measured time (the rest: training, aggregation, checkpoint)."""
     lines = [
         "Evaluation per round (validation every round for model selection, test every `curve_every` rounds",
-        "for the curves; a protocol choice, see docs/decisions.md), measured on the same device:",
+        "for the curves; a protocol choice, see docs/reviewers/index.md), measured on the same device:",
         "",
         "| task / run | samples trained | forward passes evaluated (val + test) | evaluation s | round s | evaluation share |",
         "|---|---:|---:|---:|---:|---:|",

@@ -23,6 +23,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import pkgutil
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -206,10 +207,67 @@ def merge_params(name: str, given: dict, where: str, module: str | None = None) 
     return {**_declarations(find_method(name, module))[0], **given}
 
 
+# The paper of a method: the first parenthesis of its docstring's first line that holds a year.
+PAPER = re.compile(r"\s*\(([^()]*\b(?:19|20)\d\d\b[^()]*)\)")
+
+
+@functools.lru_cache(maxsize=None)
+def _docstring_line(ref: MethodRef) -> str:
+    doc = ast.get_docstring(ast.parse(ref.path.read_text(), filename=str(ref.path))) or ""
+    return doc.strip().split("\n")[0].strip()
+
+
+def summary(name: str, module: str | None = None) -> tuple[str, str | None]:
+    """(what the method is, its paper or None), from the first line of its module's docstring, as
+    the built-ins write it: ``FedBN (Li et al., ICLR 2021): batch-norm layers stay local, ...``."""
+    line = _docstring_line(find_method(name, module)) or name
+    paper = PAPER.search(line)
+    if paper is None:
+        return line, None
+    return (line[: paper.start()] + line[paper.end() :]).strip(), paper.group(1).strip()
+
+
+def bn_statistics(name: str, module: str | None = None) -> str:
+    """Where the method keeps batch-norm statistics, read from its own classes (a plug-in's too):
+    whether its ``Server.package`` sends anything after the common start, and which keys of a probe
+    model with one BN layer its ``Client.declare_local_keys`` keeps local. Imports torch and the method."""
+    import types
+
+    from torch import nn
+
+    from fedmedbench.ops.aggregate import batchnorm_keys, buffer_keys
+
+    loaded = load_method(name, module)
+    params = method_defaults(name, module)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
+    # The run config's part that key policies read; FedAvg's default, under which only the method decides.
+    cfg = types.SimpleNamespace(aggregation=types.SimpleNamespace(bn_buffers="average", weighting="uniform"), method_params=params)
+    server = loaded.Server.__new__(loaded.Server)  # no __init__: it would build the federation
+    server.cfg, server.params, server.global_state = cfg, params, model.state_dict()
+    try:
+        sent = server.package(0, 1)
+    except Exception:  # a package built from more than the probe holds: it does send something
+        sent = True
+    if sent is None:
+        return "local (nothing is sent after the common start: each client keeps its whole model)"
+    client = loaded.Client.__new__(loaded.Client)
+    client.cfg, client.params, client.model = cfg, params, model
+    try:
+        local = client.declare_local_keys()
+    except Exception as err:  # a key policy that needs more of the client than its model
+        return f"not known (its Client.declare_local_keys needs more than the model: {type(err).__name__}: {err})"
+    norm = batchnorm_keys(model)
+    if norm <= local:
+        return "local (running statistics and affine weights never leave the client)"
+    if norm & buffer_keys(model) <= local:
+        return "local running statistics; the affine weights are averaged"
+    return "averaged with the model (a task's aggregation.bn_buffers: local keeps them at each client)"
+
+
 def forget() -> None:
     """Drop what this process has read about methods (for a process that outlives an edit: tests)."""
     from fedmedbench import sources
 
-    for cached in (find_method, _declarations, _param_schemas, entry_point_methods):
+    for cached in (find_method, _declarations, _param_schemas, entry_point_methods, _docstring_line):
         cached.cache_clear()
     sources.forget()

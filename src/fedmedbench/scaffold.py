@@ -1,11 +1,14 @@
-"""``fedmedbench new-method NAME --out DIR``: a pip-installable package holding a method of your own.
+"""``fedmedbench new-method NAME [--out DIR]``: a pip-installable package holding a method of your own
+(in ``./NAME`` by default).
 
 It registers the method under the entry point group ``fedmedbench.methods`` (so, once installed,
 ``NAME`` is a method name like ``fedavg``), documents in a line each hook the method may override,
 and carries a test that trains it for two rounds on a tiny synthetic federation, built by the public
 helper ``fedmedbench.testing.tiny_run_config`` from the method's own ``DEFAULTS``. ``NAME`` is both
 the distribution and the import package, so a name that is installed, importable, in the standard
-library, a keyword or a built-in method is refused (``check_name``).
+library, a keyword or a built-in method is refused (``check_name``), and so is a name too long for
+the file system. The package is written in a hidden folder beside ``DIR`` and renamed into place at
+the end: a failure leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -13,14 +16,20 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import keyword
+import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from fedmedbench.errors import ConfigError
-from fedmedbench.files import atomic_write_text
+from fedmedbench.files import atomic_write_text, new_folder, public_mode
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+# The longest file name that holds NAME, beyond NAME itself: the wheel `pip install -e` builds,
+# NAME-0.1.0-0.editable-py3-none-any.whl (35 more), with room to spare for its temporaries.
+NAME_OVERHEAD = 40
 
 PYPROJECT = '''[build-system]
 requires = ["setuptools>=61"]
@@ -148,8 +157,7 @@ with `{name}.yaml`:
       mydata: {{family: folders, root: mydata, kind: segmentation, mask_values: {{0: 0, 128: 1, 255: 2}}}}
     tasks:
       mydata: {{dataset: mydata, kind: segmentation, rounds: 5}}
-    methods:
-      {name}: {{}}    # its parameters (DEFAULTS in src/{name}/method.py) may be set here
+    # installed, {name} needs no section; `methods: {{{name}: {{mu: 0.1}}}}` sets its parameters (DEFAULTS in src/{name}/method.py)
     selected_experiments: [mydata_table]
     experiments:
       mydata_table: {{title: "My data: test Dice (%) per site", task: mydata, runs: [fedavg, fedprox, {name}], seeds: [0], metric: dice_paper}}
@@ -196,18 +204,42 @@ def _distribution_key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def name_max(path: Path) -> int:
+    """The longest file name the file system of ``path`` (or of its nearest existing parent) takes."""
+    existing = next((p for p in (path, *path.parents) if os.path.exists(p)), Path("."))  # os.path: False, not an error, for a name too long
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
 def new_method(name: str, out: Path) -> list[Path]:
-    """Write the package into ``out`` (which must not exist yet, or be empty); the files written."""
+    """Write the package into ``out`` (which must not exist yet, or be an empty folder); the files
+    written. All or nothing: they appear in ``out`` in one rename."""
+    # The length first: looking a name up (check_name) already fails on one the file system cannot hold.
+    limit = name_max(out.absolute()) - NAME_OVERHEAD
+    if len(name) > limit:
+        raise ConfigError(f"new-method: the name is {len(name)} characters long; at most {limit} here (the file system takes "
+                          f"{limit + NAME_OVERHEAD} per file name, and pip's files add up to {NAME_OVERHEAD} to it); choose a shorter name")
     check_name(name)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"new-method: {out} exists and is not empty")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"new-method: {out} exists and is {'not empty' if out.is_dir() else 'a file'}; give another --out")
     files = {
-        out / "pyproject.toml": PYPROJECT,
-        out / "README.md": README,
-        out / "src" / name / "__init__.py": f'"""{name}: a fedmedbench method (see method.py)."""\n',
-        out / "src" / name / "method.py": METHOD,
-        out / "tests" / f"test_{name}.py": TEST,
+        Path("pyproject.toml"): PYPROJECT,
+        Path("README.md"): README,
+        Path("src") / name / "__init__.py": f'"""{name}: a fedmedbench method (see method.py)."""\n',
+        Path("src") / name / "method.py": METHOD,
+        Path("tests") / f"test_{name}.py": TEST,
     }
-    for path, template in files.items():
-        atomic_write_text(path, template.format(name=name))
-    return list(files)
+    out = out.absolute()
+    with new_folder(out.parent) as parent:  # parents it creates go again if anything below fails
+        staging = Path(tempfile.mkdtemp(prefix=".new-method-", dir=parent))
+        try:
+            for path, template in files.items():
+                atomic_write_text(staging / path, template.format(name=name))
+            public_mode(staging)  # mkdtemp's folder is private (0700); a package folder is not
+            os.rename(staging, out)  # replaces an empty folder; fails on a non-empty one
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return [out / path for path in files]
