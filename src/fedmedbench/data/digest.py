@@ -1,9 +1,12 @@
-"""Cheap digests of the files a job reads, for Snakemake's view of the job (its params): an edit of any
+"""Digests of the files a job reads, for Snakemake's view of the job (its params): an edit of any
 of them re-runs exactly the jobs that read it, and nothing else.
 
-- ``listing_digest(root)``: the relative name, size and modification time of every file under a user's
-  data root (``family: folders``), folders behind symbolic links followed as preprocessing follows
-  them. No file is read, so it stays fast on a large dataset.
+- ``listing_digest(root)``: the relative name, size and content of every file under a user's data
+  root (``family: folders``), folders behind symbolic links followed as preprocessing follows them.
+  Content, not modification times: files unpacked from one archive share one time, and swapping two
+  same-size masks (fixing swapped labels) keeps every name, size and time. Each file's content hash
+  is kept in a cache file beside the results, keyed by the file's identity (device, inode, size,
+  modification and change time), so a DAG build re-reads only the files that changed since the last.
 - ``file_digest(path)``: the content of a small file (a ``split_csv``, a paper table).
 - ``file_stamp(path)``: the resolved path, size and modification time of a big file (a downloaded
   archive): hashing a 10 GB archive at every DAG build would take minutes.
@@ -12,9 +15,18 @@ of them re-runs exactly the jobs that read it, and nothing else.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
+from stat import S_ISREG
+
+# A file whose modification or change time is this close to the moment it was hashed is not kept in
+# the cache: the file system stamps times from a coarse clock, so a second edit within the same tick
+# would keep every time the cache compares (git's "racy" files). Such a file is hashed again next time.
+RACY_SECONDS = 2
+CACHE_VERSION = 1
 
 
 def _loop_error(link: str, target: str):
@@ -23,9 +35,60 @@ def _loop_error(link: str, target: str):
     return FoldersDataError(f"{link}: a symbolic link loop (it leads back to {target}, a folder that contains it); remove the link or point it at a folder outside")
 
 
-def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple[int, int]], digest) -> None:
+def _content_hash(path: str) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _HashCache:
+    """Content hashes by relative name, each valid while the file keeps its identity and times. The
+    change time (ctime) is in the key because no user tool can set it back: a file rewritten in place
+    with its modification time restored still has a new ctime; a file renamed into place has another
+    inode. A cache that cannot be read is started afresh, one that cannot be written is skipped:
+    it only saves time, it never decides a digest."""
+
+    def __init__(self, path: str | os.PathLike | None, root: str):
+        self.path, self.root = (Path(path) if path else None), root
+        self.old: dict[str, list] | None = None  # None: no usable cache file, one is written
+        self.new: dict[str, list] = {}
+        self.started = time.time_ns()
+        if self.path is None:
+            return
+        try:
+            saved = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(saved, dict) and saved.get("version") == CACHE_VERSION and saved.get("root") == root and isinstance(saved.get("files"), dict):
+            self.old = saved["files"]
+
+    def content(self, name: str, path: str, stat: os.stat_result) -> str:
+        key = [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+        entry = (self.old or {}).get(name)
+        if isinstance(entry, list) and entry[:-1] == key:
+            content = entry[-1]
+        else:
+            content = _content_hash(path)
+        if max(stat.st_mtime_ns, stat.st_ctime_ns) < self.started - RACY_SECONDS * 10**9:
+            self.new[name] = [*key, content]
+        return content
+
+    def save(self) -> None:
+        if self.path is None or self.new == self.old:
+            return  # an unchanged tree writes nothing
+        from fedmedbench.files import atomic_write_text  # a temporary beside it, renamed: concurrent DAG builds never see half a file
+
+        try:
+            atomic_write_text(self.path, json.dumps({"version": CACHE_VERSION, "root": self.root, "files": self.new}))
+        except OSError:
+            pass
+
+
+def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple[int, int]], digest, cache: _HashCache) -> None:
     """Files first (sorted), then each sub-folder (sorted, depth first): the order of ``os.walk``
-    with sorted names, so a tree without links digests as it always did."""
+    with sorted names."""
     try:
         with os.scandir(folder) as listing:
             entries = sorted(listing, key=lambda e: e.name)
@@ -51,17 +114,30 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
             continue
         if (stat.st_dev, stat.st_ino) in skip:
             continue
-        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        if not S_ISREG(stat.st_mode):  # a pipe or a device: reading it could block; preprocessing reads none
+            digest.update(f"{name}\0not a file\0{stat.st_mode:o}\n".encode())
+            continue
+        try:
+            content = cache.content(name, entry.path, stat)
+        except OSError as err:
+            from .folders.options import FoldersDataError
+
+            raise FoldersDataError(f"{entry.path}: cannot read the file ({err.strerror})") from None
+        digest.update(f"{name}\0{stat.st_size}\0{content}\n".encode())
     for entry in folders:
         real = os.path.realpath(entry.path)
         if real in ancestors:
             raise _loop_error(entry.path, real)
-        _walk(entry.path, relative + entry.name + os.sep, ancestors | {real}, skip, digest)
+        _walk(entry.path, relative + entry.name + os.sep, ancestors | {real}, skip, digest, cache)
 
 
-def listing_digest(root: str | os.PathLike, exclude: Iterable[str | os.PathLike] = ()) -> str:
-    """A digest of the files under ``root`` (relative names, sizes, modification times): cheap (no
-    file is read), so Snakemake can re-run preprocessing exactly when the user's data change.
+def listing_digest(root: str | os.PathLike, exclude: Iterable[str | os.PathLike] = (), cache: str | os.PathLike | None = None) -> str:
+    """A digest of the files under ``root`` (relative names, sizes, contents), so Snakemake re-runs
+    preprocessing exactly when the user's data change, and not when only their times do.
+
+    ``cache``: a JSON file (outside ``root``, written atomically) that keeps each file's content hash
+    while the file keeps its device, inode, size, modification and change time: an unchanged tree is
+    listed, not read. Without it every file is read.
 
     A folder that is a symbolic link (a site kept on another disk) is followed like any folder, with
     a guard: a link that leads back to a folder containing it is refused (``FoldersDataError`` naming
@@ -78,7 +154,10 @@ def listing_digest(root: str | os.PathLike, exclude: Iterable[str | os.PathLike]
         except OSError:
             continue
         skip.add((stat.st_dev, stat.st_ino))
-    _walk(str(root), "", frozenset({os.path.realpath(root)}), skip, digest)
+    real_root = os.path.realpath(root)
+    hashes = _HashCache(cache, real_root)
+    _walk(str(root), "", frozenset({real_root}), skip, digest, hashes)
+    hashes.save()
     return digest.hexdigest()[:16]
 
 

@@ -48,6 +48,9 @@ __all__ = [
     "atomic_write_csv",
     "staged_dir",
     "write_client",
+    "mark_random_pixels",
+    "random_pixels",
+    "store_info",
     "open_client",
     "list_clients",
     "require_clients",
@@ -66,6 +69,8 @@ META_COLUMNS = ["id", "group", "source"]
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
 META_FILE = "meta.csv"
+# The store's own description (family, classes, counts...), at its top beside the client folders.
+INFO_FILE = "info.json"
 
 
 # ---------------------------------------------------------------------------
@@ -227,6 +232,36 @@ def write_client(
         np.save(tmp / LABELS_FILE, np.ascontiguousarray(labels), allow_pickle=False)
         meta.reset_index(drop=True).to_csv(tmp / META_FILE, index=False, lineterminator="\n")
     return final
+
+
+def mark_random_pixels(store_dir: str | os.PathLike, made_by: str) -> Path:
+    """Say in the store's ``info.json`` that its pixels are random (``"pixels": "random"``): a store
+    of the papers' shapes for timing jobs, which a run that does not say its data are synthetic
+    refuses to train on (``random_pixels``)."""
+    import json
+
+    return atomic_write_text(Path(store_dir) / INFO_FILE, json.dumps({"pixels": "random", "made_by": made_by}, indent=2) + "\n")
+
+
+def store_info(store_dir: str | os.PathLike) -> dict:
+    """The store's ``info.json`` (empty when it has none: some families write none)."""
+    import json
+
+    path = Path(store_dir) / INFO_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: not a JSON object ({err}); rebuild the store") from None
+    if not isinstance(info, dict):
+        raise DataError(f"{path}: not a JSON object (a {type(info).__name__}); rebuild the store")
+    return info
+
+
+def random_pixels(store_dir: str | os.PathLike) -> bool:
+    """Whether the store's ``info.json`` says its pixels are random (``mark_random_pixels``)."""
+    return store_info(store_dir).get("pixels") == "random"
 
 
 def list_clients(store_dir: str | os.PathLike) -> list[str]:

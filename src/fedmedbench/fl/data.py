@@ -319,3 +319,25 @@ def eval_batches(split: SplitData, batch_size: int, intensity_scale: float, devi
     chunks = [np.arange(start, min(start + batch_size, len(split))) for start in range(0, len(split), batch_size)]
     for (x, y), idx in zip(_batches(split, chunks, device or torch.device("cpu")), chunks):
         yield to_float(x, intensity_scale), y, split.groups[idx]
+
+
+def refuse_random_pixels(run_cfg: dict) -> None:
+    """Before a training run opens its store: a store of random pixels (one made to time jobs,
+    ``benchmarks/paper_shaped_stores.py``) is refused unless the run's data are marked synthetic, so
+    a store left where the real data belong never turns into a table of results. ``DataError``,
+    one line naming the store and what to do. (A run config without a store is left to the
+    run's own validation, which names the missing key.)"""
+    from fedmedbench.data.store import random_pixels, store_info
+    from fedmedbench.errors import DataError
+
+    data = run_cfg.get("data") if isinstance(run_cfg, dict) else None
+    if not isinstance(data, dict) or not data.get("store") or data.get("synthetic"):
+        return
+    store = Path(data["store"])
+    if random_pixels(store):
+        made_by = store_info(store).get("made_by") or "a benchmark"
+        raise DataError(
+            f"{store}: its pixels are random (info.json: written by {made_by} to time jobs) and this run's data are not marked synthetic: "
+            f"training on it would report noise as results; remove {store.parent} and run the workflow to build the store from the real data, "
+            "or time jobs with `fedmedbench estimate`"
+        )
