@@ -1,6 +1,7 @@
 """workflow/envs/*.yaml (for --use-conda users) pin the same versions as pyproject.toml."""
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -39,14 +40,18 @@ def test_every_rule_names_an_existing_conda_env():
             assert (smk.parent / env).resolve().is_file(), f"{smk.name}: {env}"
 
 
-def test_readme_cpu_torch_command_pins_pyproject_versions():
-    """The README's CPU-only install names the very torch/torchvision pins of pyproject.toml, and the
-    Makefile's TORCH_INDEX route reads them from there (a version bump cannot leave either behind)."""
+def test_the_cpu_torch_install_takes_pyproject_pins_and_the_readme_names_none():
+    """The CPU-only torch install (scripts/install_torch.py, run by make) reads torch/torchvision's pins
+    from pyproject.toml, and the README names no version of its own (a version bump cannot leave either
+    behind)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pinned = pins(project["dependencies"])
-    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if "download.pytorch.org/whl/cpu" in x and x.startswith("pip install"))
-    named = pins(w for w in line.split() if "==" in w)
-    assert named == {"torch": pinned["torch"], "torchvision": pinned["torchvision"]}
-    makefile = (ROOT / "Makefile").read_text()
-    assert "TORCH_INDEX ?=\n" in makefile  # unset by default: make demo / make test install as before
-    assert re.search(r"TORCH_PINS = \$\(shell grep .*pyproject\.toml", makefile)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import install_torch
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert pins(install_torch.torch_pins()) == {"torch": pinned["torch"], "torchvision": pinned["torchvision"]}
+    assert not re.search(r"torch(vision)?==", (ROOT / "README.md").read_text())
+    assert "scripts/install_torch.py" in (ROOT / "Makefile").read_text()
+

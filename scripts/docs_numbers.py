@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Write the measured numbers of the documentation from their result files (``make docs``).
+
+A page quotes a measurement only inside a generated block::
+
+    <!-- generated:h200-engine -->
+    ... (this script writes everything in between) ...
+    <!-- /generated -->
+
+Each block name maps to one CSV file under ``benchmarks/results/`` (dated, with its machine, commit and
+command beside it in the Markdown record of the same date) and the columns it shows. The values are copied
+as the CSV spells them, never recomputed or rounded, so the page says exactly what the file says.
+
+    python scripts/docs_numbers.py            # rewrite every block in README.md and docs/**/*.md
+    python scripts/docs_numbers.py --check    # exit 1, naming the page and block, where a block is stale
+
+``tests/test_docs.py`` runs the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+# name: (CSV file, the Markdown record it belongs to, [(CSV column, table header), ...])
+BLOCKS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
+    "h200-engine": (
+        "2026-11-26-h200-engine.csv",
+        "2026-11-26-h200.md",
+        [
+            ("task", "task"),
+            ("model", "model"),
+            ("image_px", "image (px)"),
+            ("batch", "batch"),
+            ("engine_ms_per_step", "engine ms/step (fp32)"),
+            ("plain_ms_per_step_bf16", "plain loop ms/step (bf16)"),
+            ("train_s_per_round", "train s/round (2 clients)"),
+            ("eval_s_per_round", "eval s/round"),
+            ("checkpoint_s_per_round", "checkpoint s/round"),
+        ],
+    ),
+    "h200-jobs-per-gpu": (
+        "2026-11-26-h200-jobs-per-gpu.csv",
+        "2026-11-26-h200.md",
+        [
+            ("task", "task"),
+            ("steps_per_s_1_job", "1 job: steps/s"),
+            ("gain_2_jobs", "2 jobs: throughput × one job"),
+            ("gain_4_jobs", "4 jobs: throughput × one job"),
+        ],
+    ),
+    "h200-estimate": (
+        "2026-11-26-h200-estimate.csv",
+        "2026-11-26-h200.md",
+        [
+            ("experiment", "experiment"),
+            ("jobs", "jobs"),
+            ("rounds", "rounds"),
+            ("gpu_hours", "GPU-hours (H200)"),
+            ("caveat", "caveat"),
+        ],
+    ),
+    "reader-threads": (
+        "2026-11-25-reader-cpu.csv",
+        "2026-11-25-paper-scale-cpu.md",
+        [
+            ("task", "task"),
+            ("image_px", "image (px)"),
+            ("batch", "batch"),
+            ("samples_per_s_per_thread_warm", "samples/s per thread"),
+            ("threads_for_h100_bound_training", "threads at H100 peak: train"),
+            ("threads_for_h100_bound_evaluation", "eval"),
+        ],
+    ),
+    "checkpoint-sizes": (
+        "2026-11-25-checkpoint-sizes.csv",
+        "2026-11-25-checkpoint-writer.md",
+        [
+            ("task", "task"),
+            ("model", "model"),
+            ("clients", "clients"),
+            ("optimizer", "optimizer"),
+            ("model_mb", "model MB"),
+            ("checkpoint_mb", "checkpoint MB (each round)"),
+            ("selection_file_mb", "selected models MB"),
+        ],
+    ),
+    "memory": (
+        "2026-11-25-memory-cpu.csv",
+        "2026-11-25-paper-scale-cpu.md",
+        [("quantity", "quantity"), ("value", "value"), ("unit", "unit"), ("how", "measured with")],
+    ),
+}
+
+BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """The pages that may hold generated blocks: README.md and every page under docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def render(name: str, page: Path, results: Path = RESULTS) -> str:
+    """The Markdown of block ``name`` as it must appear on ``page`` (links relative to the page)."""
+    if name not in BLOCKS:
+        raise KeyError(f"{page}: unknown generated block {name!r}; known: {', '.join(sorted(BLOCKS))}")
+    csv_name, record, columns = BLOCKS[name]
+    with open(results / csv_name, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    for column, _ in columns:
+        if rows and column not in rows[0]:
+            raise KeyError(f"{results / csv_name}: no column {column!r} (block {name!r})")
+    lines = ["| " + " | ".join(header for _, header in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row[column] for column, _ in columns) + " |" for row in rows]
+    rel = Path(os.path.relpath(results, page.parent)).as_posix()
+    lines += ["", f"Source: [{csv_name}]({rel}/{csv_name}), measured as recorded in [{record}]({rel}/{record})."]
+    return "\n".join(lines) + "\n"
+
+
+def update(text: str, page: Path, results: Path = RESULTS) -> str:
+    """``text`` with every generated block rewritten from its result file."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("name"), page, results) + m.group(4), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a block is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for page in pages():
+        if not page.exists():
+            continue
+        text = page.read_text(encoding="utf-8")
+        new = update(text, page)
+        if new != text:
+            if args.check:
+                names = [m.group("name") for m in BLOCK.finditer(text) if m.group("body") != render(m.group("name"), page)]
+                stale.append(f"{page.relative_to(ROOT)} (blocks: {', '.join(names)})")
+            else:
+                page.write_text(new, encoding="utf-8")
+                print(f"docs_numbers: wrote {page.relative_to(ROOT)}")
+    if stale:
+        print("docs_numbers: stale generated numbers in " + "; ".join(stale) + ": run `make docs`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
