@@ -2,7 +2,17 @@
 
     python benchmarks/bench_federation.py                       # FedAvg, PRR-FL, Fed-LWR; tiny store
     python benchmarks/bench_federation.py --methods fedavg ditto --rounds 2 --repeats 3
-    python benchmarks/bench_federation.py --methods fedavg --warm --rounds 2 --repeats 3 --flower-waits both --profile --ab
+    python benchmarks/bench_federation.py --methods fedavg --rounds 2 --repeats 3 --flower-waits both --profile --ab
+    python benchmarks/bench_federation.py --store paper-shaped --task prostate --scale 0.1 --sites 2 --methods fedavg \
+        --rounds 1 --repeats 2 --flower-waits both --ab --no-paper-models --markdown benchmarks/results/DATE-federation-rounds.md
+
+The app processes are warm (``local_federation``'s default: forked from one interpreter that has
+imported torch and the methods); ``--cold`` starts Flower's fresh process per message.
+
+``--store paper-shaped``: instead of the tiny store, the paper's store of ``--task`` made by
+``benchmarks/paper_shaped_stores.py`` (the real image size, channels and per-site counts times
+``--scale``; random pixels, so the run is marked synthetic) with the paper config's run of each
+method on its first ``--sites`` sites: a round with the paper's model and image size.
 
 The federation is the one ``tests/test_federation.py`` runs: one ``flower-superlink`` and one
 ``flower-supernode`` per site on 127.0.0.1 (``fedmedbench.federation.local``), ``flwr run`` of
@@ -43,8 +53,15 @@ Bytes per round (server -> sites and back), three figures against the floor:
   sends them (the deflated bytes of every object of the message's object tree);
 - **federation**: the real run's ``federation.json`` (each record's ``count_bytes``), differenced
   between R and 2R rounds.
-Prints Markdown; numbers go to docs/performance.md with the machine named. Refuses in one line
+Prints Markdown; numbers go to a dated file under benchmarks/results/ with the machine, commit and
+command (``--markdown FILE`` writes them there, the output under that header). Refuses in one line
 where the ``flower`` extra (flwr) is not installed.
+
+**Flower's floor.** With ``--flower-waits both`` the summary splits the federation's round: Flower
+1.42's fixed waits (its SuperNode sleeps 3 s after a pull that found no message and waits for its
+ClientApp's reply in 0.5 s steps, ``flwr/supernode/start_client_internal.py``; a round is ``steps``
+such exchanges per site, so up to ``steps`` x 3.5 s), measured as the stock round minus the round
+with those waits cut to ``--short-wait-ms``; and ours, that cut round, beside the engine's.
 """
 
 from __future__ import annotations
@@ -452,13 +469,117 @@ def time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app,
     return applied
 
 
+def store_label(args) -> str:
+    if args.store == "paper-shaped":
+        return f"paper-shaped {args.task} store, scale {args.scale:g}, {args.sites} sites"
+    return "tiny store, 3 sites"
+
+
+def paper_shaped_configs(tmp: Path, args) -> tuple[Path, Path, dict]:
+    """The paper-shaped store of ``args.task`` (benchmarks/paper_shaped_stores.py) and, per method, the
+    paper config's run on its first ``args.sites`` sites for R and 2R rounds: {method: {rounds: cfg}}."""
+    import subprocess
+
+    from fedmedbench import config as cfgmod
+
+    out = tmp / "paper-shaped"
+    made = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paper_shaped_stores.py"), "--out", str(out), "--tasks", args.task, "--scale", str(args.scale)],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        sys.exit(f"bench_federation.py: paper_shaped_stores.py failed: {made.stderr.strip()[-1000:]}")
+    print(made.stdout.strip().splitlines()[0] if made.stdout.strip() else "", flush=True)
+    config = cfgmod.load_config(ROOT / "config" / "config.yaml", out / "overlay.yaml")
+    configs = {}
+    for method in args.methods:
+        base = cfgmod.resolve_run(config, args.task, method, 0)
+        base["clients"] = base["clients"][: args.sites]
+        if base.get("client_labels"):
+            base["client_labels"] = base["client_labels"][: args.sites]
+        base["data"]["synthetic"] = True  # random pixels: the store is marked so, and a run on it must say it is not real data
+        configs[method] = {r: {**base, "rounds": r} for r in (args.rounds, 2 * args.rounds)}
+    cfg = next(iter(configs.values()))[args.rounds]
+    return Path(cfg["data"]["store"]), Path(cfg["data"]["split"]), configs
+
+
+def print_floor(results: dict, timed: list, args) -> None:
+    """Per round: the engine's; the federation's with Flower's stock waits; Flower's fixed waits in it
+    (stock minus the round with them cut, beside the bound the source gives: steps x (3 s + 0.5 s));
+    ours (the round with Flower's waits cut) and ours / the engine's."""
+    r = args.rounds
+    rows = [(m, results[m]) for m in timed if {"federation", "short_waits"} <= set(results[m].get("per_round", {}))]
+    if not rows:
+        return
+    print(f"\n### Flower's floor and ours ({store_label(args)}; s per round, medians)\n")
+    print("| method | engine | federation (Flower 1.42 stock) | steps per site | Flower's fixed waits: measured (stock - cut) | Flower's fixed waits: bound from its source (steps × 3.5 s) | ours: federation with Flower's waits cut | ours / engine |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for method, res in rows:
+        rounds, b = res["per_round"], res["bytes"]
+        sites = b[2 * r].get("sites") or 1
+        steps = (b[2 * r]["messages_sent"] - b[r]["messages_sent"]) / r / sites
+        res["floor"] = {"steps": steps, "flower_waits": rounds["federation"] - rounds["short_waits"], "bound": steps * 3.5, "ours": rounds["short_waits"]}
+        print(f"| {method} | {rounds['engine']:.2f} | {rounds['federation']:.2f} | {steps:g} | {rounds['federation'] - rounds['short_waits']:.2f} | {steps * 3.5:.1f} | "
+              f"{rounds['short_waits']:.2f} | {rounds['short_waits'] / rounds['engine']:.2f}× |")  # fmt: skip
+
+
+def markdown_header(argv: list[str]) -> str:
+    """What a benchmark record must say: the machine, the commit and the exact command."""
+    import platform
+    import shlex
+    import subprocess
+
+    def run(*command: str) -> str:
+        try:
+            return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    model = next((line.split(":", 1)[1].strip() for line in run("lscpu").splitlines() if line.startswith("Model name")), platform.processor() or "unknown")
+    commit = run("git", "rev-parse", "HEAD") or "unknown"
+    dirty = " with uncommitted changes" if run("git", "status", "--porcelain", "--untracked-files=no") else ""
+    return (f"# Federation rounds against the engine ({time.strftime('%Y-%m-%d')})\n\n"
+            f"- Machine: {model}, {os.cpu_count()} CPUs (lscpu), load average {os.getloadavg()[0]:.1f} at the start\n"
+            f"- Commit: {commit}{dirty}\n"
+            f"- Command: `{shlex.join(['python', *argv])}`\n\n")  # fmt: skip
+
+
+class Tee:
+    """stdout that also keeps what is printed (``--markdown``)."""
+
+    def __init__(self, stream):
+        self.stream, self.parts = stream, []
+
+    def write(self, text):
+        self.parts.append(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
 def main() -> None:
+    args = parse_args()
+    if not args.markdown:
+        return run(args)
+    header, tee = markdown_header(sys.argv), Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        run(args)
+    Path(args.markdown).write_text(header + "".join(tee.parts))
+    print(f"written: {args.markdown}")
+
+
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=["fedavg", "prrfl", "fedlwr"], help="bytes per round (in process: fast)")
     parser.add_argument("--timed", nargs="*", default=None, help="of these, the ones run through the real federation (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="R: each side runs R and 2R rounds")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--warm", action="store_true", help="local_federation(warm=True): the app processes forked from one warm interpreter (federation/warm.py)")
+    parser.add_argument("--warm", action="store_true", help="the default, kept for older commands: the app processes forked from one warm interpreter (federation/warm.py)")
+    parser.add_argument("--cold", action="store_true", help="Flower's own fresh app process for every message (local_federation(warm=False))")
+    parser.add_argument("--store", choices=("tiny", "paper-shaped"), default="tiny", help="the tests' tiny store (default) or a paper-shaped one (--task, --scale, --sites)")
+    parser.add_argument("--task", default="prostate", help="--store paper-shaped: the paper config's task (default: %(default)s)")
+    parser.add_argument("--scale", type=float, default=0.1, help="--store paper-shaped: fraction of the paper's per-site counts (default: %(default)s)")
+    parser.add_argument("--sites", type=int, default=2, help="--store paper-shaped: the task's first N sites (default: %(default)s)")
+    parser.add_argument("--markdown", help="also write the output here, under the machine (lscpu), the commit and the exact command")
     parser.add_argument("--ab", nargs="*", default=["fedavg"], help="methods also run with Flower's own reply polling (with Flower's stock waits; not with --flower-waits short)")
     parser.add_argument("--flower-waits", choices=("stock", "short", "both"), default="stock",
                         help="BENCHMARK ONLY: run the federation with Flower's stock waits, with its hard-coded waits cut to --short-wait-ms "
@@ -467,16 +588,23 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="BENCHMARK ONLY: time the steps of each message of every federated 2R-round run (benchmarks/flower_short_waits/fmb_flower_profile.py)")
     parser.add_argument("--no-paper-models", action="store_true", help="skip the codec overhead at the papers' model sizes")
     parser.add_argument("--json", help="also write the numbers here")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run(args) -> None:
     from fedmedbench.federation.local import local_federation
 
     load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} CPU(s), load average {load:.1f} at start; torch {torch.__version__}, flwr {flwr.__version__}; engine and sites 1 thread\n")
+    print(f"machine: {os.cpu_count()} CPU(s), load average {load:.1f} at start; torch {torch.__version__}, flwr {flwr.__version__}; engine and sites 1 thread; "
+          f"app processes {'cold (a fresh process per message)' if args.cold else 'warm'}; store: {store_label(args)}\n")
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        store, split = write_tiny_task(tmp / "data")
-        configs = {m: {r: tiny_run_config(store, split, m, rounds=r) for r in (args.rounds, 2 * args.rounds)} for m in args.methods}
+        if args.store == "paper-shaped":
+            store, split, configs = paper_shaped_configs(tmp, args)
+        else:
+            store, split = write_tiny_task(tmp / "data")
+            configs = {m: {r: tiny_run_config(store, split, m, rounds=r) for r in (args.rounds, 2 * args.rounds)} for m in args.methods}
         timed = [m for m in args.methods if args.timed is None or m in args.timed]
         for method, by_rounds in configs.items():
             for rounds, cfg in by_rounds.items():
@@ -492,20 +620,21 @@ def main() -> None:
         with short_waits_env(tmp, short_s, args.profile) if patched else contextlib.nullcontext((None, None)) as (switch, waits_log):
             set_short_waits(switch, args.flower_waits == "short")
             started = time.perf_counter()
-            with local_federation(sites, tmp / "federation", **({"warm": True} if args.warm else {})) if timed else contextlib.nullcontext() as federation:
+            with local_federation(sites, tmp / "federation", warm=not args.cold) if timed else contextlib.nullcontext() as federation:
                 if timed:
                     waits = f"{args.flower_waits}" + (f" (short: {args.short_wait_ms:g} ms, benchmark-only patch)" if args.flower_waits != "stock" else "") + ("; profiled" if args.profile else "")
                     print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes); Flower's waits: {waits}\n")
                     applied = time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app, switch, waits_log, len(sites))
         for method, by_rounds in configs.items():
-            results[method]["payload"] = payload_per_round(by_rounds[args.rounds], tmp / f"count-{method}")
+            # In process: R rounds more of the method's work; on a paper-shaped store federation.json's count says it.
+            results[method]["payload"] = payload_per_round(by_rounds[args.rounds], tmp / f"count-{method}") if args.store == "tiny" else None
             model = build_model(by_rounds[args.rounds]["model"]).state_dict()
             results[method]["model_bytes"] = state_bytes(model)
             results[method]["clients"] = len(by_rounds[args.rounds]["clients"])
 
     r = args.rounds
     print(f"\nmachine load average at the end: {os.getloadavg()[0]:.1f}\n")
-    print(f"### Time per round (tiny store, 3 sites; median of {args.repeats}; a round = (t({2 * r}) - t({r})) / {r})\n")
+    print(f"### Time per round ({store_label(args)}; median of {args.repeats}; a round = (t({2 * r}) - t({r})) / {r})\n")
     print("| method, side | engine s/round | federation s/round | federation / engine | engine start-up s | federation start-up s | outputs byte-identical to the engine's |")
     print("|---|---:|---:|---:|---:|---:|---|")
     labels = {"federation": "federation (Flower's stock waits)", "flower_poll": "federation, Flower's own reply polling (3 s; stock waits)",
@@ -527,6 +656,7 @@ def main() -> None:
             same = res.get(f"equal_to_engine_{variant}")
             print(f"| {method}, {label} | {median(eng):.2f} | {median(fed):.2f} | {median(fed) / median(eng):.1f}× | {eng_start:.1f} | {fed_start:.1f} | "
                   f"{('yes' if all(same) else 'NO') + f' ({len(same)} runs)' if same else ''} |")  # fmt: skip
+    print_floor(results, timed, args)
     if "_idle_cpu" in results:
         print("\nThe federation idle (no run), CPU seconds per second of all its processes: "
               + ", ".join(f"Flower's {k} waits {v:.2f}" for k, v in results["_idle_cpu"].items()) + f" (of {os.cpu_count()} CPUs)")  # fmt: skip
@@ -542,7 +672,7 @@ def main() -> None:
     for method, res in results.items():
         if method.startswith("_"):  # the run's own figures (_idle_cpu), not a method
             continue
-        pay = res["payload"]
+        pay = res["payload"] or {"down_raw": float("nan"), "up_raw": float("nan"), "down_enc": float("nan"), "up_enc": float("nan")}
         floor, encoded = pay["down_raw"] + pay["up_raw"], pay["down_enc"] + pay["up_enc"]
         b = res["bytes"]
         fed = ((b[2 * r]["bytes_sent"] + b[2 * r]["bytes_received"]) - (b[r]["bytes_sent"] + b[r]["bytes_received"])) / r if b else float("nan")

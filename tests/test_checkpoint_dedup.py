@@ -338,7 +338,7 @@ def resume_copy(cfg, killed: Path, out: Path, caplog) -> str:
 def assert_same_outputs(a: Path, b: Path) -> None:
     for name in OUTPUTS:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    assert sorted(p.name for p in b.iterdir()) == sorted(OUTPUTS)  # checkpoints and the history log removed
+    assert sorted(p.name for p in b.iterdir()) == sorted([*OUTPUTS, "run_config.json"])  # checkpoints and the history log removed
 
 
 def test_a_fedavg_checkpoint_holds_each_distinct_tensor_once_and_the_history_outside(straight_and_killed, tmp_path, caplog):

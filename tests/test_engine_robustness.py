@@ -118,7 +118,7 @@ def test_a_kill_during_the_checkpoint_write_leaves_no_temporary_after_the_rerun(
         assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert list(out.glob(".*.tmp")), "the kill should have left a temporary"
     assert train_cli(cfg, out).returncode == 0
-    assert sorted(p.name for p in out.iterdir()) == ["final.json", "history.csv", "model_best.pt", "predictions.npz"]
+    assert sorted(p.name for p in out.iterdir()) == ["final.json", "history.csv", "model_best.pt", "predictions.npz", "run_config.json"]
     assert (out / "final.json").read_bytes() == (tmp_path / "straight" / "final.json").read_bytes()
 
 

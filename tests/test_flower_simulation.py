@@ -115,6 +115,7 @@ def test_without_ray_the_route_says_what_to_install(tmp_path, tiny_task, monkeyp
 
 
 @pytest.mark.slow
+@pytest.mark.federation
 def test_a_simulated_run_equals_the_engine_byte_for_byte(tmp_path, tiny_task):
     from fedmedbench.federation.simulation import run_simulated
     from fedmedbench.fl.engine import run_training
@@ -129,7 +130,7 @@ def test_a_simulated_run_equals_the_engine_byte_for_byte(tmp_path, tiny_task):
         assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
     assert final == json.loads((tmp_path / "engine" / "final.json").read_text())
     # The sites' state between messages lived in the run folder's .flower-sites, removed at the end.
-    assert sorted(p.name for p in (tmp_path / "flower").iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz"]
+    assert sorted(p.name for p in (tmp_path / "flower").iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz", "run_config.json"]
     assert json.loads((tmp_path / "flower" / "federation.json").read_text())["sites"] == 2
 
 
@@ -153,6 +154,7 @@ def run_simulated_in_a_process(cfg, out, kill_at=None):
 
 
 @pytest.mark.slow
+@pytest.mark.federation
 def test_a_killed_simulation_resumes_and_ends_as_the_engine_byte_for_byte(tmp_path, tiny_task):
     """SIGKILL in round 3 after the sites trained (their state past round 2's checkpoint), then a
     rerun on the same folder: it resumes after round 2, the sites going back to their snapshots of
@@ -177,7 +179,7 @@ def test_a_killed_simulation_resumes_and_ends_as_the_engine_byte_for_byte(tmp_pa
     for name in ("final.json", "history.csv", "model_best.pt", "predictions.npz"):
         assert filecmp.cmp(tmp_path / "engine" / name, out / name, shallow=False), name
     # Finished: the checkpoint and the sites' state are gone with it.
-    assert sorted(p.name for p in out.iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz"]
+    assert sorted(p.name for p in out.iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz", "run_config.json"]
 
 
 def fake_simulation(monkeypatch, write_final=False):
@@ -283,6 +285,7 @@ OVERLAY = {
 
 
 @pytest.mark.slow
+@pytest.mark.federation
 def test_a_snakemake_table_holds_an_engine_row_and_a_flower_row_with_equal_digits(tmp_path):
     (tmp_path / "config").mkdir()
     shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")  # the Snakefile's default configfile

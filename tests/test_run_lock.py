@@ -99,4 +99,4 @@ def test_train_by_hand_on_a_folder_a_running_job_owns_stops_in_one_line_until_th
     resumed = train_cli(cfg, out)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stderr and json.loads((out / "final.json").read_text())["selection"]["rounds"] == 2
-    assert sorted(p.name for p in out.iterdir()) == ["final.json", "history.csv", "model_best.pt", "predictions.npz"]
+    assert sorted(p.name for p in out.iterdir()) == ["final.json", "history.csv", "model_best.pt", "predictions.npz", "run_config.json"]

@@ -1,7 +1,6 @@
 """A real federation on this machine: one ``flower-superlink`` and one ``flower-supernode`` per site,
-on free ports of 127.0.0.1, then ``flwr run`` of the app in ``flower-app/``. Every process it starts
-is ended (its whole process group) however the block ends. Used by the tests and for trying a run
-locally.
+on free ports of 127.0.0.1, then ``flwr run`` of the app in ``flower-app/``. Used by the tests, the
+benchmarks and the quick start (``python -m fedmedbench federation local``).
 
 Two modes:
 - insecure (the default, ``tls=False``): plain HTTP between the processes. LOCAL TESTING ONLY: every
@@ -13,6 +12,13 @@ Two modes:
   ECDSA P-384 key pair (``<workdir>/keys``), its public key is registered with ``flwr supernode
   register`` before its SuperNode starts with ``--auth-supernode-private-key``; an unregistered key
   is refused by the SuperLink.
+
+Every process of a federation ends with it, however the block or the command ends (a normal end, an
+exception, Ctrl-C, SIGTERM, ``timeout``, the parent SIGKILLed): ``federation.processes``.
+
+``python -m fedmedbench federation local`` (``add_subcommand``): the one-machine quick start: the
+task's data prepared by the pipeline's own Snakemake rules (or reused), the run config written,
+one SuperLink and one SuperNode per site started, the run, and where its results are.
 """
 
 from __future__ import annotations
@@ -29,11 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedmedbench.errors import ConfigError, FedmedbenchError
+from fedmedbench.federation.processes import process_guard, spawn
 
 APP_DIR = Path(__file__).resolve().parents[3] / "flower-app"
 CONNECTION = "fedmedbench-local"
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -83,6 +88,27 @@ class LocalFederation:
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
         return self.flwr("run", str(app_dir), CONNECTION, "--run-config", overrides, "--stream", timeout=timeout)
 
+    def stream(self, run_config: dict, log: Path, echo=None, app_dir: Path = APP_DIR) -> int:
+        """``flwr run --stream`` of the app, its output (the ServerApp's log) written to ``log`` and,
+        line by line as it comes, to ``echo`` (a text stream); returns the CLI's exit status."""
+        overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
+        command = [str(Path(sys.executable).with_name("flwr")), "run", str(app_dir), CONNECTION, "--run-config", overrides, "--stream"]
+        with log.open("w") as sink:
+            process = spawn(command, env=self.env, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                for line in process.stdout:
+                    sink.write(line)
+                    if echo is not None:
+                        echo.write(line)
+                        echo.flush()
+                return process.wait()
+            except BaseException:  # a signal's exception: the CLI goes first (the guard ends the rest)
+                process.kill()
+                process.wait()
+                raise
+            finally:
+                process.stdout.close()
+
     def register(self, keys: dict[str, Path]) -> None:
         """``flwr supernode register`` of each site's public key ({site: public key file}): with
         ``--enable-supernode-auth`` only registered keys may connect (Flower 1.42 keeps them in the
@@ -126,10 +152,10 @@ class LocalFederation:
                 private_key = self.node_keys[name].private
             if private_key is not None:
                 security += ["--auth-supernode-private-key", str(private_key)]
-        node = subprocess.Popen(
+        node = spawn(
             [str(bin_dir / "flower-supernode"), *security, "--superlink", self.address, "--port", str(node_port),
              "--node-config", " ".join(f"{k}={toml_value(v)}" for k, v in settings.items())],
-            env=self.env, cwd=folder, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.env, cwd=folder, log=log,
         )  # fmt: skip
         self.processes.append(node)
         node.runtime_port, node.log, node.site = node_port, log, name  # for waiting on it later (local_federation)
@@ -177,13 +203,15 @@ def _connection_toml(port: int, tls) -> str:
 
 
 @contextlib.contextmanager
-def local_federation(sites: dict[str, dict], workdir: Path, *, tls: bool = False, supernode_auth: bool = False, warm: bool = False):
+def local_federation(sites: dict[str, dict], workdir: Path, *, tls: bool = False, supernode_auth: bool = False, warm: bool = True):
     """``sites``: {client name: node config (store, split, ...)}; ``client`` and ``state-dir`` are
     added. Yields a ``LocalFederation`` once the SuperLink listens and every SuperNode has started.
     ``tls``/``supernode_auth``: see the module docstring; the default (both False) is insecure and
-    for local testing only. ``warm``: the ClientApp and ServerApp processes are forked from one
-    interpreter that has imported torch and the methods (``federation.warm``), not started afresh
-    for every message: the same Flower entry points, seconds less per message (tests)."""
+    for local testing only. ``warm`` (default): the ClientApp and ServerApp processes are forked from
+    one interpreter that has imported torch and the methods (``federation.warm``), not started
+    afresh for every message: the same Flower entry points and the same outputs byte for byte,
+    seconds less per message; ``warm=False``: Flower's own fresh process per message.
+    Every process it starts (and every process those start) has ended when the block has ended."""
     if supernode_auth and not tls:
         # Flower refuses it too (flower-superlink exits), but later and less clearly.
         raise ConfigError("local_federation: supernode_auth=True needs tls=True (Flower authenticates SuperNodes only over TLS)")
@@ -195,6 +223,14 @@ def local_federation(sites: dict[str, dict], workdir: Path, *, tls: bool = False
     # flwr/supercore/superexec/run_superexec.py); a tenth of a second takes ~0.45 s off each step of
     # a round (benchmarks/bench_federation.py). A deployment sets the same variable on its SuperNodes.
     env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # a local trial reports nothing to Flower's servers
+    with process_guard(env):
+        yield from _federation(sites, workdir, env, tls, supernode_auth, warm)
+
+
+def _federation(sites: dict[str, dict], workdir: Path, env: dict, tls: bool, supernode_auth: bool, warm: bool):
+    """``local_federation``'s body, inside its process guard (``env`` carries the marker)."""
+    bin_dir = Path(sys.executable).parent
     port = free_port()
     tls_files = None
     if tls:
@@ -218,9 +254,9 @@ def local_federation(sites: dict[str, dict], workdir: Path, *, tls: bool = False
             security = ["--ssl-ca-certfile", str(tls_files.ca_cert), "--ssl-certfile", str(tls_files.server_cert), "--ssl-keyfile", str(tls_files.server_key)]
             if supernode_auth:
                 security.append("--enable-supernode-auth")
-        superlink = subprocess.Popen(
+        superlink = spawn(
             [str(bin_dir / "flower-superlink"), *security, "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"],
-            env=env, cwd=workdir, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+            env=env, cwd=workdir, log=log,
         )  # fmt: skip
         federation.processes.append(superlink)
         wait_for_port(port, superlink, log)
@@ -236,3 +272,158 @@ def local_federation(sites: dict[str, dict], workdir: Path, *, tls: bool = False
         yield federation
     finally:
         _stop_all(list(reversed(federation.processes)))
+
+
+# --- `python -m fedmedbench federation local`: the one-machine quick start ---------------------------
+REPO = APP_DIR.parent
+OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz", "federation.json", "run_config.json")
+
+
+class Stopped(BaseException):
+    """The command was asked to stop (SIGINT, SIGTERM, SIGHUP). A BaseException, as KeyboardInterrupt:
+    no ``except Exception`` on the way may swallow it before the processes are ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """SIGINT, SIGTERM and SIGHUP raise ``Stopped`` (once: a second signal while the processes are being
+    ended is ignored, so the ending runs to its end); the handlers are restored afterwards."""
+    stopping: list[int] = []
+
+    def handler(signum, frame):
+        if not stopping:
+            stopping.append(signum)
+            raise Stopped(signum)
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def add_subcommand(subparsers) -> None:
+    """``fedmedbench federation local`` (registered by ``cli.build_parser``)."""
+    text = "run a method on Flower's deployment runtime"
+    federation = subparsers.add_parser("federation", help=text, description=text + " (docs/federation.md)")
+    actions = federation.add_subparsers(dest="federation_command", required=True, metavar="ACTION", title="actions")
+    text = (
+        "a federation on this machine: prepare (or reuse) the task's data with the pipeline's rules, write the run config, "
+        "start a SuperLink and one SuperNode per site on 127.0.0.1, run, and print where the results are (Ctrl-C stops it all)"
+    )
+    p = actions.add_parser("local", help=text, description=text)
+    # dest "config": the CLI checks each file exists before the command runs, as for its other commands.
+    p.add_argument("--configfile", "--config", dest="config", nargs="+", default=[str(Path("config") / "config.yaml")], metavar="FILE",
+                   help="config/config.yaml [overlay.yaml ...], as for snakemake --configfile (default: %(default)s)")  # fmt: skip
+    p.add_argument("--task", required=True, help="the task, a key of the config's tasks, e.g. prostate")
+    p.add_argument("--run", required=True, help="method or method-variant, e.g. fedavg or fedprox-mu0.1")
+    p.add_argument("--seed", type=int, default=0, help="the seed (default: %(default)s)")
+    p.add_argument("--sites", type=int, default=None, metavar="N", help="train on the task's first N sites (default: all of them)")
+    p.add_argument("--rounds", type=int, default=None, metavar="N", help="rounds instead of the task's (a quick try: 2 or 3)")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="results folder, as the config's results_dir (default: the config's, else results): the data goes to "
+                        "DIR/<run_name>/data/ as the pipeline's, the run to DIR/<run_name>/federation/<task>/<run>/seed<k>/")  # fmt: skip
+    p.add_argument("--cold", action="store_true", help="start a fresh Python process for every message, as Flower does by default (seconds slower per message)")
+    p.set_defaults(func=run_local)
+
+
+def run_local(args) -> None:
+    """The ``federation local`` command; on a signal, every process it started has ended before it
+    exits with 128 + the signal's number."""
+    try:
+        with stopped_by_signals():
+            _run_local(args)
+    except Stopped as stop:
+        print(f"federation local: stopped by {stop}; every process it started has ended (the same command continues from the run's last checkpoint)", file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
+
+
+def _run_local(args) -> None:
+    import importlib.util
+
+    from fedmedbench import config as cfgmod
+    from fedmedbench.fl.runfolder import write_run_config
+    from fedmedbench.registry import merge_params
+    from fedmedbench.runconfig import RunConfig
+
+    if importlib.util.find_spec("flwr") is None:
+        raise ConfigError("federation local: Flower is not installed; install the flower extra: pip install -e '.[flower]'")
+    if not (REPO / "workflow" / "Snakefile").is_file() or not cfgmod.DEFAULT_CONFIG.is_file():
+        raise ConfigError(f"federation local: run it from the fedmedbench checkout ({REPO}): it prepares the data with the pipeline's workflow and config/config.yaml")
+    for name in ("sites", "rounds"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name}: expected a whole number >= 1, got {getattr(args, name)}")
+    config = cfgmod.load_config(*args.config)
+    if args.results is not None:
+        config["results_dir"] = args.results
+        cfgmod.check_results_dir(config, "--results")
+    resolved = cfgmod.resolve_run(config, args.task, args.run, args.seed)
+    clients = resolved["clients"]
+    sites = args.sites or len(clients)
+    if sites > len(clients):
+        raise ConfigError(f"--sites {sites}: task {args.task} has {len(clients)} sites ({', '.join(clients)}); give 1 to {len(clients)}")
+    resolved["clients"] = clients[:sites]
+    if resolved.get("client_labels"):
+        resolved["client_labels"] = resolved["client_labels"][:sites]
+    if args.rounds is not None:
+        resolved["rounds"] = args.rounds
+    run = RunConfig.from_dict(resolved, where=f"tasks.{args.task} (run {args.run})")
+    # The form a run folder's run_config.json has (runfolder.write_run_config): the method's defaults filled in.
+    run = run.replace(method_params=merge_params(run.method, run.method_params, f"run {args.run}: method_params", run.method_module))
+    root = cfgmod.results_root(config)
+    out = root / "federation" / args.task / args.run / f"seed{args.seed}"
+    workdir = out.with_name(out.name + "-flower")  # Flower's side: logs, the sites' state, the CLI's connection
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    store, split = Path(run.data.store), Path(run.data.split)
+    print(f"data: {split.parent} (the pipeline's rules prepare it, or find it up to date)", flush=True)
+    prepare_data(args.config, config.get("results_dir", "results"), [split], workdir / "snakemake.log")
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_config(run, out)
+    members = [*run.clients, *run.ood_clients]  # a test-only cohort is a SuperNode of its own
+    node_configs = {name: {"store": str(store.resolve()), "split": str(split.resolve())} for name in members}
+    mode = "cold: a fresh process per message" if args.cold else "warm app processes"
+    print(f"starting a SuperLink and {len(members)} SuperNodes ({', '.join(members)}) on 127.0.0.1, insecure, this machine only ({mode})", flush=True)
+    with local_federation(node_configs, workdir, warm=not args.cold) as federation:
+        print(f"SuperLink on {federation.address}: {args.task}/{args.run}/seed{args.seed}, {run.rounds} round(s)", flush=True)
+        federation.stream({"run-config": str((out / "run_config.json").resolve()), "out": str(out.resolve())}, workdir / "flwr-run.log", echo=sys.stdout)
+    final_path = out / "final.json"
+    if not final_path.is_file():
+        raise FedmedbenchError(f"federation local: the run ended without {final_path}: {last_error(workdir / 'flwr-run.log')}; logs: {workdir}")
+    final = json.loads(final_path.read_text())
+    metric = final["primary_metric"]
+    mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
+    print(f"{args.task}/{args.run}/seed{args.seed}: mean test {metric} {mean:.4f} over {len(final['test'])} sites (selected on val: {final['selection']['best_round']})")
+    print(f"results: {out}/ ({', '.join(name for name in OUTPUTS if (out / name).is_file())})")
+    print(f"logs and the sites' state: {workdir}/ (superlink.log, supernode-<site>.log, flwr-run.log, site-<site>/)")
+
+
+def prepare_data(configfiles: list[str], results_dir: str, targets: list[Path], log: Path) -> None:
+    """The task's store and split made by the pipeline's own rules (synthesize or download, extract,
+    preprocess, split), or found up to date: Snakemake on ``targets`` with the same config files.
+    Its processes are marked like a federation's, so a signal or a kill ends them too."""
+    snakemake = Path(sys.executable).with_name("snakemake")
+    command = [str(snakemake) if snakemake.is_file() else "snakemake", "--snakefile", str(REPO / "workflow" / "Snakefile"), "--configfile", *configfiles,
+               "--config", f"results_dir={results_dir}", "--cores", "2", "--rerun-incomplete", *map(str, targets)]  # fmt: skip
+    env = dict(os.environ)
+    with process_guard(env):
+        try:
+            process = spawn(command, env=env, cwd=Path.cwd(), log=log)
+        except FileNotFoundError:
+            raise ConfigError("federation local: snakemake is not installed (pip install -e '.[dev]'); it prepares the task's data") from None
+        code = process.wait()
+    if code != 0:
+        raise FedmedbenchError(f"federation local: preparing the data failed (Snakemake exited with {code}): {last_error(log)}; its log: {log}")
+
+
+def last_error(log: Path) -> str:
+    """The line of ``log`` that says what went wrong: the last naming an error, else its last line."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    return (errors or lines or ["(no output)"])[-1][:500]

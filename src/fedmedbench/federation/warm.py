@@ -63,12 +63,16 @@ def start(workdir: Path, env: dict) -> tuple[subprocess.Popen, Path]:
     folder to put first on their ``PATH``). The caller ends the process (its group)."""
     import tempfile
 
+    from fedmedbench.federation.processes import spawn
+
     socket_path = workdir / "warm.sock"
     if len(str(socket_path)) > 100:  # a Unix socket path holds at most 107 bytes
         socket_path = Path(tempfile.mkdtemp(prefix="fmb-warm-")) / "s"
+    # A socket left by a federation that was killed in this folder would read as "ready" below, and
+    # the launchers would knock on a closed door.
+    socket_path.unlink(missing_ok=True)
     log = workdir / "warm.log"
-    process = subprocess.Popen([sys.executable, "-m", "fedmedbench.federation.warm", str(socket_path)], env=env, cwd=workdir,
-                               stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    process = spawn([sys.executable, "-m", "fedmedbench.federation.warm", str(socket_path)], env=env, cwd=workdir, log=log)
     deadline = time.monotonic() + 600  # the imports take seconds; minutes on a crowded machine
     while not socket_path.exists():
         if process.poll() is not None or time.monotonic() > deadline:

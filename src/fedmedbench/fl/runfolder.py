@@ -1,7 +1,8 @@
 """The run folder's files: the checkpoint (``checkpoint.pt`` and its ``.prev``), the selected models
 (``selection-v<version>.pt``) and the history log beside it, written each checkpointed round and
 read back on resume; then the finished run's outputs (``history.csv``, ``final.json``,
-``model_best.pt``, ``predictions.npz``), which replace them.
+``model_best.pt``, ``predictions.npz``, and ``run_config.json``: the resolved run config, for a
+federated rerun with ``flwr run``), which replace them.
 
 Below both the engine (``fl/engine.py``) and the server side of the round protocol
 (``fl/transport.serve``): a run folder is the same whichever of them trained it.
@@ -158,7 +159,17 @@ def save_npz_atomic(arrays: dict[str, np.ndarray], path: Path) -> None:
         np.savez_compressed(handle, **arrays)
 
 
+def write_run_config(cfg: RunConfig, out_dir: Path) -> Path:
+    """``run_config.json``: the run's resolved config (final.json's ``config``), as a file that
+    ``flwr run ... --run-config 'run-config="<it>" ...'`` takes (docs/federation.md)."""
+    path = out_dir / "run_config.json"
+    with writing(path, None):
+        atomic_write_text(path, json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    return path
+
+
 def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, test: dict[str, dict], history: list[dict], checkpoint_path: Path, ood: dict | None = None, flags: dict | None = None, class_counts: dict | None = None) -> dict:
+    write_run_config(cfg, out_dir)  # before final.json, which marks the folder complete
     best_models = {}
     for entry in selection.best.values():
         best_models.update(entry["models"])
