@@ -294,11 +294,11 @@ def test_convergence_writes_png_and_pdf(tmp_path):
     hists = {"fedavg": [make_history(0.0), make_history(0.02)], "harmofl": [make_history(0.05)]}
     paths = convergence(hists, "dice_paper", tmp_path / "figs" / "conv", "Prostate",
                         labels={"fedavg": "FedAvg", "harmofl": "HarmoFL"})
-    png, pdf = tmp_path / "figs" / "conv.png", tmp_path / "figs" / "conv.pdf"
-    assert paths == [png, pdf]
+    png, pdf, csv = (tmp_path / "figs" / f"conv.{ext}" for ext in ("png", "pdf", "csv"))
+    assert paths == [png, pdf, csv]
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert pdf.stat().st_size > 1000 and pdf.read_bytes()[:5] == b"%PDF-"
-    assert sorted(p.name for p in png.parent.iterdir()) == ["conv.pdf", "conv.png"]
+    assert sorted(p.name for p in png.parent.iterdir()) == ["conv.csv", "conv.pdf", "conv.png"]  # and no temporary file
     with pytest.raises(ValueError, match="run 'fedavg'.*metric='auc'"):
         convergence(hists, "auc", tmp_path / "x", "t")
 

@@ -1,6 +1,6 @@
 # Paper-layout tables, figures, and the reproduced-vs-published report.
 # light: no torch
-from fedmedbench.report.metric_names import metric_label
+from fedmedbench.report.metric_names import SWEEP_ERRORS, metric_label
 
 
 rule table:
@@ -22,6 +22,7 @@ rule table:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/tables/{{experiment}}",
         # the metric in words, for the caption in `snakemake --report` (../report/table.rst)
         metric=lambda w: metric_label(config["experiments"][w.experiment]["metric"]),
@@ -41,6 +42,11 @@ rule convergence_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}_convergence.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}_convergence.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -49,6 +55,7 @@ rule convergence_figure:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}_convergence",
     shell:
         "python -m fedmedbench figure --experiment {params.experiment:q} --out-prefix {params.prefix:q} "
@@ -84,6 +91,11 @@ rule sweep_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -92,7 +104,10 @@ rule sweep_figure:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}",
+        # the error bars in words, for the caption (../report/sweep.rst)
+        error=lambda w: SWEEP_ERRORS[fmb.experiment(config, w.experiment).error],
     shell:
         "python -m fedmedbench sweep-figure --experiment {params.experiment:q} "
         "--out-prefix {params.prefix:q} {input:q} &> {log:q}"
@@ -108,6 +123,11 @@ rule qualitative_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -116,6 +136,7 @@ rule qualitative_figure:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench qualitative-figure --experiment {params.experiment:q} "
@@ -133,6 +154,11 @@ rule ampnorm_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -141,6 +167,7 @@ rule ampnorm_figure:
         "../envs/torch.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench ampnorm-figure --experiment {params.experiment:q} "
@@ -157,6 +184,11 @@ rule layer_cka_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -165,6 +197,7 @@ rule layer_cka_figure:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench layer-cka-figure --experiment {params.experiment:q} "
@@ -182,6 +215,11 @@ rule fairness_curves_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -190,6 +228,7 @@ rule fairness_curves_figure:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench fairness-curves --experiment {params.experiment:q} "
@@ -206,6 +245,11 @@ rule fairness_bars_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -214,6 +258,7 @@ rule fairness_bars_figure:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench fairness-bars --experiment {params.experiment:q} "
@@ -237,6 +282,11 @@ rule ood_table:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        figure_csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/table_{{experiment}}.log",
     wildcard_constraints:
@@ -245,6 +295,7 @@ rule ood_table:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/tables/{{experiment}}",
         figure_prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
@@ -262,6 +313,11 @@ rule retrogress_figure:
             category="Figures",
         ),
         pdf=f"{ROOT}/figures/{{experiment}}.pdf",
+        csv=report(
+            f"{ROOT}/figures/{{experiment}}.csv",
+            caption="../report/figure_data.rst",
+            category="Figure source data",
+        ),
     log:
         f"{ROOT}/logs/report/figure_{{experiment}}.log",
     wildcard_constraints:
@@ -270,6 +326,7 @@ rule retrogress_figure:
         "../envs/report.yaml"
     params:
         experiment=experiment_json,
+        synthetic=experiment_synthetic,  # the caption says so (../report/*.rst)
         prefix=f"{ROOT}/figures/{{experiment}}",
     shell:
         "python -m fedmedbench retrogress-figure --experiment {params.experiment:q} "

@@ -302,6 +302,9 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
     if section.get("figure"):
         link = _figure_link(section["figure"], out_md)
         lines += [f"![{_md(section['title'])}]({link})", ""]
+        # Its numbers, one row per plotted point, bar or band (written beside every figure).
+        data = Path(section["figure"]).with_suffix(".csv")
+        lines += [f"Source data of the figure: [{_md(data.name)}]({_figure_link(data, out_md)}) (one row per plotted point, bar or band).", ""]
     return lines
 
 

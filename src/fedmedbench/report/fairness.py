@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .figures import HATCHES, PALETTE, contrast_colour, draw_error_bars, find_ties, mark_every, method_style, place_legend, plt, save_figure, series_styles, set_title
-from .metric_names import metric_label
+from .figures import PALETTE, SourceData, bar_style, clip_band, contrast_colour, draw_error_bars, error_shown, find_ties, finish, mark_every, method_style, place_legend, plt, save_figure, series_styles, set_title, style_key
+from .flags import MARKS, Flags
+from .metric_names import metric_label, score_range
 from .tables import AVG, STD, site_std_per_seed
 
 CKA_PREFIX = "cka:"
@@ -38,15 +39,33 @@ def layer_cka_table(history: pd.DataFrame) -> pd.DataFrame:
     return rows[["round", "client", "layer_index", "layer", "cka"]].reset_index(drop=True)
 
 
-def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds: list[int] | None = None, labels: dict | None = None) -> list[Path]:
+def layer_groups(names: list[str]) -> list[tuple[str, int, int]]:
+    """(block, first index, last index) of each run of consecutive layers of one block (the name
+    without its last part: ``encoders.0.3`` -> ``encoders.0``): the x axis names ~15 blocks, not
+    41 layers in 5-point type."""
+    groups: list[tuple[str, int, int]] = []
+    for i, name in enumerate(names):
+        block = name.rsplit(".", 1)[0] if "." in name else name
+        if groups and groups[-1][0] == block:
+            groups[-1] = (block, groups[-1][1], i)
+        else:
+            groups.append((block, i, i))
+    return groups
+
+
+CKA_RANGE = (0.0, 1.0)  # linear CKA of the paper's (biased) estimator lies in [0, 1]
+
+
+def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds: list[int] | None = None, labels: dict | None = None, synthetic: bool = False) -> list[Path]:
     """Fig. 1(b): per layer, the CKA between **pairs of local models** (the paper's quantity), one
     panel per shown round (default: the first and last rounds that have it).
 
     Read from Fed-LWR's ``pair_cka:<peer>:<layer>`` rows (split ``server``, on client k's row: CKA of
     w_k and w_peer on client k's data). A pair's value is the mean of its two clients' measurements;
-    the line is the mean over pairs, the band their range. The mean CKA of the local models to the
-    FedAvg anchor (``cka:<layer>``, what Fed-LWR weights by) is drawn dashed for reference. A history
-    without pair rows (a run from before they were logged) shows each client's CKA to the anchor.
+    the line is the mean over pairs, the band their range (min-max, clipped to [0, 1]). The mean CKA
+    of the local models to the FedAvg anchor (``cka:<layer>``, what Fed-LWR weights by) is drawn
+    dashed for reference. A history without pair rows (a run from before they were logged) shows
+    each client's CKA to the anchor. The x axis names each block of layers (one tick per layer).
     """
     server = history[history["split"] == "server"]
     pairs = server[server["metric"].astype(str).str.startswith("pair_cka:")].copy()
@@ -63,35 +82,57 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
     rounds = list(dict.fromkeys(rounds))
     labels = labels or {}
     fig, axes = plt.subplots(1, len(rounds), figsize=(6.5 * len(rounds), 3.6), squeeze=False, sharey=True, layout="constrained")
+    source = SourceData(CKA_RANGE)
+    clipped_any = False
     if not pairs.empty:
         peer_layer = pairs["metric"].str[len("pair_cka:") :].str.rpartition(":")
         pairs["peer"], pairs["layer"] = peer_layer[0], peer_layer[2]
         pairs["value"] = pd.to_numeric(pairs["value"], errors="coerce")
         pairs["pair"] = [" | ".join(sorted((str(a), str(b)))) for a, b in zip(pairs["client"], pairs["peer"])]
         pairs["layer_index"] = pairs["layer"].map({name: i for i, name in enumerate(layer_names)})
+    groups = layer_groups(layer_names)
     for ax, rnd in zip(axes[0], rounds):
+        panel = f"round {rnd}"
         if pairs.empty:
             for i, (client, rows) in enumerate(table[table["round"] == rnd].groupby("client", sort=False)):
                 rows = rows.sort_values("layer_index")
-                ax.plot(rows["layer_index"], rows["cka"], ms=3, lw=1.2, label=labels.get(client, client), **method_style(i))
+                style = method_style(i)
+                ax.plot(rows["layer_index"], rows["cka"], ms=3, lw=1.2, label=labels.get(client, client), **style)
+                for li, v in zip(rows["layer_index"], rows["cka"]):
+                    source.add(labels.get(client, client), layer_names[int(li)], v, n=1, n_of="client", style=style_key(style), panel=panel)
         else:
             per_pair = pairs[pairs["round"] == rnd].groupby(["pair", "layer_index"])["value"].mean()
             stats = per_pair.groupby("layer_index").agg(["mean", "min", "max"]).sort_index()
             count = per_pair.index.get_level_values("pair").nunique()
-            ax.fill_between(stats.index, stats["min"], stats["max"], color=PALETTE[0], alpha=0.2, lw=0, label=f"range over {count} pairs")
-            ax.plot(stats.index, stats["mean"], color=PALETTE[0], marker="o", ms=3, lw=1.4, label="mean over pairs of local models")
+            low, high = np.clip(stats["min"], *CKA_RANGE), np.clip(stats["max"], *CKA_RANGE)
+            clipped_any |= bool((low != stats["min"]).any() or (high != stats["max"]).any())
+            ax.fill_between(stats.index, low, high, color=PALETTE[0], alpha=0.2, lw=0, label=f"range over {count} pairs")
+            mean_style = {"color": PALETTE[0], "marker": "o", "linestyle": "-"}
+            ax.plot(stats.index, stats["mean"], ms=3, lw=1.4, label="mean over pairs of local models", **mean_style)
+            counts = per_pair.groupby("layer_index").size()
+            for li in stats.index:
+                source.add("mean over pairs of local models", layer_names[int(li)], stats.loc[li, "mean"], low=low[li], high=high[li], error=f"range (min-max) over {count} pairs",
+                           n=int(counts[li]), n_of="pairs", style=style_key(mean_style), panel=panel)  # fmt: skip
             anchor = table[table["round"] == rnd].groupby("layer_index")["cka"].mean().sort_index()
             if not anchor.empty:
-                ax.plot(anchor.index, anchor.values, color="0.3", marker="s", ms=2.5, ls="--", lw=1.0, label="mean CKA(local, FedAvg anchor)")
-        ax.set_title(f"round {rnd}")
-        ax.set_xlabel("layer (Conv / ConvT / BN, forward order)")
-        ax.set_xticks(range(len(layer_names)))
-        ax.set_xticklabels(layer_names, rotation=90, fontsize=5)
-        ax.grid(alpha=0.3)
+                anchor_style = {"color": "0.3", "marker": "s", "linestyle": "--"}
+                ax.plot(anchor.index, anchor.values, ms=2.5, lw=1.0, label="mean CKA(local, FedAvg anchor)", **anchor_style)
+                n_clients = table[table["round"] == rnd].groupby("layer_index")["cka"].count()
+                for li, v in anchor.items():
+                    source.add("mean CKA(local, FedAvg anchor)", layer_names[int(li)], v, n=int(n_clients[li]), n_of="clients", style=style_key(anchor_style), panel=panel)
+        ax.set_title(panel)
+        ax.set_xlabel("layer block (Conv / ConvT / BN, forward order; a tick per layer)")
+        # One tick per layer; one label per block of layers, at its centre, in legible type.
+        ax.set_xticks(range(len(layer_names)), minor=True)
+        ax.set_xticks([(a + b) / 2 for _, a, b in groups], [name for name, _, _ in groups], rotation=90, fontsize=7)
+        ax.tick_params(axis="x", which="major", length=0)
+        for _, a, _ in groups[1:]:
+            ax.axvline(a - 0.5, color="0.85", lw=0.6, zorder=0)
+        ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("CKA(local, FedAvg anchor)" if pairs.empty else "CKA between local models")
-    place_legend(axes[0][-1], fontsize=7)
+    place_legend(axes[0][-1], fontsize=7, title="band clipped to 0-1" if clipped_any else None, title_fontsize=7)
     set_title(fig, title, fontsize=10)
-    return save_figure(fig, out_prefix)
+    return finish(fig, out_prefix, source, synthetic, save=save_figure)
 
 
 def avg_std_curves(histories: list[pd.DataFrame], metric: str, split: str = "test") -> pd.DataFrame:
@@ -111,9 +152,12 @@ def avg_std_curves(histories: list[pd.DataFrame], metric: str, split: str = "tes
     return stacked.groupby(level=1).mean().sort_index()
 
 
-def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_prefix: Path, title: str, labels: dict | None = None) -> list[Path]:
-    """Fed-LWR Fig. 2: (a) Avg and (b) Std across sites per round, one line per run (mean over seeds)."""
+def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_prefix: Path, title: str, labels: dict | None = None, synthetic: bool = False) -> list[Path]:
+    """Fed-LWR Fig. 2: (a) Avg and (b) Std across sites per round, one line per run (mean over seeds;
+    no band: the figure shows a spread itself)."""
     labels = labels or {}
+    # Avg: a score in %; Std (ddof = 0) of values in [0, 100]: at most 50 pp.
+    source, avg_range, std_range = SourceData(), score_range(metric), (0.0, 50.0) if score_range(metric)[1] == 100.0 else (0.0, None)
     fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
     curves = {run: avg_std_curves(runs, metric) for run, runs in histories.items() if runs}
     styles = series_styles({run: (c.index.to_numpy(), c["avg"].to_numpy(), c["std"].to_numpy()) for run, c in curves.items()}, labels)
@@ -122,6 +166,9 @@ def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_p
         every = mark_every(len(curve), i)
         ax_avg.plot(curve.index, curve["avg"], lw=1.5, label=label, markevery=every, **style)
         ax_std.plot(curve.index, curve["std"], lw=1.5, label=label, markevery=every, **style)
+        for rnd in curve.index:
+            for panel, column, y_range in (("(a) Avg across sites", "avg", avg_range), ("(b) Std across sites (ddof = 0)", "std", std_range)):
+                source.add(label, int(rnd), curve.loc[rnd, column], n=len(histories[run]), n_of="seeds", style=style_key(style), panel=panel, y_range=y_range)
     ax_avg.set_title("(a) Avg across sites")
     ax_std.set_title("(b) Std across sites (ddof = 0), as the tables' Std")
     words = metric_label(metric)
@@ -129,43 +176,76 @@ def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_p
         ax.set_xlabel("communication round")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    place_legend(ax_std, len(curves), fontsize=8)
+    counts = {len(histories[run]) for run in curves}
+    n = counts.pop() if len(counts) == 1 else None
+    place_legend(ax_std, len(curves), fontsize=8, title=None if n is None else f"mean of {n} seeds" if n > 1 else "1 seed", title_fontsize=8)
     set_title(fig, title, fontsize=10)
-    return save_figure(fig, out_prefix)
+    return finish(fig, out_prefix, source, synthetic, save=save_figure)
 
 
-def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, metric: str, labels: dict | None = None) -> list[Path]:
-    """``summary``: :func:`fedmedbench.report.tables.seed_summary` with ``std_row=True``."""
+NO_TRAINING = "does not train here"
+
+
+def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, metric: str, labels: dict | None = None, flags: Flags | None = None, synthetic: bool = False) -> list[Path]:
+    """``summary``: :func:`fedmedbench.report.tables.seed_summary` with ``std_row=True``. ``flags``
+    (``report.flags.collect_flags`` of the same finals): a bar whose score comes from a flagged
+    model carries the table's mark (``†`` collapsed) above it, and a run collapsed on every site is
+    named in the legend as one that does not train here (not a broken run). Each method has its own
+    (colour, hatch) pair; error bars (std over seeds) are clipped to 0-100 %."""
     labels = labels or {}
+    flags = flags or {}
     runs = [r for r in runs if r in set(summary["run"])]
     if not runs:
         raise ValueError("none of the experiment's runs has results")
     clients = [c for c in dict.fromkeys(summary["client_label"]) if c not in (AVG, STD)]
     width = 0.8 / len(runs)
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(clients) + 2), 4), layout="constrained")
+    # At least ~0.1 inch per bar, so that a bar shows its hatch.
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(clients) + 2, 0.1 * len(runs) * len(clients) / 0.8 + 3), 4), layout="constrained")
     subs = {run: summary[summary["run"] == run].set_index("client_label") for run in runs}
+    bounds = score_range(metric)
+    source = SourceData(bounds)
+    n_seeds = int(summary["n_seeds"].max())
+    error = "std over seeds"
+    clipped_any = False
     # Bars of two methods equal to the last bit stand side by side; the legend says they are one result.
     ties = find_ties({run: sub.loc[clients, "mean"].to_numpy() for run, sub in subs.items()})
     for i, (run, sub) in enumerate(subs.items()):
         values = sub.loc[clients, "mean"].to_numpy(dtype=float)
         x = np.arange(len(clients)) + (i - (len(runs) - 1) / 2) * width
         name = labels.get(run, run) + (f" (= {labels.get(ties[run], ties[run])})" if ties[run] else "")
+        marks = ["".join(MARKS[kind] for kind, _ in flags.get((run, c), ())) for c in clients]
+        collapsed = [any(kind == "collapsed" for kind, _ in flags.get((run, c), ())) for c in clients]
+        if all(collapsed):
+            name += f" † collapsed on every site: {NO_TRAINING}"
+        elif any(collapsed):
+            name += f" † collapsed on {sum(collapsed)} of {len(clients)} sites"
         label = f"{name}: Avg {sub.loc[AVG, 'mean']:.1f}, Std {sub.loc[STD, 'mean']:.2f}"
-        color = method_style(i)["color"]
-        hatch = HATCHES[i % len(HATCHES)] or None
-        ax.bar(x, values, width, color=color, hatch=hatch, hatchcolor=contrast_colour(color), hatch_linewidth=0.6, edgecolor="none", label=label)
+        style = bar_style(i)
+        color = style["color"]
+        ax.bar(x, values, width, color=color, hatch=style["hatch"], hatchcolor=contrast_colour(color), hatch_linewidth=0.6, edgecolor="none", label=label)
         # the table's per-site parenthesis (std over seeds); no bar for one seed
-        draw_error_bars(ax, x, values, sub.loc[clients, "std"].to_numpy(dtype=float), "0.1", n_seeds=sub.loc[clients, "n_seeds"].to_numpy(), capsize=1.5)
+        std = sub.loc[clients, "std"].to_numpy(dtype=float)
+        seeds = sub.loc[clients, "n_seeds"].to_numpy()
+        draw_error_bars(ax, x, values, std, "0.1", n_seeds=seeds, capsize=1.5, bounds=bounds)
+        shown = error_shown(std, values, seeds)
+        low, high, clipped = clip_band(values, std, bounds)
+        clipped_any |= bool(clipped and shown.any())
+        for k, client in enumerate(clients):
+            if marks[k]:  # the table's flag mark, above the bar
+                ax.annotate(marks[k], (x[k], values[k]), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7, color="0.1")
+            source.add(name, client, values[k], kind="bar", low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan, error=error, n=int(seeds[k]), n_of="seeds", style=style_key(style))
     ax.set_xticks(range(len(clients)))
     ax.set_xticklabels(clients)
     ax.set_ylabel(f"test {metric_label(metric)} (%)")
     ax.set_ylim(0, 100)  # bars start at 0: their heights compare
     ax.grid(axis="y", alpha=0.3)
-    n_seeds = int(summary["n_seeds"].max())
-    note = f"mean of {n_seeds} seeds; error bars: std over seeds" if n_seeds > 1 else "1 seed"
+    clip = ", clipped to 0-100 %" if clipped_any else ""
+    note = f"mean of {n_seeds} seeds; error bars: std over seeds{clip}" if n_seeds > 1 else "1 seed"
+    if any(flags.get((run, c)) for run in runs for c in clients):
+        note += f"\n{MARKS['collapsed']}: collapsed model (one class on the whole test split)"
     place_legend(ax, outside=True, fontsize=7, title=note, title_fontsize=7)  # bars fill the axes
     set_title(fig, title, fontsize=10)
-    return save_figure(fig, out_prefix)
+    return finish(fig, out_prefix, source, synthetic, save=save_figure)
 
 
 def select_on_test(final: dict, history: pd.DataFrame, metric: str) -> dict:
@@ -181,11 +261,13 @@ def select_on_test(final: dict, history: pd.DataFrame, metric: str) -> dict:
         raise ValueError(f"run {final.get('run')!r}: test was evaluated on {len(scores)} of {len(rounds)} rounds; set curve_every: 1 for select_on: test")
     test = {}
     if final["selection"]["per_client"]:
+        best = {}
         for client in final["clients"]:
-            best = scores[client].idxmax()
-            test[client] = wide.loc[(best, client)].to_dict()
+            best[client] = int(scores[client].idxmax())
+            test[client] = wide.loc[(best[client], client)].to_dict()
     else:
-        best = scores.mean(axis=1).idxmax()
+        best = int(scores.mean(axis=1).idxmax())
         for client in final["clients"]:
             test[client] = wide.loc[(best, client)].to_dict()
-    return {**final, "test": test, "selection": {**final["selection"], "split": "test (official Fed-LWR)"}}
+    # best_round: the round(s) selected here, which a convergence figure marks
+    return {**final, "test": test, "selection": {**final["selection"], "split": "test (official Fed-LWR)", "best_round": best}}

@@ -17,9 +17,10 @@ import matplotlib.textpath  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fedmedbench.data.store import atomic_write_text  # noqa: E402
 from fedmedbench.files import atomic_path  # noqa: E402
-from fedmedbench.report.metric_names import metric_label  # noqa: E402
-from fedmedbench.report.tables import std_over_seeds  # noqa: E402
+from fedmedbench.report.metric_names import metric_label, score_range  # noqa: E402
+from fedmedbench.report.tables import AVG, SYNTHETIC_NOTE, seed_summary, std_over_seeds  # noqa: E402
 
 HISTORY_COLUMNS = ("round", "client", "split", "metric", "value")
 
@@ -32,7 +33,12 @@ HISTORY_COLUMNS = ("round", "client", "split", "metric", "value")
 #   tie in the legend ("FedNova (= FedAvg)") and the later one is drawn hollow and with another dash;
 # * bar charts start at 0; error bars only where there is a spread (none for one seed);
 # * metric keys in words (report.metric_names); titles wrap to the figure; saved with
-#   bbox_inches="tight", so a legend placed outside the axes and the title are inside the image.
+#   bbox_inches="tight", so a legend placed outside the axes and the title are inside the image;
+# * no error bar or band leaves the metric's feasible range (0-100 % for a score): its ends are
+#   clipped there and the legend says so; one error definition per figure, named on it;
+# * a figure drawn from synthetic data says so in the first line of its title (SYNTHETIC_MARK);
+# * every figure writes its source data beside itself, <figure>.csv (SourceData): one row per
+#   plotted point, bar, band point or image panel, so a reader can re-plot it and a test check it.
 # ------------------------------------------------------------------------------------------------
 
 # Paul Tol's "muted" qualitative scheme (personal.sron.nl/~pault, colour-blind safe); his tenth colour
@@ -53,6 +59,11 @@ SAVE_KWARGS = {"bbox_inches": "tight", "pad_inches": 0.05}
 PNG_DPI = 150
 # More legend entries than this go outside the axes (right), where they cover no curve.
 LEGEND_INSIDE_MAX = 6
+# A legend below the axes has at most this many rows: more entries widen the figure for more columns,
+# so that the legend of 11 long-named methods is not taller than the plot.
+LEGEND_MAX_ROWS = 4
+# The first line of the title of every figure drawn from synthetic data.
+SYNTHETIC_MARK = SYNTHETIC_NOTE.rstrip(".")  # the tables say the same
 
 
 def method_style(i: int) -> dict:
@@ -63,6 +74,18 @@ def method_style(i: int) -> dict:
         "marker": MARKERS[(i + i // len(PALETTE)) % len(MARKERS)],  # past ten, another marker per colour
         "linestyle": LINESTYLES[(i + i // len(PALETTE)) % len(LINESTYLES)],
     }
+
+
+def bar_style(i: int) -> dict:
+    """Colour and hatch of the i-th method of a bar chart: 20 distinct (colour, hatch) pairs; past
+    ten the colours repeat with another hatch (as ``method_style`` does with markers)."""
+    return {"color": PALETTE[i % len(PALETTE)], "hatch": HATCHES[(i + i // len(PALETTE)) % len(HATCHES)] or None}
+
+
+def style_key(style: dict) -> str:
+    """A series' style in words for its source CSV (colour, marker, dash, hatch): a check can tell
+    from the CSV alone whether two series of a figure look alike."""
+    return " ".join(str(style.get(k) or "-") for k in ("color", "marker", "linestyle", "hatch"))
 
 
 def _same(a, b) -> bool:
@@ -122,17 +145,40 @@ def mark_every(n_points: int, i: int):
     return (i % step, step) if step > 1 else None
 
 
-def draw_error_bars(ax, x, y, err, color, n_seeds=None, capsize: float = 3.0):
-    """Error bars at the points whose ``err`` is finite and positive, only where ``n_seeds`` (a
-    number or one per point, when given) is at least 2: one seed has no spread to show. Returns the
-    ErrorbarContainer, or None when there is no bar to draw."""
-    x, y, err = (np.asarray(v, dtype=float) for v in (x, y, err))
+def clip_band(y, err, bounds=(None, None)):
+    """The ends ``y - err`` and ``y + err`` of an error bar or band, clipped to ``bounds`` (the
+    metric's feasible range, e.g. 0-100 %: a mean of 98 % with a std of 4.5 has no 102.5 %).
+    Returns (low, high, whether any end was clipped)."""
+    y, err = np.asarray(y, dtype=float), np.asarray(err, dtype=float)
+    low, high = y - err, y + err
+    lo, hi = bounds
+    clipped_low = np.clip(low, lo, hi) if lo is not None or hi is not None else low
+    clipped_high = np.clip(high, lo, hi) if lo is not None or hi is not None else high
+    with np.errstate(invalid="ignore"):
+        clipped = bool(np.any((clipped_low != low) & np.isfinite(low)) or np.any((clipped_high != high) & np.isfinite(high)))
+    return clipped_low, clipped_high, clipped
+
+
+def error_shown(err, y, n_seeds=None) -> np.ndarray:
+    """Where an error bar is drawn: ``err`` finite and positive, and ``n_seeds`` (a number or one per
+    point, when given) at least 2: one seed has no spread to show."""
+    y, err = np.asarray(y, dtype=float), np.asarray(err, dtype=float)
     keep = np.isfinite(err) & np.isfinite(y) & (err > 0)
     if n_seeds is not None:
         keep &= np.broadcast_to(np.asarray(n_seeds) >= 2, keep.shape)
+    return keep
+
+
+def draw_error_bars(ax, x, y, err, color, n_seeds=None, capsize: float = 3.0, bounds=(None, None)):
+    """Error bars (±``err``, their ends clipped to ``bounds``) at the points :func:`error_shown`
+    keeps. Returns the ErrorbarContainer, or None when there is no bar to draw."""
+    x, y, err = (np.asarray(v, dtype=float) for v in (x, y, err))
+    keep = error_shown(err, y, n_seeds)
     if not keep.any():
         return None
-    return ax.errorbar(x[keep], y[keep], yerr=err[keep], fmt="none", ecolor=color, elinewidth=1.0, capsize=capsize, zorder=4)
+    low, high, _ = clip_band(y[keep], err[keep], bounds)
+    yerr = np.vstack([y[keep] - low, high - y[keep]])
+    return ax.errorbar(x[keep], y[keep], yerr=yerr, fmt="none", ecolor=color, elinewidth=1.0, capsize=capsize, zorder=4)
 
 
 def place_legend(ax, n_entries: int | None = None, outside: bool | None = None, **kwargs):
@@ -155,6 +201,10 @@ def place_legend(ax, n_entries: int | None = None, outside: bool | None = None, 
     widest = max(measure.get_text_width_height_descent(label, prop, ismath=False)[0] for label in labels)
     entry = widest + 3.5 * size  # the handle, its padding and the column gap
     ncols = int(max(1, min(4, 0.95 * fig.get_figwidth() * 72.0 // entry)))
+    wanted = min(len(labels), max(ncols, -(-len(labels) // LEGEND_MAX_ROWS)))
+    if wanted > ncols:  # too many rows: widen the figure for more columns (never taller than the plot)
+        fig.set_figwidth(wanted * entry / (0.95 * 72.0))
+        ncols = wanted
     # The figure grows by the legend's height, so the axes keep theirs.
     rows = -(-len(labels) // ncols) + (1 if kwargs.get("title") else 0)
     fig.set_figheight(fig.get_figheight() + (rows * 1.6 * size + 6.0) / 72.0)
@@ -190,6 +240,66 @@ def set_title(fig, title: str, fontsize=None, **kwargs):
     fontsize = fontsize or matplotlib.rcParams["figure.titlesize"]
     width_pt = 0.96 * fig.get_figwidth() * 72.0
     return fig.suptitle(wrap_to_width(title, width_pt, fontsize), fontsize=fontsize, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Source data and the synthetic mark
+# ------------------------------------------------------------------------------------------------
+
+SOURCE_COLUMNS = ("panel", "series", "kind", "x", "y", "low", "high", "error", "n", "n_of", "style", "y_min", "y_max", "synthetic")
+
+
+class SourceData:
+    """What a figure draws, as numbers: one row per plotted point, bar, band point, marker or image
+    panel, written beside the figure as ``<figure>.csv`` (:meth:`write`). Columns: ``panel`` (the
+    axes' title, empty for a one-panel figure), ``series`` (legend label or column header),
+    ``kind`` (point, curve (a convergence curve), bar, selected, panel, ...), ``x``, ``y``, ``low``/``high`` (the ends of the
+    error bar or band as drawn, clipped to ``y_min``-``y_max``; empty without one), ``error`` (the
+    definition of low-high, one per figure; an end equal to ``y_min`` or ``y_max`` was clipped),
+    ``n`` and ``n_of`` (what y averages: seeds, clients, test images, pairs), ``style`` (how the
+    series is drawn, :func:`style_key`), ``y_min``/``y_max`` (the quantity's feasible range; empty
+    when unbounded) and ``synthetic``."""
+
+    def __init__(self, y_range=(None, None)):
+        self.rows: list[dict] = []
+        self.y_range = y_range
+
+    def add(self, series, x, y, *, kind="point", low=np.nan, high=np.nan, error="", n=np.nan, n_of="", style="", panel="", y_range=None):
+        lo, hi = self.y_range if y_range is None else y_range
+        self.rows.append(dict(panel=panel, series=str(series), kind=kind, x=x, y=_num(y), low=_num(low), high=_num(high), error=error if np.isfinite(_num(low)) or np.isfinite(_num(high)) else "",
+                              n=n, n_of=n_of, style=style, y_min=np.nan if lo is None else lo, y_max=np.nan if hi is None else hi))  # fmt: skip
+
+    def write(self, out_prefix: Path | str, synthetic: bool) -> Path:
+        frame = pd.DataFrame(self.rows, columns=SOURCE_COLUMNS)
+        frame["synthetic"] = bool(synthetic)
+        out_prefix = Path(out_prefix)
+        return atomic_write_text(out_prefix.with_name(out_prefix.name + ".csv"), frame.to_csv(index=False))
+
+
+def _num(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def mark_synthetic(fig, synthetic: bool) -> None:
+    """Put :data:`SYNTHETIC_MARK` as the first line of the figure's title when its data are
+    synthetic: the figure says so on its face, wherever it is copied to."""
+    if not synthetic:
+        return
+    old = fig._suptitle
+    text = old.get_text() if old is not None else ""
+    fontsize = old.get_fontsize() if old is not None else None
+    set_title(fig, SYNTHETIC_MARK + ("\n" + text if text else ""), fontsize=fontsize)
+
+
+def finish(fig, out_prefix: Path | str, source: SourceData, synthetic: bool = False, save=None) -> list[Path]:
+    """Mark a synthetic figure, write its source CSV, save PNG + PDF (``save``: the module's
+    ``save_figure``, so a test that wraps it there still sees the figure). Returns the paths."""
+    mark_synthetic(fig, synthetic)
+    csv = source.write(out_prefix, synthetic)
+    return [*(save or save_figure)(fig, out_prefix), csv]
 
 
 def seeds_note(n_seeds: dict[str, int], spread: str = "band ±1 std over seeds") -> str | None:
@@ -245,6 +355,16 @@ def seed_band(histories: list[pd.DataFrame], metric: str, split: str = "test") -
     )
 
 
+def selected_rounds(final: dict) -> list[int]:
+    """The round(s) whose model a run's table reports: ``selection.best_round``, one per client
+    where selection is per client."""
+    best = final["selection"]["best_round"]
+    return [int(r) for r in best.values()] if isinstance(best, dict) else [int(best)]
+
+
+SELECTED_LABEL = "selected model (the table's Avg)"
+
+
 def convergence(
     histories: dict[str, list[pd.DataFrame]],
     metric: str,
@@ -253,20 +373,29 @@ def convergence(
     labels: dict[str, str] | None = None,
     split: str = "test",
     percent: bool = True,
+    finals: dict[str, list[dict]] | None = None,
+    synthetic: bool = False,
 ) -> list[Path]:
     """Convergence curves: for each run, the mean over clients of ``metric`` vs round,
-    averaged over seeds (line) with a ±1 std band over seeds (when there are ≥2 seeds).
+    averaged over seeds (line) with a ±1 std band over seeds (when there are ≥2 seeds), clipped to
+    the metric's feasible range.
 
     ``histories`` maps run → list of per-seed ``history.csv`` DataFrames (columns
-    ``round, client, split, metric, value``). Writes ``<out_prefix>.png`` (dpi 150) and
-    ``<out_prefix>.pdf`` atomically and returns their paths. Raises ValueError when a run has
-    no history or no rows for the metric/split.
+    ``round, client, split, metric, value``). ``finals`` (run → its seeds' final.json, as the table
+    reads them): each run's selected round is marked with a star at the table's Avg, which lies on
+    the curve when every seed selected one round for all clients; where selection is per client (or
+    the seeds differ) a dashed segment at the table's Avg spans the selected rounds, with a tick on
+    the curve at each. Writes ``<out_prefix>.png`` (dpi 150), ``.pdf`` and the source ``.csv``
+    atomically and returns their paths. Raises ValueError when a run has no history or no rows for
+    the metric/split.
     """
     out_prefix = Path(out_prefix)
     labels = labels or {}
+    finals = finals or {}
     if not histories:
         raise ValueError("convergence: no runs to plot")
     scale = 100.0 if percent else 1.0
+    bounds = score_range(metric, percent)
 
     bands = {}
     for run, hs in histories.items():
@@ -280,26 +409,62 @@ def convergence(
     fig, ax = plt.subplots(figsize=(7.0, 4.2), layout="constrained")
     curves = {run: (b.index.to_numpy(), b["mean"].to_numpy(), b["std"].to_numpy()) for run, b in bands.items()}
     n_seeds = {run: int(b["n_seeds"].max()) for run, b in bands.items()}
-    note = seeds_note(n_seeds)
+    spread = "band ±1 std over seeds"
+    clipped_any = False
+    source = SourceData(bounds)
     styles = series_styles(curves, labels)
     for i, (run, (x, y, s)) in enumerate(curves.items()):
         style, label = styles[run]
-        if note is None:
-            label += f" ({n_seeds[run]} seed{'s' if n_seeds[run] != 1 else ''})"
         y, s = y * scale, s * scale
-        ax.plot(x, y, linewidth=1.6, label=label, markevery=mark_every(len(x), i), **style)
-        if n_seeds[run] > 1 and np.isfinite(s).any():
-            ax.fill_between(x, y - s, y + s, color=style["color"], alpha=0.15, linewidth=0)
+        ax.plot(x, y, linewidth=1.6, label=label if seeds_note(n_seeds) else label + f" ({n_seeds[run]} seed{'s' if n_seeds[run] != 1 else ''})", markevery=mark_every(len(x), i), **style)
+        low, high, clipped = clip_band(y, s, bounds)
+        band = n_seeds[run] > 1 and np.isfinite(s).any()
+        if band:
+            ax.fill_between(x, low, high, color=style["color"], alpha=0.15, linewidth=0)
+            clipped_any |= clipped
+        counts = bands[run]["n_seeds"].to_numpy()
+        for k in range(len(x)):
+            shown = band and np.isfinite(s[k])
+            # kind "curve": a model's score per round, whose selected round the figure marks
+            source.add(label, int(x[k]), y[k], kind="curve", low=low[k] if shown else np.nan, high=high[k] if shown else np.nan, error=spread, n=int(counts[k]), n_of="seeds", style=style_key(style))
+        if finals.get(run):
+            _mark_selected(ax, source, finals[run], metric, split, x, y, style, label)
+    if any(finals.get(run) for run in curves):
+        ax.plot([], [], marker="*", color="0.2", markersize=9, linestyle="none", label=SELECTED_LABEL)
 
+    if clipped_any:
+        spread += f", clipped to {bounds[0]:g}-{bounds[1]:g}{' %' if percent else ''}"
+    note = seeds_note(n_seeds, spread)
     unit = " (%)" if percent else ""
     ax.set_xlabel("Communication round")
     ax.set_ylabel(f"{split} {metric_label(metric)}{unit},\nmean over clients")
     set_title(fig, title)
     ax.grid(True, alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    place_legend(ax, len(bands), title=note, title_fontsize="small")
+    place_legend(ax, len(bands) + (1 if any(finals.get(run) for run in curves) else 0), title=note, title_fontsize="small")
 
-    return save_figure(fig, out_prefix)
+    return finish(fig, out_prefix, source, synthetic)
+
+
+def _mark_selected(ax, source: SourceData, finals: list[dict], metric: str, split: str, x, y, style: dict, label: str) -> None:
+    """The table's Avg of a run (its finals' selected models) at the round(s) selected: a star on
+    the curve when there is one round, else ticks on the curve at each selected round and a dashed
+    segment at the table's Avg across them."""
+    summary = seed_summary(finals, metric, split)
+    avg = float(summary.loc[summary["client_label"] == AVG, "mean"].iloc[0])
+    rounds = [r for f in finals for r in selected_rounds(f)]
+    distinct = sorted(set(rounds))
+    colour = style["color"]
+    if len(distinct) == 1:
+        ax.plot([distinct[0]], [avg], marker="*", markersize=11, color=colour, markeredgecolor="black", markeredgewidth=0.6, linestyle="none", zorder=6, label="_selected")
+    else:
+        on_curve = [float(y[list(x).index(r)]) if r in list(x) else np.nan for r in distinct]
+        ax.plot(distinct, on_curve, marker="|", markersize=10, markeredgewidth=1.6, color=colour, linestyle="none", zorder=6, label="_selected rounds")
+        ax.plot([distinct[0], distinct[-1]], [avg, avg], color=colour, linestyle=(0, (2, 1)), linewidth=1.2, zorder=6, label="_table Avg")
+        ax.plot([distinct[-1]], [avg], marker="*", markersize=11, color=colour, markeredgecolor="black", markeredgewidth=0.6, linestyle="none", zorder=6, label="_selected")
+    per = "client and seed" if any(isinstance(f["selection"]["best_round"], dict) for f in finals) else "seed"
+    for r in distinct:
+        source.add(label, r, avg, kind="selected", n=rounds.count(r), n_of=f"selections (one per {per}) at this round; y: the table's Avg", style=style_key(style))
 
 
 def save_figure(fig, out_prefix: Path | str) -> list[Path]:
@@ -307,10 +472,13 @@ def save_figure(fig, out_prefix: Path | str) -> list[Path]:
     (``SAVE_KWARGS``: a legend outside the axes is inside the image); closes the figure. Every
     figure of the report is saved here."""
     out_prefix = Path(out_prefix)
+    # The title as drawn (synthetic mark included) in the files' metadata: a check of a figures
+    # folder reads it without redrawing the figure.
+    title = " ".join(fig._suptitle.get_text().split()) if fig._suptitle is not None else ""
     try:
         return [
-            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".png"), dpi=PNG_DPI, **SAVE_KWARGS),
-            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".pdf"), **SAVE_KWARGS),
+            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".png"), dpi=PNG_DPI, metadata={"Title": title}, **SAVE_KWARGS),
+            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".pdf"), metadata={"Title": title, "CreationDate": None}, **SAVE_KWARGS),
         ]
     finally:
         plt.close(fig)

@@ -143,3 +143,24 @@ def histories_by_run(paths: Iterable[Path | str], runs: Iterable[str]) -> dict[s
             raise DataError(f"{Path(path).with_name('final.json')}: run {final['run']!r} is not one of the experiment's runs {list(histories)}")
         histories[final["run"]].append(history)
     return histories
+
+
+def finals_beside(paths: Iterable[Path | str]) -> list[dict]:
+    """The final.json beside each of a run's files (history.csv, predictions.npz, final.json)."""
+    return [read_final(Path(p).with_name("final.json")) for p in paths]
+
+
+def is_synthetic(task_specs: dict, finals: Iterable[dict] = ()) -> bool:
+    """Whether a figure or table is drawn from synthetic data: a task of the experiment reads a
+    dataset's synthetic twin (``synthetic`` in its task spec, added by the workflow) or a run says
+    so in its final.json."""
+    return any(bool((spec or {}).get("synthetic")) for spec in task_specs.values()) or any(bool(f.get("synthetic")) for f in finals)
+
+
+def count_test_items(finals: Iterable[dict], client: str) -> int | None:
+    """How many test items ``client`` holds (``test_class_counts`` of its final.json), when known."""
+    for final in finals:
+        counts = (final.get("test_class_counts") or {}).get(client)
+        if counts and "samples" in counts:
+            return int(counts["samples"])
+    return None

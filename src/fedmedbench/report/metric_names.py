@@ -36,3 +36,25 @@ def metric_label(key: str) -> str:
         k = int(region.group(1))
         return f"{_REGIONS[k]} Dice" if k in _REGIONS else f"Dice of labels ≥ {k}"
     return str(key).replace("_", " ")
+
+
+# Every metric fedmedbench computes is a score in [0, 1] (drawn in %), except the loss.
+UNBOUNDED = ("loss",)
+
+
+def score_range(key: str, percent: bool = True) -> tuple[float | None, float | None]:
+    """The feasible range of a metric as drawn: (0, 100) for a score in percent, (0, 1) as a
+    fraction, (None, None) for an unbounded quantity (a loss). No error bar or band leaves it."""
+    if str(key).startswith(UNBOUNDED):
+        return (None, None)
+    return (0.0, 100.0) if percent else (0.0, 1.0)
+
+
+# What a sweep's `error` draws, in words for its legend, its source CSV and its caption in
+# `snakemake --report` (light, so the workflow reads it too). A paper figure uses one of them for all
+# its panels (HarmoFL Fig. 5b and 5c: clients_sem, config.yaml).
+SWEEP_ERRORS = {
+    "seeds": "std over seeds of the mean over clients",
+    "clients_std": "std across clients (the table's Avg parenthesis)",
+    "clients_sem": "standard error across clients (std / √clients)",
+}

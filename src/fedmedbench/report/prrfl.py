@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench.report.figures import PALETTE, contrast_colour, draw_error_bars, mark_every, place_legend, plt, save_figure, series_styles, set_title
+from fedmedbench.report.figures import PALETTE, SourceData, clip_band, contrast_colour, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key
 from fedmedbench.report.metric_names import metric_label
 from fedmedbench.report.tables import SUMMARY_COLUMNS, ReportInputError
 
@@ -60,10 +60,16 @@ def ood_comparison_summary(summary: pd.DataFrame, label: str, cohort_label: str 
     return sub
 
 
-def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, labels: dict | None = None) -> list[Path]:
-    """Bars per method: OOD F1 and AUC, mean of the clients' models (solid) and ensemble (hatched)."""
+PERCENT_RANGE = (0.0, 100.0)
+
+
+def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, labels: dict | None = None, synthetic: bool = False) -> list[Path]:
+    """Bars per method: OOD F1 and AUC, mean of the clients' models (solid) and ensemble (hatched);
+    error bars (std over seeds) clipped to 0-100 %."""
     labels = labels or {}
     columns = ood_columns()
+    source = SourceData(PERCENT_RANGE)
+    clipped_any = False
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(runs) + 2), 3.8), layout="constrained")
     width = 0.8 / len(columns)
     x = np.arange(len(runs))
@@ -76,15 +82,24 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
         ensemble = "ensemble" in column
         ax.bar(xj, means, width, label=column, color=color, alpha=0.55 if ensemble else 1.0, hatch="//" if ensemble else None, hatchcolor=contrast_colour(color), edgecolor="none")
         # the table's parenthesis (std over seeds); no bar for one seed
-        draw_error_bars(ax, xj, means, cell("std"), "0.1", n_seeds=cell("n_seeds"), capsize=2)
+        std, seeds = cell("std"), cell("n_seeds")
+        draw_error_bars(ax, xj, means, std, "0.1", n_seeds=seeds, capsize=2, bounds=PERCENT_RANGE)
+        shown = error_shown(std, means, seeds)
+        low, high, clipped = clip_band(means, std, PERCENT_RANGE)
+        clipped_any |= bool(clipped and shown.any())
+        key = style_key({"color": color, "hatch": "//" if ensemble else None})
+        for k, run in enumerate(runs):
+            source.add(column, labels.get(run, run), means[k], kind="bar", low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan,
+                       error="std over seeds", n=seeds[k], n_of="seeds", style=key)  # fmt: skip
     ax.set_xticks(x, [labels.get(r, r) for r in runs], rotation=20, ha="right")
     ax.set_ylabel("OOD cohort score (%)")
     ax.set_ylim(bottom=0)  # bars start at 0: their heights compare
     set_title(fig, title, fontsize=9)
     n_seeds = int(summary["n_seeds"].max()) if len(summary) else 0
-    note = f"mean of {n_seeds} seeds; error bars: std over seeds" if n_seeds > 1 else "1 seed"
+    clip = ", clipped to 0-100 %" if clipped_any else ""
+    note = f"mean of {n_seeds} seeds; error bars: std over seeds{clip}" if n_seeds > 1 else "1 seed"
     place_legend(ax, outside=True, fontsize=7, title=note, title_fontsize=7)
-    return save_figure(fig, out_prefix)
+    return finish(fig, out_prefix, source, synthetic)
 
 
 def local_epoch_curve(history: pd.DataFrame, client: str, metric: str) -> pd.Series:
@@ -101,10 +116,12 @@ def local_epoch_curve(history: pd.DataFrame, client: str, metric: str) -> pd.Ser
     return pd.Series(pd.to_numeric(sel["value"]).to_numpy(), index=x.to_numpy())
 
 
-def retrogress_figure(histories: dict[str, list[pd.DataFrame]], client: str, metric: str, out_prefix: Path, title: str, labels: dict | None = None) -> list[Path]:
+def retrogress_figure(histories: dict[str, list[pd.DataFrame]], client: str, metric: str, out_prefix: Path, title: str, labels: dict | None = None, n_test: int | None = None, synthetic: bool = False) -> list[Path]:
     """PRR-FL Fig. 1: per run the mean over seeds of ``local_epoch_curve`` (percent); dotted lines
-    mark the communications."""
+    mark the communications. ``n_test``: the client's test images, which the legend states with
+    the size of one image's step (3 images: steps of 33 %)."""
     labels = labels or {}
+    source = SourceData((0.0, 100.0))
     fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
     period = None
     curves = {}
@@ -119,11 +136,18 @@ def retrogress_figure(histories: dict[str, list[pd.DataFrame]], client: str, met
     for i, (run, (x, y)) in enumerate(curves.items()):
         style, label = styles[run]
         ax.plot(x, y, linewidth=1.2, label=label, markevery=mark_every(len(x), i), **{**style, "markersize": style["markersize"] - 1})
+        for xk, yk in zip(x, y):
+            source.add(label, int(xk), yk, n=n_test if n_test else np.nan, n_of="test images of client " + str(client), style=style_key(style))
     if period:
         for comm in range(period, int(ax.get_xlim()[1]) + 1, period):
             ax.axvline(comm, color="0.8", linestyle=":", linewidth=0.8, zorder=0)
     ax.set_xlabel("local epoch (dotted: communication)")
     ax.set_ylabel(f"client {client}: test {metric_label(metric)} (%)")
     set_title(fig, title, fontsize=9)
-    place_legend(ax, len(curves), fontsize=8)
-    return save_figure(fig, out_prefix)
+    seeds = {len(frames) for frames in histories.values() if frames}
+    n_seeds = seeds.pop() if len(seeds) == 1 else None
+    parts = ["" if n_seeds is None else f"mean of {n_seeds} seeds" if n_seeds > 1 else "1 seed"]
+    if n_test:
+        parts.append(f"n = {n_test} test image{'s' if n_test != 1 else ''} (one image = {100.0 / n_test:.1f} pp)")
+    place_legend(ax, len(curves), fontsize=8, title="; ".join(p for p in parts if p) or None, title_fontsize=8)
+    return finish(fig, out_prefix, source, synthetic)

@@ -6,9 +6,20 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.report.figures import plt, save_figure, set_title
+from matplotlib.patches import Patch
+
+from fedmedbench.report.figures import SourceData, finish, plt, set_title
 
 FG_COLOUR = np.array([1.0, 0.2, 0.2])
+OVERLAY_KEY = "red tint: foreground (ground truth, or the method's prediction)"
+
+
+def foreground_dice(pred: np.ndarray, truth: np.ndarray) -> float:
+    """Foreground Dice (%) of one panel: 2|P ∩ T| / (|P| + |T|) over pixels > 0; NaN when neither
+    has foreground (undefined, not 100 %)."""
+    p, t = np.asarray(pred) > 0, np.asarray(truth) > 0
+    total = int(p.sum() + t.sum())
+    return 100.0 * 2.0 * float((p & t).sum()) / total if total else float("nan")
 
 
 def overlay(image: np.ndarray, mask: np.ndarray, centre_slice: bool = False) -> np.ndarray:
@@ -27,12 +38,14 @@ def overlay(image: np.ndarray, mask: np.ndarray, centre_slice: bool = False) -> 
     return out
 
 
-def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_prefix: Path, title: str) -> list[Path]:
+def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_prefix: Path, title: str, synthetic: bool = False) -> list[Path]:
     """``rows``: dicts with ``label`` (e.g. "prostate / HK"), ``image``, ``truth`` and ``preds`` (run -> mask).
-    ``columns``: (run, display name) for the prediction columns."""
+    ``columns``: (run, display name) for the prediction columns. Under each prediction its
+    foreground Dice against the ground truth; a key below says what the red tint is."""
     n_cols = 2 + len(columns)
-    fig, axes = plt.subplots(len(rows), n_cols, figsize=(1.6 * n_cols, 1.7 * len(rows)), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(len(rows), n_cols, figsize=(1.6 * n_cols, 1.85 * len(rows)), layout="constrained", squeeze=False)
     headers = ["Image", "Ground truth"] + [name for _, name in columns]
+    source = SourceData((0.0, 100.0))
     for r, row in enumerate(rows):
         show = lambda mask: overlay(row["image"], mask, row.get("centre_slice", False))  # noqa: E731
         panels = [show(np.zeros(row["truth"].shape)), show(row["truth"])] + [show(row["preds"][run]) for run, _ in columns]
@@ -43,9 +56,18 @@ def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_pre
             ax.set_yticks([])
             if r == 0:
                 ax.set_title(headers[c], fontsize="small")
+            if c >= 2:  # a prediction: its score on this image
+                dice = foreground_dice(row["preds"][columns[c - 2][0]], row["truth"])
+                ax.set_xlabel("no foreground" if np.isnan(dice) else f"Dice {dice:.1f} %", fontsize="x-small")
+                source.add(headers[c], row["label"], dice, kind="panel", n=1, n_of="image (foreground Dice vs ground truth)")
+            else:
+                source.add(headers[c], row["label"], np.nan, kind="panel", n=1, n_of="image")
         axes[r, 0].set_ylabel(row["label"], fontsize="small")
+    grey = any(row.get("centre_slice") for row in rows)
+    key = OVERLAY_KEY + ("; MRI: the middle of its 3 adjacent slices, in grey" if grey else "")
+    fig.legend(handles=[Patch(facecolor=FG_COLOUR, alpha=0.45, edgecolor="none", label=key)], loc="outside lower center", frameon=False, fontsize="small")
     set_title(fig, title)
-    return save_figure(fig, out_prefix)
+    return finish(fig, out_prefix, source, synthetic)
 
 
 def load_rows(prediction_files: dict[str, Path], task: str, clients: list[str], per_client: int = 1, centre_slice: bool = False) -> list[dict]:

@@ -2,7 +2,7 @@
 
 A point is a table's Avg cell: :func:`fedmedbench.report.tables.seed_summary` of the point's run gives
 its mean (over clients of the seed means) and the spreads, so an error bar is the number the table
-prints for that run (docs/decisions.md, "Figures").
+prints for that run (docs/reviewers/index.md, "Tables and figures").
 """
 
 from __future__ import annotations
@@ -12,15 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.report.figures import draw_error_bars, mark_every, place_legend, plt, save_figure, series_styles, set_title
+from fedmedbench.report.figures import SourceData, clip_band, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key
+from fedmedbench.report.metric_names import SWEEP_ERRORS, metric_label  # noqa: F401  (SWEEP_ERRORS: re-exported)
 from fedmedbench.report.tables import AVG, seed_summary, std_over_seeds
 
-# What each `error` draws, in words for the legend's title.
-SWEEP_ERRORS = {
-    "seeds": "std over seeds of the mean over clients",
-    "clients_std": "std across clients (the table's Avg parenthesis)",
-    "clients_sem": "standard error across clients",
-}
+# A point is a mean of accuracies or Dice scores in percent: no error bar leaves 0-100 %.
+PERCENT_RANGE = (0.0, 100.0)
+
+
+def sweep_y_label(metric: str, points: dict[str, list[tuple]]) -> str:
+    """The y axis: the metric in words and what a point averages, with the number of seeds (one
+    seed is not a mean over seeds)."""
+    n = max((int(p[3]) for pts in points.values() for p in pts if len(p) > 3), default=1)
+    return f"test {metric_label(metric)} (%),\nmean over clients" + (f" and {n} seeds" if n > 1 else " (1 seed)")
 
 
 def sweep_points(finals: list[dict], series: dict[str, dict], metric: str, error: str, split: str = "test") -> dict[str, list[tuple]]:
@@ -57,20 +61,30 @@ def _avg(summary) -> float:
     return float(summary.loc[summary["client_label"] == AVG, "mean"].iloc[0])
 
 
-def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x_label: str, y_label: str, log_x: bool = False, error: str | None = None) -> list[Path]:
-    """One line per series; error bars where the error is defined (``seeds`` with one seed: none).
-    ``error`` (a key of ``SWEEP_ERRORS``) names the bars in the legend's title."""
+def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x_label: str, y_label: str, log_x: bool = False, error: str | None = None, synthetic: bool = False, bounds=PERCENT_RANGE) -> list[Path]:
+    """One line per series; error bars where the error is defined (``seeds`` with one seed: none),
+    their ends clipped to ``bounds``. ``error`` (a key of ``SWEEP_ERRORS``) names the bars in the
+    legend's title, with "clipped" when an end was."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
     arrays = {name: tuple(np.array(v, dtype=float) for v in zip(*pts)) for name, pts in points.items()}
     styles = series_styles({name: a[:3] for name, a in arrays.items()})
-    bars = []
+    words = SWEEP_ERRORS.get(error, "error")
+    source = SourceData(bounds)
+    bars, clipped_any = [], False
     for i, (name, a) in enumerate(arrays.items()):
         x, y, err = a[:3]
         n_seeds = a[3] if len(a) > 3 else None
         style, label = styles[name]
         ax.plot(x, y, linewidth=1.6, label=label, markevery=mark_every(len(x), i), **style)
         # Errors over seeds need two seeds; an error across clients exists with one.
-        bars.append(draw_error_bars(ax, x, y, err, style["color"], n_seeds=n_seeds if error in (None, "seeds") else None))
+        needs = n_seeds if error in (None, "seeds") else None
+        bars.append(draw_error_bars(ax, x, y, err, style["color"], n_seeds=needs, bounds=bounds))
+        shown = error_shown(err, y, needs)
+        low, high, clipped = clip_band(y, err, bounds)
+        clipped_any |= bool(clipped and shown.any())
+        for k in range(len(x)):
+            source.add(label, x[k], y[k], low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan, error=words,
+                       n=int(n_seeds[k]) if n_seeds is not None else np.nan, n_of="seeds", style=style_key(style))  # fmt: skip
     if log_x:
         ax.set_xscale("log")
     xs = sorted({p[0] for pts in points.values() for p in pts})
@@ -79,9 +93,10 @@ def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x
     ax.set_ylabel(y_label)
     set_title(fig, title)
     ax.grid(True, alpha=0.3)
+    clip = f", clipped to {bounds[0]:g}-{bounds[1]:g} %" if clipped_any else ""
     if any(b is not None for b in bars):
-        note = f"error bars: {SWEEP_ERRORS[error]}" if error in SWEEP_ERRORS else None
+        note = f"error bars: {SWEEP_ERRORS[error]}{clip}" if error in SWEEP_ERRORS else None
     else:
         note = "no error bars: one seed" if error == "seeds" else None
     place_legend(ax, len(points), title=note, title_fontsize="small")
-    return save_figure(fig, out_prefix)
+    return finish(fig, out_prefix, source, synthetic)

@@ -38,6 +38,8 @@ STD = "Std"
 AGGREGATE_LABELS = (AVG, STD)
 NO_STD = "–"  # shown when the spread over seeds is undefined (a single seed)
 NO_RESULT = "n/a"  # shown for a run (or cell) that has no result
+# Said on the face of every table made from synthetic data (the demo's twins of the datasets).
+SYNTHETIC_NOTE = "SYNTHETIC DATA (demo twin): a pipeline check, not comparable to the papers."
 
 SUMMARY_COLUMNS = ["run", "method", "client", "client_label", "mean", "std", "n_seeds"]
 
@@ -265,9 +267,11 @@ def _column_order(summary: pd.DataFrame) -> list[str]:
 
 def _layout(
     summary: pd.DataFrame, rows: list[tuple[str, str]], columns: list[str], decimals: int,
-    higher_is_better: bool,
+    higher_is_better: bool, flagged: set[int] = frozenset(),
 ):
-    """Cells as text (without bold) plus the row indices holding the best Avg."""
+    """Cells as text (without bold) plus the row indices holding the best Avg. A ``flagged`` row
+    (its Avg averages a collapsed model or a split without foreground) is never the best: its
+    score measures no skill, so a table where every model collapsed bolds nothing."""
     cells: list[list[str]] = []
     avgs: list[float] = []
     for run, _display in rows:
@@ -281,11 +285,12 @@ def _layout(
                 line.append(NO_RESULT)
         cells.append(line)
         avgs.append(float(sub.loc[AVG, "mean"]) if AVG in sub.index else math.nan)
-    finite = [a for a in avgs if not math.isnan(a)]
+    eligible = [i for i, a in enumerate(avgs) if not math.isnan(a) and i not in flagged]
     best: set[int] = set()
-    if finite:
+    if eligible:
+        finite = [avgs[i] for i in eligible]
         target = round(max(finite) if higher_is_better else min(finite), decimals)
-        best = {i for i, a in enumerate(avgs) if not math.isnan(a) and round(a, decimals) == target}
+        best = {i for i in eligible if round(avgs[i], decimals) == target}
     return cells, best
 
 
@@ -316,13 +321,16 @@ def table_layout(
     if columns is None:
         columns = _column_order(summary) if len(summary) else [AVG]
     columns = [str(c) for c in columns]
-    cells, best = _layout(summary, rows, columns, decimals, higher_is_better)
     flags = flags or {}
     sites = [c for c in columns if c not in AGGREGATE_LABELS]
+    kinds = [[cell_kinds(flags, run, col, sites, AGGREGATE_LABELS) for col in columns] for run, _ in rows]
+    # A row whose Avg averages a flagged site (or, without an Avg column, any flagged cell) is never bold.
+    flagged = {i for i, line in enumerate(kinds) if (line[columns.index(AVG)] if AVG in columns else any(line))}
+    cells, best = _layout(summary, rows, columns, decimals, higher_is_better, flagged)
     ties = tied_rows(cells, [j for j, c in enumerate(columns) if c not in AGGREGATE_LABELS], NO_RESULT)
     return TableLayout(
         rows=list(rows), columns=columns, cells=cells, best=best,
-        kinds=[[cell_kinds(flags, run, col, sites, AGGREGATE_LABELS) for col in columns] for run, _ in rows],
+        kinds=kinds,
         footnotes=footnotes(flags, [run for run, _ in rows], columns, AGGREGATE_LABELS),
         tie_notes=[tie_note([rows[i][1] for i in group]) for group in ties],
         tied_with={i: [rows[k][1] for k in group if k != i] for group in ties for i in group},
@@ -357,6 +365,7 @@ def write_table(
     higher_is_better: bool = True,
     metric: str | None = None,
     flags: Flags | None = None,
+    synthetic: bool = False,
 ) -> list[Path]:
     """Write ``<out_prefix>.csv``, ``.md`` and ``.tex`` for the runs in ``rows``.
 
@@ -370,7 +379,9 @@ def write_table(
     ``report.flags.collect_flags``): a flagged cell, and the Avg/Std that average it, carry the
     flag's mark (``†`` a collapsed model, ``‡`` a test split without foreground) with a footnote
     under the table; the CSV then has a ``note`` column. Rows equal on every site to the last
-    printed digit get a note naming them (in the CSV's ``note`` too).
+    printed digit get a note naming them (in the CSV's ``note`` too). A flagged row's Avg is never
+    bold. ``synthetic``: the table says so on its face (:data:`SYNTHETIC_NOTE` under the caption in
+    Markdown, in the LaTeX caption, and a ``synthetic`` column in the CSV).
     """
     out_prefix = Path(out_prefix)
     layout = table_layout(summary, rows, columns, decimals, higher_is_better, flags)
@@ -398,18 +409,24 @@ def write_table(
     csv_columns = ["row", "run", "client", "mean", "std", "n_seeds"]
     if any(r["note"] for r in records):
         csv_columns.append("note")
+    if synthetic:  # only then: a table of real data keeps its columns
+        csv_columns.append("synthetic")
+        for r in records:
+            r["synthetic"] = True
     csv_text = pd.DataFrame(records, columns=csv_columns).to_csv(index=False)
 
     # Markdown
-    md = [f"**{_md_escape(caption)}**", ""] + ([_md_escape(metric_line), ""] if metric_line else [])
+    md = [f"**{_md_escape(caption)}**", ""] + ([f"**{SYNTHETIC_NOTE}**", ""] if synthetic else [])
+    md += [_md_escape(metric_line), ""] if metric_line else []
     md_text = "\n".join(md + markdown_table(layout)) + "\n"
 
     # LaTeX (booktabs)
+    tex_caption = f"{SYNTHETIC_NOTE} {caption}" if synthetic else caption
     tex = [
         r"% Generated by fedmedbench.report.tables; requires \usepackage{booktabs}",
         r"\begin{table}[t]",
         r"\centering",
-        rf"\caption{{{latex_escape(_with_sentence(caption, metric_line))}}}",
+        rf"\caption{{{latex_escape(_with_sentence(tex_caption, metric_line))}}}",
         r"\begin{tabular}{l" + "c" * len(columns) + "}",
         r"\toprule",
         "Method & " + " & ".join(latex_escape(c) for c in columns) + r" \\",
