@@ -24,7 +24,7 @@ fmb.check_config_location()
 fmb.read_yaml(fmb.DEFAULT_CONFIG)
 # Overlays given with --configfile: Snakemake read them (and ran a YTE template in them) before
 # this file runs; refused all the same so that such a run stops here. `fedmedbench
-# with-jobserver snakemake ...` refuses them before Snakemake starts (docs/reliability.md).
+# with-jobserver snakemake ...` refuses them before Snakemake starts (docs/engineering.md).
 for overlay in workflow.configfiles:
     fmb.read_yaml(overlay)
 
@@ -85,18 +85,29 @@ def user_data_options(wildcards):
 
 
 def user_data_listing(wildcards):
-    """The files of a user's data folder (names, sizes, times; symlinked site folders followed): an
-    edit there re-runs preprocessing. Its split_csv, read by the split alone, is left out.
+    """The files of a user's data folder (names, sizes, contents; symlinked site folders followed):
+    an edit there re-runs preprocessing, even one that keeps every size and time (two masks swapped).
+    Its split_csv, read by the split alone, is left out. The content hashes are cached under the
+    run's results (no rule reads or writes that folder, so it re-runs nothing): a DAG build reads
+    only the files that changed since the last one.
     """
     if not user_data(wildcards.dataset):
         return ""
     from fedmedbench.data.digest import listing_digest
 
     section = config["data"][wildcards.dataset]
-    return listing_digest(
+    listing = listing_digest(
         section["root"],
         exclude=[section["split_csv"]] if section.get("split_csv") else [],
+        cache=f"{ROOT}/.cache/listing/{wildcards.dataset}.json",
     )
+    # Preprocessing reads groups_csv wherever it lies: its content joins the listing.
+    groups_csv = section.get("groups_csv")
+    if groups_csv and Path(groups_csv).is_file():
+        from fedmedbench.data.digest import file_digest
+
+        listing += f" groups_csv {file_digest(groups_csv)}"
+    return listing
 
 
 def raw_files(dataset):
@@ -125,7 +136,7 @@ def download_inputs(wildcards):
 def fetch_options(wildcards):
     """`--sha256` when pinned, and for a file the user downloaded by hand (`archive`, or a local
     `source`) without a pinned hash `--source-stamp`: its path, size and modification time (not its
-    content: hashing a 10 GB archive at every DAG build would take minutes; docs/decisions.md).
+    content: hashing a 10 GB archive at every DAG build would take minutes; docs/engineering.md).
     Replacing the file re-runs its download; the job checks it copies the file the DAG saw.
     (`download_source` takes `input`, so Snakemake compares none of it. A pinned hash fixes the
     content: a replaced file gives the same download or fails, so it needs no stamp.)
@@ -276,10 +287,26 @@ def experiment_splits(wildcards):
     ]
 
 
+def task_synthetic(task):
+    """Whether a task reads its dataset's synthetic twin (the demo): its figures and tables say so."""
+    return bool(
+        config["data"][config["tasks"][task]["dataset"]].get("synthetic", False)
+    )
+
+
+def experiment_synthetic(wildcards):
+    names = fmb.experiment(config, wildcards.experiment).task_names()
+    return any(task_synthetic(t) for t in names)
+
+
 def experiment_json(wildcards):
     spec = config["experiments"][wildcards.experiment]
     names = fmb.experiment(config, wildcards.experiment).task_names()
-    tasks = {t: fmb.task_spec_for_params(config, t) for t in names}
+    # `synthetic` per task: the report jobs mark a figure or table drawn from synthetic data.
+    tasks = {
+        t: {**fmb.task_spec_for_params(config, t), "synthetic": task_synthetic(t)}
+        for t in names
+    }
     return json.dumps({**spec, "task_specs": tasks}, sort_keys=True)
 
 
