@@ -4,17 +4,15 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint test-slurm clean-demo
+.PHONY: demo test test-slow test-without-shared test-kernels test-all lint test-slurm clean-demo
 
-# TORCH_INDEX=https://download.pytorch.org/whl/cpu: on a machine without a GPU, torch and torchvision
-# (pyproject.toml's pins) from PyTorch's CPU-only index first, instead of PyPI's default wheels and their
-# ~5 GB of CUDA libraries. Unset (the default), nothing changes.
-TORCH_INDEX ?=
-TORCH_PINS = $(shell grep -o '"torch\(vision\)\?==[^"]*"' pyproject.toml | tr -d '"')
-
-$(STAMP): pyproject.toml
+# torch and torchvision (pyproject.toml's pins) first, by scripts/install_torch.py: without an NVIDIA GPU
+# (no working nvidia-smi) from PyTorch's CPU-only index (~0.2 GB instead of ~3 GB of CUDA wheels),
+# falling back to PyPI's default wheels in seconds where that index cannot be reached; with a GPU, PyPI's.
+# TORCH_INDEX=URL installs them from URL; TORCH_INDEX=default (or TORCH_INDEX=) from PyPI.
+$(STAMP): pyproject.toml scripts/install_torch.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(if $(TORCH_INDEX),$(VENV)/bin/pip install $(TORCH_PINS) --index-url $(TORCH_INDEX))
+	$(VENV)/bin/python scripts/install_torch.py $(if $(filter undefined,$(origin TORCH_INDEX)),,--index "$(TORCH_INDEX)")
 	$(VENV)/bin/pip install -e ".[dev,flower]"
 	touch $(STAMP)
 
@@ -23,11 +21,41 @@ demo: $(STAMP)
 	time python -m fedmedbench with-jobserver snakemake --workflow-profile workflow/profiles/demo
 	@echo "Tables, figures and the report are in results/demo/ (start with results/demo/report.md)"
 
+# The tiers (pytest markers, registered in pyproject.toml and tests/conftest.py; README: "Tests").
 # Three workers, one test file each at a time (--dist loadfile keeps a file's shared fixtures, e.g. the
-# one Flower federation of tests/test_federation.py, in one process): the real-federation tests wait on
-# Flower's polling most of the time, so the other files run meanwhile (~10 min instead of ~19 on 2 cores).
+# one Flower federation of tests/test_federation.py, in one process): a real federation or a Snakemake
+# run waits on its subprocesses most of the time, so the other files run meanwhile. Each tier prints
+# its 25 slowest tests (pyproject's --durations=25), so growth shows when it happens.
+PYTEST_TIER = pytest -n 3 --dist loadfile
+
+# The fast tier, for every change: units, invariants, hand-computed cases, the tiny end-to-end
+# Snakemake run and one real federation. Everything not marked `slow`.
 test: $(STAMP)
-	pytest -n 3 --dist loadfile
+	$(PYTEST_TIER) -m "not slow"
+
+# The rest: every federation of the equivalence matrix, Flower's simulation runtime, the longer
+# Snakemake and install runs.
+test-slow: $(STAMP)
+	$(PYTEST_TIER) -m slow
+
+# The tests of ../shared (marker `shared`) once more as a clone without ../shared runs them: they skip
+# or fall back to synthetic data (tests/conftest.py: FEDMEDBENCH_SHARED).
+test-without-shared: $(STAMP)
+	FEDMEDBENCH_SHARED=/nonexistent/fedmedbench-shared pytest -q -m shared
+
+# The fast tier's numeric tests again under another set of CPU kernels (ATen's portable ones instead
+# of AVX2/AVX-512): numeric assertions must hold on any CPU, so none may depend on one kernel set's
+# rounding. The real federation is left out: it compares two runs of one process, on one kernel set.
+test-kernels: $(STAMP)
+	ATEN_CPU_CAPABILITY=default python -c "import torch; print('torch CPU kernels:', torch.backends.cpu.get_cpu_capability())"
+	ATEN_CPU_CAPABILITY=default $(PYTEST_TIER) -m "not slow and not federation"
+
+# Everything, `make test` (the README's test command) first so that a common break fails in minutes.
+# Each tier's time is printed after it.
+test-all: $(STAMP)
+	@set -e; for tier in test test-slow test-without-shared test-kernels test-slurm; do \
+		start=$$(date +%s); $(MAKE) --no-print-directory $$tier; \
+		echo "make $$tier: passed in $$(( $$(date +%s) - start )) s"; done
 
 lint: $(STAMP)
 	snakemake --lint
@@ -40,3 +68,9 @@ test-slurm: $(STAMP)
 
 clean-demo:
 	rm -rf results/demo
+
+# The measured numbers quoted in README.md and docs/, rewritten from their result files under
+# benchmarks/results/ (tests/test_docs.py fails when a page and its file disagree).
+.PHONY: docs
+docs:
+	python3 scripts/docs_numbers.py

@@ -3,7 +3,9 @@ the one path to ../shared (design notes, real data samples) for the tests that r
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,8 @@ import pytest
 from fedmedbench.data.store import write_client, write_split_csv
 
 # Tests that read ../shared use it when it is beside the checkout and skip (or fall back to synthetic
-# data) when it is not. FEDMEDBENCH_SHARED overrides where it is: .ci/run sets it to a missing path
+# data) when it is not. FEDMEDBENCH_SHARED overrides where it is: `make test-without-shared` (part of
+# `make test-all`, hence of .ci/run) sets it to a missing path
 # and runs the tests marked `shared` again, as a fresh clone without ../shared would run them.
 SHARED_ENV = "FEDMEDBENCH_SHARED"
 
@@ -29,7 +32,47 @@ def realdata_dir() -> Path:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", f"shared: reads ../shared (${SHARED_ENV}) where present; .ci/run runs these again without it")
+    # The tiers (pyproject.toml registers `slow` and `federation`; Makefile: `make test` runs
+    # `-m "not slow"`, `make test-all` every tier).
+    config.addinivalue_line("markers", f"shared: reads ../shared (${SHARED_ENV}) where present; make test-all runs these again without it")
+
+
+# --- no logging handler outlives its stream ----------------------------------------------------------
+# A handler made during a test (``cli.main`` in-process, a library imported there) may hold that test's
+# captured stderr, which pytest closes afterwards: every later record then printed "--- Logging error
+# --- ValueError: I/O operation on closed file". Each test's own handlers are removed after it, and at
+# the end of the session a handler still on pytest's capture is pointed at the real stderr.
+def _loggers():
+    yield logging.getLogger()
+    yield from (lg for lg in list(logging.Logger.manager.loggerDict.values()) if isinstance(lg, logging.Logger))
+
+
+def _pytests(handler) -> bool:
+    """pytest's own capture handlers (caplog, the report's), which come and go with each phase."""
+    return type(handler).__module__.startswith("_pytest")
+
+
+@pytest.fixture(autouse=True)
+def _no_logging_handler_outlives_its_test():
+    before = {lg: set(lg.handlers) for lg in _loggers()}
+    root_level = logging.getLogger().level
+    yield
+    for lg in _loggers():
+        for handler in [h for h in lg.handlers if not _pytests(h) and h not in before.get(lg, ())]:
+            lg.removeHandler(handler)
+            handler.close()
+        for handler in lg.handlers:  # one made before the test whose stream the test replaced and closed
+            if isinstance(handler, logging.StreamHandler) and not _pytests(handler) and getattr(handler.stream, "closed", False):
+                handler.stream = sys.__stderr__  # not setStream: it flushes the closed stream first
+    logging.getLogger().setLevel(root_level)
+
+
+def pytest_unconfigure(config):
+    for lg in _loggers():
+        for handler in lg.handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and not _pytests(handler) and type(stream).__module__.startswith("_pytest"):
+                handler.stream = sys.__stderr__  # pytest closes its capture after this hook (at exit, Ray and Flower still log)
 
 
 def write_tiny_task(root, clients=("A", "B", "C"), n=(12, 10, 8), size=16, seed=0):

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
@@ -354,9 +353,7 @@ def _tnbc_layout(tmp_path, sites=tuple(TNBC_SITES)) -> tuple[dict, dict[str, lis
 @realdata
 def test_real_tnbc_complete_release_as_three_sites_of_patients(tmp_path):
     options, masks = _tnbc_layout(tmp_path)
-    started = time.perf_counter()
     report = inspect_folders(options, "tnbc", size_problem=UNET)
-    seconds = time.perf_counter() - started
     assert report.problems == [] and report.warnings == [], report.lines()
     tiles = dict(zip(range(1, 12), TNBC_TILES))
     oracle = _provenance_mask_values()
@@ -371,7 +368,8 @@ def test_real_tnbc_complete_release_as_three_sites_of_patients(tmp_path):
         assert got.mask_values == dict(expected) and set(got.mask_values) == {0, 255}
         assert got.class_pixels == [expected[0], expected[255]] and sum(got.class_fractions) == pytest.approx(1)
     assert [report.site(s).files for s in TNBC_SITES] == [23, 14, 13]  # 7+3+5+8, 4+3+3+4, 6+4+3
-    assert seconds < 30, seconds  # about 1 s on an idle 2-core machine: headers only for the images
+    # Its time (about 1 s on an idle 2-core machine: headers only for the images) is benchmarks/
+    # bench_check_data.py's: a test asserts no wall-clock time (it would fail on a loaded machine).
 
 
 @pytest.mark.shared
@@ -508,9 +506,7 @@ def test_real_monuseg_test_set_with_masks_drawn_from_its_xml(tmp_path):
         counts = expected.setdefault(site, Counter())
         counts.update({0: int((mask == 0).sum()), 255: int((mask > 0).sum())})
     options = {"root": str(root), "mask_values": {0: 0, 255: 1}, "classes": ["background", "nucleus"]}
-    started = time.perf_counter()
     report = inspect_folders(options, "monuseg", size_problem=UNET)
-    seconds = time.perf_counter() - started
     for site in ("siteA", "siteB"):
         got = report.site(site)
         assert got.files == 7 and got.sizes == {(1000, 1000): 7} and got.channels == {"colour": 7}
@@ -519,4 +515,4 @@ def test_real_monuseg_test_set_with_masks_drawn_from_its_xml(tmp_path):
     assert len(report.problems) == 1 and "1000 is not a multiple of 16" in report.problems[0], report.problems
     resized = inspect_folders({**options, "image_size": 256}, "monuseg", size_problem=UNET)
     assert resized.problems == [], resized.problems
-    assert seconds < 30, seconds  # headers only for the 14 TIFFs; the masks are read in full
+    # Its time (headers only for the 14 TIFFs; the masks are read in full): benchmarks/bench_check_data.py.

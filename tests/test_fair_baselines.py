@@ -258,12 +258,17 @@ def test_cffl_shuffled_label_participant_gets_the_lowest_reputation_and_is_remov
     # 8 local epochs of batch 2 (32 steps a round), so the honest sites learn the squares quickly.
     cfg = tiny_run_config(store, split, "cffl", augment="none", local_epochs=8, batch_size=2)
     _, _, server, clients = build_federation(cffl, cfg)
-    removed_at = None
+    # Asserted until C leaves, not after: then two honest sites of near-equal scores remain, and
+    # sinh(alpha r) can push either one below 1/6 on some CPU's trajectory (an AMD EPYC's ended at
+    # [1.0, 0.0, 0.0] after round 8): that is CFFL's rule at work, not the bad participant's ranking.
+    trajectory = []
     for r in range(1, 9):
         run_rounds(server, clients, 1, first=r)
-        if r >= 2 and removed_at is None:
-            assert server.reputation[2] < min(server.reputation[:2]), (r, server.reputation)
-        if not server.reputable[2] and removed_at is None:
-            removed_at = r
-    assert removed_at is not None and server.reputable[:2] == [True, True]
+        trajectory.append([round(v, 4) for v in server.reputation])
+        if r >= 2:  # round 1 ranks one noisy validation score (reputations start at 0)
+            assert server.reputation[2] < min(server.reputation[:2]), trajectory
+        if not server.reputable[2]:
+            break
+    assert not server.reputable[2], trajectory  # removed within 8 rounds
+    assert server.reputable[:2] == [True, True], trajectory  # the honest sites stay past it: C is removed first
     assert server.reputation[2] == 0.0 and server.downloads[2] is None

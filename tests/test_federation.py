@@ -190,6 +190,7 @@ def federated_matrix(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.federation
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_every_method_on_a_real_federation_equals_the_engine_byte_for_byte(federated_matrix, name):
     root, status, logs = federated_matrix
@@ -203,6 +204,7 @@ def test_every_method_on_a_real_federation_equals_the_engine_byte_for_byte(feder
 
 
 @pytest.mark.slow
+@pytest.mark.federation
 @pytest.mark.parametrize("name", list(COHORT_RUNS))
 def test_a_test_only_cohort_on_a_real_federation_equals_the_engine_byte_for_byte(federated_matrix, name):
     """PRR-FL (paper and official flows) with site OOD's SuperNode as the test-only cohort: the run

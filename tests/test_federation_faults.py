@@ -413,6 +413,7 @@ def test_a_cohort_node_is_not_taken_for_a_training_site(tmp_path, tiny_task):
 
 # --- a real federation: a bad node config, then a killed SuperNode ------------------------------------
 @pytest.mark.slow
+@pytest.mark.federation
 def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_supernode(tmp_path, tiny_task):
     from fedmedbench.federation.local import _stop, local_federation
 

@@ -52,7 +52,8 @@ def killed_in_round_3(workdir: Path, out: Path, clients) -> bool:
     return True
 
 
-@pytest.mark.slow
+# `make test`'s one real federation (a SuperLink, three SuperNodes, a restart; ~40 s on an idle machine).
+@pytest.mark.federation
 def test_a_restarted_server_resumes_from_its_checkpoint_as_the_engine(tmp_path, tiny_task):
     from fedmedbench.federation.local import APP_DIR, CONNECTION, local_federation, toml_value
 

@@ -90,6 +90,7 @@ def _handshake(port: int, context: ssl.SSLContext) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.federation
 def test_tls_and_supernode_auth_equal_the_engine_and_refuse_strangers(tmp_path, tiny_task):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=1)

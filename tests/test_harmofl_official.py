@@ -67,7 +67,14 @@ BATCH = 4  # 2 batches per client after truncation (the amplitude must stay the 
 # The official prostate base optimizer: Adam(lr, weight_decay=1e-4) with torch's default betas (0.9, 0.999),
 # created once per client; lr 1e-3 instead of 1e-4 so that one round moves the weights visibly.
 OPTIMIZER = {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "weight_decay": 1e-4}
-ATOL = 1e-5
+# Ours and the transcription are two float32 computations of the same flow: another kernel set (CPU,
+# ATEN_CPU_CAPABILITY, oneDNN) sums in another order. Adam moves each weight by about lr per step,
+# whatever the gradient's size, and a weight's step follows its gradient's relative error, which
+# through the network's depth (batch statistics over 4 values, gradients near 0) reaches a few
+# percent: 2.07e-5 was measured on an AMD EPYC (AVX2), under 1e-5 where the test was written. So the
+# bound is a tenth of one Adam step; a flow that differs (no perturbation, another amplitude, other
+# batches) moves weights by whole steps (the rounds move them by > 1e-3, asserted beside).
+ATOL = 0.1 * OPTIMIZER["lr"]
 
 
 # --- the transcription -------------------------------------------------------------------------------

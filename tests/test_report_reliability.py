@@ -1,5 +1,5 @@
 """Report inputs that are damaged, empty or cut short: one line naming the file (and row, column or
-round), a non-zero exit, and no table or figure drawn from part of a run (docs/reliability.md).
+round), a non-zero exit, and no table or figure drawn from part of a run (docs/troubleshooting.md).
 
 The run folders here are written the way ``fl.engine`` writes them: history rows ``round, client,
 split, metric, value``; ``train`` and ``val`` every round, ``test`` every ``curve_every`` rounds and

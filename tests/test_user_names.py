@@ -273,7 +273,7 @@ def test_with_jobserver_refuses_a_yte_overlay_or_profile_before_snakemake_runs_i
 
 
 def test_plain_snakemake_runs_a_yte_overlay_before_the_snakefile_which_then_stops(tmp_path):
-    """What docs/reliability.md says: Snakemake evaluates the template while reading its arguments,
+    """What docs/engineering.md says: Snakemake evaluates the template while reading its arguments,
     before our Snakefile exists for it; the Snakefile refuses the overlay, so no job runs."""
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text((ROOT / "config" / "config.yaml").read_text())

@@ -32,7 +32,7 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE) if m.group(1) != "total"}
 
 
-@pytest.mark.slow
+# `make test`'s one end-to-end Snakemake run (not marked slow on purpose).
 def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(tmp_path):
     # Every path of the run holds a space: each one is quoted in the rules' shell commands.
     tmp_path = tmp_path / "with space"
