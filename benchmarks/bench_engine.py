@@ -8,7 +8,7 @@ The plain loop is the reference the engine is measured against: the same model, 
 and batch size, one batch already on the device, nothing else (no data loading, no evaluation, no
 checkpoint). The engine runs the real round loop (FedAvg, 2 clients) on random data of the task's
 shape written in the canonical store format. Prints Markdown tables; results go to
-docs/performance.md with the device named.
+a dated file under benchmarks/results/ with the device named.
 """
 
 from __future__ import annotations

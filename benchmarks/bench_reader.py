@@ -12,7 +12,7 @@ store's pages (``posix_fadvise(DONTNEED)``, so the reads go to the disk).
 
 A GPU consumes what it computes: ``--gpu-rate`` (samples/s, e.g. batch / step time from
 ``benchmarks/bench_engine.py`` on that GPU) prints how many reader threads keep it busy; without it,
-a bound from the model's FLOPs per sample is printed (see docs/performance.md).
+a bound from the model's FLOPs per sample is printed (see docs/cost.md).
 
     python benchmarks/bench_reader.py [--tasks camelyon17 prostate] [--workers 0 1 2 4] [--cold]
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What to measure when a GPU is at hand for a few minutes (docs/performance.md records the results,
+# What to measure when a GPU is at hand for a few minutes (a dated file under benchmarks/results/ records the results,
 # naming the device). Each step has its own time limit and writes its output as it goes, so a step cut
 # short still leaves what it measured, and the next step runs:
 #   1. the device and the software;

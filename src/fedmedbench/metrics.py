@@ -1,6 +1,6 @@
 """Evaluation metrics.
 
-Two Dice definitions are reported side by side (docs/decisions.md):
+Two Dice definitions are reported side by side (docs/reviewers/index.md):
 - ``dice_paper``: as the papers' code computes it: argmax prediction, Dice per sample and per class
   *including background*, a class absent from both prediction and truth scoring 0, averaged over
   classes and then over samples. Comparable to the published tables, inflated by the background.

@@ -22,12 +22,12 @@ rule train:
     # checkpoint_every and data_workers are resources, not params: they cannot change any number, so
     # changing them must neither re-run finished jobs nor discard a killed job's checkpoint.
     # data_workers (threads reading the next batches; 0 = the training thread reads them): set it for
-    # GPU jobs in a profile (`set-resources: train: data_workers: 3`), see docs/performance.md.
+    # GPU jobs in a profile (`set-resources: train: data_workers: 3`), see docs/cost.md.
     resources:
         gpu=1,
         checkpoint_every=checkpoint_every,
         # at most one checkpoint per this many seconds (0: every checkpoint_every rounds), e.g.
-        # `--set-resources train:checkpoint_every_seconds=600` for fast GPU jobs (docs/performance.md)
+        # `--set-resources train:checkpoint_every_seconds=600` for fast GPU jobs (docs/cost.md)
         checkpoint_every_seconds=0,
         data_workers=0,
     params:

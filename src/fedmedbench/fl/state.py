@@ -503,7 +503,7 @@ class _Blobs:
             # GIL back after every buffer's crc32 (~700 for Camelyon17), each a hand-off from the walk
             # and a wake-up on the other core; with the CRC here, the walk releases the GIL in
             # crc32 and the writer takes it then (on 2 idle cores: 0.25-0.36 -> 0.15-0.2 CPU s a
-            # Camelyon17 write; docs/decisions.md, "The checkpoint's CRC32 on the walk's thread").
+            # Camelyon17 write; docs/engineering.md, "Checkpoints").
             self.writer = _Consumer("checkpoint-writer", _Writer(handle, offset))
             self.writer.start()
 

@@ -31,7 +31,7 @@ threshold does): reputations then act through removals only.
 model, IMDb, SST and MR; 0.01 in methods.md §2.12); with Adam each coordinate moves ~η per step, so an
 absolute bound below η·steps truncates every participant's own training (the clipped update is what
 it keeps). No source gives one for a UNet: null (no clipping, **our adaptation**), which beat 0.01 on
-both demo tasks' validation Dice (prostate_lwr 89.5 vs 50.1, fundus 88.1 vs 86.1; decisions.md). The
+both demo tasks' validation Dice (prostate_lwr 89.5 vs 50.1, fundus 88.1 vs 86.1; docs/reviewers/fedlwr.md). The
 ``cffl-official`` row keeps the reference's rule: ``clip: 0.001`` (its Adam value), ``score: metric``.
 
 ``official_code: true`` takes the reference's conventions where ours differ: its masks keep every

@@ -1,7 +1,7 @@
 """FedProx (Li et al., 2020): local objective F_k(w) + mu/2 ||w - w_t||^2.
 
 The proximal gradient mu (w - w_t) is added to ``.grad`` before the optimizer step, so it passes
-through momentum/Adam like the task gradient (FL-bench's choice; docs/decisions.md). w_t is a
+through momentum/Adam like the task gradient (FL-bench's choice; docs/reviewers/harmofl.md). w_t is a
 detached copy of the received global weights, taken at ``receive``.
 """
 

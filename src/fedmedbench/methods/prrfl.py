@@ -18,7 +18,7 @@ Client (DET, ``ops.distill``): the package goes into the deputy (its BN stays it
 local epoch the stage is chosen from phi = macro F1 of d and p (``det_stage``; lambda1 = 0.7,
 lambda2 = 0.9): Recover (p: CE; d: CE + KL(p || d)), Exchange (both CE + KL toward the other),
 Sublimate (d: CE; p: CE + KL(d || p)). KL(teacher || student) as the official code (Eqs. 4-5 read
-literally give the reverse; docs/decisions.md). The teacher is detached and both models step on
+literally give the reverse; docs/reviewers/prrfl.md). The teacher is detached and both models step on
 every batch. ``phi_split: val`` (paper: the client's validation set) or ``train`` (official: the
 training data, scored here without augmentation); ``reset_stage_each_round`` (default true, paper
 and official: every round starts with Recover after the deputy was overwritten; false: the stage

@@ -17,7 +17,7 @@ Buffers (BN running statistics) are averaged with the run's weights, num_batches
   local update as one plain-SGD step of length 1/L, so Δw_k = L(w^t - w̄_k) stands for ∇F_k(w^t).
   With Adam every coordinate moves ~η per step, Δw_k is far larger than any gradient, the
   q F^(q-1)||Δw||² term exceeds L F^q by ~1e5 at paper size and the global model moves ~1e-5 of
-  FedAvg's step (docs/decisions.md, issue 16).
+  FedAvg's step at paper size (docs/reviewers/fedlwr.md).
 - ``smoothness_cap`` (default, **our adaptation**; the ``qfedavg`` row):
   L = min(1/η, min_k 2 F_k / ||w^t - w̄_k||²). The reference's own model bounds its gradient
   estimate: for a loss F >= 0 with L-Lipschitz gradient, ||∇F||² <= 2 L F, i.e.
@@ -30,7 +30,7 @@ Buffers (BN running statistics) are averaged with the run's weights, num_batches
 
 q is given by neither Fed-LWR nor the q-FFL paper for this task: 0.5, the best mean validation Dice of
 the grid {0.1, 0.5, 1, 2} (../specs/methods.md §2.11) on both demo tasks (prostate_lwr 76.8 / 79.9 /
-61.1 / 59.1, fundus 89.2 / 91.2 / 87.0 / 74.9; docs/decisions.md). Rerun the grid on real validation
+61.1 / 59.1, fundus 89.2 / 91.2 / 87.0 / 74.9; docs/reviewers/fedlwr.md). Rerun the grid on real validation
 data at paper size before trusting it there.
 """
 

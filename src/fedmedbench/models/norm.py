@@ -2,7 +2,7 @@
 
 ``standard``: affine BN with running statistics (what torchvision and most FL baselines use).
 ``stateless``: no affine parameters and no running statistics, i.e. batch statistics even at test
-time, which is what HarmoFL's official code does in every network (docs/decisions.md).
+time, which is what HarmoFL's official code does in every network (docs/reviewers/harmofl.md).
 """
 
 from torch import nn

@@ -30,7 +30,7 @@ Conventions:
   invariant to it; the Gram of uncentred float32 features is what broke the official code, and
   centring alone fixed every layer in the specs' measurements); the Gram of the centred features is
   formed in ``gram_dtype`` (float32 by default: a float64 copy of every activation cost more than the
-  forward pass on the CPU, docs/performance.md; ``torch.float64`` for full precision) and every HSIC
+  forward pass on the CPU, benchmarks/results/2026-11-22-fedlwr-cka-cpu.md; ``torch.float64`` for full precision) and every HSIC
   and CKA operation is float64. :func:`linear_cka` is float64 throughout.
 * ``official=True`` reproduces the official Fed-LWR numerics **for comparison only**: uncentred
   float32 Grams and float32 HSIC, each minibatch HSIC multiplied by ε = 1e-4 before summing, and

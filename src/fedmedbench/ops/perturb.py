@@ -7,7 +7,7 @@ the base optimizer's business)::
 
     theta <- BaseStep(theta, grad L(theta + delta))
 
-Details (docs/decisions.md):
+Details (docs/reviewers/harmofl.md):
 - ``||g|| = 0`` gives ``delta = 0`` (the official code divides by ``||g|| + 1e-12``, which is the same
   there and differs by ~1e-12 relative elsewhere). The guard needs no host sync.
 - ``theta`` is restored by copying the saved weights back, not by ``theta + delta - delta`` (the

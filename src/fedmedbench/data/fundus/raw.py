@@ -194,7 +194,7 @@ def _read(path: Path, mode: str) -> np.ndarray:
 # but e.g. a soft probability map. Real RIF masks have none; a mask drawn or resized with
 # anti-aliasing has a band of them along the disc and cup edges (3-6 % on the 48 px synthetic twin,
 # up to 13 % at 24 px, under 1 % at the real 384-800 px), which DoFE's thresholds classify.
-# Documented in docs/data/fundus.md and docs/decisions.md.
+# Documented in docs/data/fundus.md and docs/reviewers/fedlwr.md.
 MAX_OFF_LEVEL_FRACTION = 0.25
 
 
