@@ -4,6 +4,7 @@ trained by the same engine (a plug-in equal to FedAvg gives FedAvg's numbers bit
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -154,3 +155,28 @@ def test_the_methods_listing_includes_config_plugins(tmp_path, plugin):
     listing = run_cli("methods", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), pythonpath=[plugin.parents[1]])
     assert listing.returncode == 0, listing.stderr
     assert any(line.startswith("fedtwin ") and "config: my_lab.fedtwin" in line for line in listing.stdout.splitlines())
+
+
+def test_an_installed_plugin_needs_no_section_and_a_missing_one_says_what_to_add(tmp_path, monkeypatch):
+    site = installed_plugin(tmp_path / "site", "sectionless_pkg", "fedsectionless")
+    monkeypatch.syspath_prepend(str(site))
+    forget()
+    try:
+        config = cfgmod.deep_merge(BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedsectionless"]}}})
+        assert "fedsectionless" not in config["methods"]
+        cfgmod.validate(config, "config.yaml")
+        resolved = cfgmod.resolve_run(config, "prostate", "fedsectionless", 0)
+        assert resolved["method_params"] == {"strength": 0.5, "flag": False} and resolved["method_module"] == "sectionless_pkg.method"
+        # Neither built in, nor installed, nor a section: the YAML to add, in one line.
+        unknown = cfgmod.deep_merge(BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "myfed"]}}})
+        with pytest.raises(ConfigError) as err:
+            cfgmod.validate(unknown, "config.yaml")
+        assert "\n" not in str(err.value)
+        assert str(err.value).startswith("config.yaml: experiments.harmofl_table1_prostate: run 'myfed': method 'myfed' is neither built in nor an installed plug-in")
+        assert str(err.value).endswith("`methods: {myfed: {module: <its import path, e.g. myfed.method>}}`")
+        # A variant needs a section: the message shows where it goes.
+        variant = cfgmod.deep_merge(BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedsectionless-strong"]}}})
+        with pytest.raises(ConfigError, match=re.escape("(a variant is added as `methods: {fedsectionless: {variants: {strong: {<parameter or task key>: <value>}}}}`)")):
+            cfgmod.validate(variant, "config.yaml")
+    finally:
+        forget()

@@ -27,6 +27,11 @@ class DivergenceError(FedmedbenchError, FloatingPointError):
     """Training produced a non-finite loss or parameter (names the round, client and quantity)."""
 
 
+class MethodError(FedmedbenchError):
+    """A method's hook failed (a plug-in's or a built-in's): names the method, the hook, the round
+    and the client, then the original error, which is its ``__cause__`` (``-v`` shows its traceback)."""
+
+
 def closest(name: str, valid: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest valid spelling, or an empty string."""
     match = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)

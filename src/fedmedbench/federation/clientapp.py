@@ -52,6 +52,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedmedbench.federation.messages import config_of, pack, unpack
+from fedmedbench.errors import MethodError
 from fedmedbench.fl.transport import Site, SiteError
 
 app = ClientApp()
@@ -142,7 +143,7 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
     (the same seed, model initialisation and data generator), from the node's own data only."""
     from fedmedbench.fl.data import load_clients
     from fedmedbench.fl.seeding import client_generator, seed_everything
-    from fedmedbench.registry import load_method
+    from fedmedbench.fl.hooks import load_method  # the engine's guarded hooks: a failure reads as the engine's line
     from fedmedbench.models import build_model
     from fedmedbench.runconfig import RunConfig
 
@@ -211,6 +212,8 @@ def save_site(site: Site, context: Context, done: int | None = None) -> None:
 def error_reply(message: Message, name: str, err: Exception) -> Message:
     """A failure as one line naming the site (the server stops with it, adding the step and round)."""
     text = " ".join(str(err).split())
+    if isinstance(err, MethodError):  # already names method, hook, round and client: read as the engine's
+        return Message(RecordDict({"error": ConfigRecord({"text": text, "method": True})}), reply_to=message)
     if not text.startswith(f"site {name}"):  # our own refusals read as they are; anything else says what it was
         text = f"site {name}: {text}" if isinstance(err, SiteError) else f"site {name}: {type(err).__name__}: {text}"
     return Message(RecordDict({"error": ConfigRecord({"text": text})}), reply_to=message)

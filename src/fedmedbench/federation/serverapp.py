@@ -25,6 +25,7 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fedmedbench.federation.messages import check_evaluation, check_final, check_finite_payload, check_ood, check_reply, check_same_shape, pack, unpack
+from fedmedbench.errors import MethodError
 from fedmedbench.fl.transport import SiteError, serve
 
 app = ServerApp()
@@ -124,7 +125,10 @@ class FlowerTransport:
                 reason = " ".join(str(message.error.reason).split())[:300]  # one line, whatever the traceback
                 raise SiteError(f"{where}: {meaning} (Flower error {message.error.code}: {reason})")
             if "error" in message.content:
-                raise SiteError(f"{step}: {message.content['error']['text']}")
+                error = message.content["error"]
+                if error.get("method"):  # a method's hook failed: the same line as in the engine
+                    raise MethodError(error["text"])
+                raise SiteError(f"{step}: {error['text']}")
             self.bytes_received += payload_bytes(message.content)
             out[node] = (unpack(message.content, where), dict(message.content["c"]))
         return out

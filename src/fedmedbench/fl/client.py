@@ -7,6 +7,10 @@ A method may hold more models than ``self.model`` (a deputy, a personal model, a
 creates them in ``__init__``, trains them in ``train_step``, checkpoints them in ``state_dict``.
 ``self.model`` is the one whose weights go up in ``reply`` by default and are checked for divergence.
 The base behaviour is FedAvg's client.
+
+The package (and a query) a client receives is its own copy, in either runtime: editing it in place
+changes nothing the server or another client holds. What ``reply`` returns is copied on its way up,
+so the server's edits never reach the client's models (fl/transport.py ``own_copy``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,14 @@ def batch_to_device(batch: torch.Tensor, device: torch.device, precision: str) -
     return batch.to(device)
 
 
+def wrong_shape(state: dict[str, torch.Tensor], model: nn.Module) -> None:
+    """A ``ValueError`` naming the first tensor of a received ``state`` whose shape is not the model's."""
+    own = model.state_dict()
+    for key, value in state.items():
+        if key in own and tuple(value.shape) != tuple(own[key].shape):
+            raise ValueError(f"the package's tensor {key!r} has shape {list(value.shape)}, the model's has {list(own[key].shape)} (the server's aggregate or package made it so)")
+
+
 class Client:
     def __init__(self, cfg: RunConfig, index: int, data: ClientSplits, model: nn.Module, generator: torch.Generator, device: torch.device):
         self.cfg, self.index, self.data, self.name = cfg, index, data, data.name
@@ -72,7 +84,11 @@ class Client:
         if package is None:
             return
         shared = {k: v for k, v in package["state"].items() if k not in self.local_keys}
-        self.model.load_state_dict(shared, strict=False)
+        try:
+            self.model.load_state_dict(shared, strict=False)
+        except RuntimeError:
+            wrong_shape(shared, self.model)  # torch's own message says "from checkpoint"; name the package's tensor
+            raise
         if self.cfg.reset_optimizer_each_round:
             self.optimizer = build_optimizer(self.model.parameters(), self.cfg.optimizer)
 

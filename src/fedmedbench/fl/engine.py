@@ -2,7 +2,8 @@
 (train -> aggregate -> distribute -> evaluate -> checkpoint) for all methods.
 
 The engine knows nothing about any particular method: it finds ``fedmedbench.methods.<name>`` by
-name (``fedmedbench.registry``) and calls its hooks. Model selection uses the validation split only
+name (``fedmedbench.registry``) and calls its hooks, through ``fl/hooks.py``, so a failing hook is
+one line naming the method, hook, round and client. Model selection uses the validation split only
 (mean over clients for a global model, per client for personalized methods); the test split is
 evaluated every round for the curves and reported at the selected round.
 
@@ -30,6 +31,7 @@ from fedmedbench.fl.placement import pick_device
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, load_clients, load_test_only
 from fedmedbench.fl.evaluation import final_test, ood_test
+from fedmedbench.fl.hooks import load_method  # the method's Server and Client, their failures named
 from fedmedbench.fl.runfolder import history_file, remove_stale_files, restore, save_state, write_outputs
 from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.fl.seeding import client_generator, seed_everything
@@ -38,7 +40,7 @@ from fedmedbench.fl.transport import InProcessTransport, Site, run_rounds
 from fedmedbench.metrics import METERS
 from fedmedbench.models import build_model
 from fedmedbench.progress import Progress
-from fedmedbench.registry import load_method, merge_params
+from fedmedbench.registry import merge_params
 from fedmedbench.runconfig import RunConfig
 
 log = logging.getLogger("fedmedbench.engine")

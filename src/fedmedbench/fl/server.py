@@ -1,4 +1,9 @@
-"""Base server: holds the global state and aggregates replies. The base behaviour is FedAvg's server."""
+"""Base server: holds the global state and aggregates replies. The base behaviour is FedAvg's server.
+
+The replies (and answers) it aggregates are its own copies, and each client receives its own copy of
+its package, in either runtime: an in-place edit on either side reaches no one else
+(fl/transport.py ``own_copy``). A hook that fails is named with its method, round and client
+(fl/hooks.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ class Server:
         self.params = cfg.method_params
         self.num_clients = num_clients
         self.global_state = clone_state(model.state_dict())
+        self.round_index = 0  # set by the round loop at the start of each round (as Client.round_index)
 
     def package(self, client_index: int, round_index: int) -> dict | None:
         """What client ``client_index`` receives after round ``round_index`` (0: before training)."""

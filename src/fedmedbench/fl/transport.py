@@ -17,13 +17,15 @@ kept model on its own test rows (``ood``), as the engine's ``evaluation.ood_test
 method's ``Client`` with its personal models and optimizer state, the kept model); its
 ``state_dict`` is what a stateless Flower ClientApp stores in the node's own folder between messages.
 ``Cohort`` is a test-only cohort's side: it holds only its test rows.
-``InProcessTransport`` calls the sites directly (the engine's simulation); ``run_rounds`` is the
-loop, and nothing in it knows where the sites are. The loop, the sites and the transports import no
-method and no Flower.
+``InProcessTransport`` calls the sites directly (the engine's simulation), each with its own copy
+of what crosses (``own_copy``: packages, queries, replies, answers), as Flower's serialized messages
+give one; ``run_rounds`` is the loop, and nothing in it knows where the sites are. The loop, the
+sites and the transports import no method and no Flower.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable, Protocol
 
@@ -43,6 +45,23 @@ def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A host copy of every tensor, independent of the model: one copy each (``.cpu()`` of a device
     tensor is already a copy, so ``.cpu().clone()`` copied a kept model twice on a GPU)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def own_copy(value):
+    """``value`` as a site receives it over a wire: its own tensors (a clone each, detached, on the same
+    device, with the same dtype and layout: the same numbers), in containers of the same types (a
+    state dict's ``_metadata`` kept), other values deep-copied. What a method then edits in place is
+    its own copy, as on Flower's runtime, where every message is serialized."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        out = copy.copy(value)  # the same kind of dict, with its attributes
+        for key, item in value.items():
+            out[key] = own_copy(item)
+        return out
+    if type(value) in (list, tuple):
+        return type(value)(own_copy(item) for item in value)
+    return copy.deepcopy(value)
 
 
 class Site:
@@ -132,8 +151,6 @@ class Cohort:
         loads the same state into the client's evaluated model, which for every method a test-only
         cohort is run with in this project is that network (a method whose evaluated model wraps
         it, e.g. HarmoFL's amplitude normalisation, is refused here in one line)."""
-        import copy
-
         from fedmedbench.models import build_model
 
         if not models:
@@ -188,18 +205,28 @@ class InProcessTransport:
         self.cohorts = list(cohorts or [])
         self.cohort_names = [cohort.name for cohort in self.cohorts]
 
+    # What crosses between the server and a site is copied (``own_copy``), as Flower's messages copy
+    # it: a package a method edits in place is that site's alone (not the server's state nor the next
+    # site's), and a reply the server edits is not the site's model. A package is copied just before
+    # its site takes it (one copy at a time beside the server's state); the replies' copies live until
+    # the aggregation, as the server's received messages do on Flower (a model per client).
+
     def start(self, packages):
         for site, package in zip(self.sites, packages):
-            site.start(package)
+            site.start(own_copy(package))
 
     def train(self, round_index):
-        return [site.train(round_index) for site in self.sites]
+        out = []
+        for site in self.sites:
+            reply, loss, rows = site.train(round_index)
+            out.append((own_copy(reply), loss, rows))
+        return out
 
     def answer(self, round_index, queries):
-        return [site.answer(query) for site, query in zip(self.sites, queries)]
+        return [own_copy(site.answer(own_copy(query))) for site, query in zip(self.sites, queries)]
 
     def evaluate(self, round_index, packages, with_test):
-        return [site.evaluate(round_index, package, with_test) for site, package in zip(self.sites, packages)]
+        return [site.evaluate(round_index, own_copy(package), with_test) for site, package in zip(self.sites, packages)]
 
     def keep(self, round_index, names):
         by_name = {site.name: site for site in self.sites}
@@ -236,6 +263,7 @@ def run_rounds(cfg, server, transport: Transport, names: list[str], selection, h
     from fedmedbench import faults
 
     for round_index in range(first_round, cfg.rounds + 1):
+        server.round_index = round_index  # what a failing server hook's line names (fl/hooks.py)
         trained = transport.train(round_index)
         faults.reached("round_trained")  # a test hook: a server killed mid-round (the sites have trained)
         replies = [reply for reply, _, _ in trained]
@@ -288,8 +316,8 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     from fedmedbench.errors import ConfigError
     from fedmedbench import faults
     from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl.hooks import load_method
     from fedmedbench.fl.seeding import seed_everything
-    from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
     from fedmedbench.progress import Progress
 
@@ -365,12 +393,11 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
 
 def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
     """Every client of ``cfg`` as a ``Site`` in this process, built as the engine builds them."""
-    import copy
     from pathlib import Path
 
     from fedmedbench.fl.data import load_clients
+    from fedmedbench.fl.hooks import load_method
     from fedmedbench.fl.seeding import client_generator, seed_everything
-    from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
 
     device = device or torch.device("cpu")
