@@ -7,17 +7,66 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
+import stat
 import sys
 import textwrap
 from pathlib import Path
 
-from fedmedbench.config import Experiment
-from fedmedbench.errors import ConfigError, FedmedbenchError
+from fedmedbench import version_line
+from fedmedbench.config import DEFAULT_CONFIG, Experiment
+from fedmedbench.errors import ConfigError, FedmedbenchError, closest
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes each record to ``sys.stderr`` as it is when the record is written, not to the stream
+    ``sys.stderr`` was when the handler was made. ``main`` runs in-process too (the tests, a job server's
+    fork): a handler bound to the stderr of that moment (pytest's capture of one test) outlived it and
+    every later record failed with ``--- Logging error --- ValueError: I/O operation on closed file``."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # StreamHandler.__init__/setStream assign it: always the current stderr
+        pass
 
 
 def _setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
+    """The root logger's one handler of ours (a second ``main`` in the same process replaces it, not
+    adds to it); handlers that others installed (pytest's, a library's) stay and stay open."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _CurrentStderr)]:
+        root.removeHandler(old)
+    handler = _CurrentStderr()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def config_files(paths: list[str]) -> list[str]:
+    """The --configfile files, each checked to exist: the default config/config.yaml missing (a command
+    run outside the checkout) says in one line where to run or what to pass."""
+    from fedmedbench.config import check_config_location
+
+    for path in paths:
+        if Path(path).is_file():
+            continue
+        if path == str(DEFAULT_CONFIG):
+            check_config_location()  # a checkout laid out before config.yaml moved: one line naming the new place
+            raise ConfigError(f"--configfile: found no {DEFAULT_CONFIG} in {Path.cwd()}: run the command in the fedmedbench checkout, "
+                              f"or pass --configfile PATH/TO/{DEFAULT_CONFIG} [overlay.yaml ...]")
+        if not os.path.exists(path):
+            from fedmedbench.config import moved_config, moved_config_error
+
+            new = moved_config(path)
+            raise moved_config_error(path, new) if new is not None else ConfigError(f"--configfile: {path}: no such file (in {Path.cwd()})")
+    return paths
 
 
 def cmd_train(args) -> None:
@@ -31,11 +80,14 @@ def cmd_train(args) -> None:
             raise ConfigError(f"--run-config is not valid JSON: {err}") from None
     else:
         if not (args.config and args.task and args.run and args.seed is not None):
-            raise SystemExit("train: give --run-config JSON, or --config FILE... --task --run --seed")
+            raise SystemExit("train: give --run-config JSON, or --configfile FILE... --task --run --seed")
         config = cfgmod.load_config(*args.config)
         run_cfg = cfgmod.resolve_run(config, args.task, args.run, args.seed)
         if args.checkpoint_every is None:
             args.checkpoint_every = cfgmod.checkpoint_every(config, args.task)
+    from fedmedbench.fl.data import refuse_random_pixels
+
+    refuse_random_pixels(run_cfg)  # a store made to time jobs, where the real data belong: one line, before any output
     out = Path(args.out)
     logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
     if run_cfg.get("runtime") == "flower-simulation":  # the same round loop under Flower's simulation runtime (docs/federation.md)
@@ -51,8 +103,13 @@ def cmd_estimate(args) -> None:
     from fedmedbench import estimate
     from fedmedbench.fl.placement import pick_device
 
-    if args.rounds_to_time < 2:
-        raise ConfigError(f"--rounds-to-time must be at least 2 (got {args.rounds_to_time})")
+    # Before any config is read or any round timed: a count that cannot be, one line each.
+    for option, value, least in (("--rounds-to-time", args.rounds_to_time, 2), ("--gpus", args.gpus, 1), ("--jobs-per-gpu", args.jobs_per_gpu, 1),
+                                 ("--threads", args.threads, 1), ("--data-workers", args.data_workers, 0)):
+        if value is not None and value < least:
+            raise ConfigError(f"{option} must be at least {least} (got {value})")
+    if not 0 < args.sharing_gain < float("inf"):  # NaN too
+        raise ConfigError(f"--sharing-gain must be above 0: the throughput of --jobs-per-gpu jobs sharing a GPU over one job's (got {args.sharing_gain})")
     config = cfgmod.load_config(*args.config)
     experiments = args.experiments or config.get("selected_experiments") or list(config["experiments"])
     for name in experiments:
@@ -104,9 +161,10 @@ def warm_up_jobs() -> None:
 
 
 def cmd_methods(args) -> None:
-    """Every method: built in, installed plug-ins (entry points) and the config's `module:` plug-ins."""
+    """Every method: built in, installed plug-ins (entry points) and the config's `module:` plug-ins;
+    per method what it is, its paper, where its BN statistics live and its parameters."""
     from fedmedbench import config as cfgmod
-    from fedmedbench.registry import available_methods, find_method, is_personalized, method_defaults
+    from fedmedbench.registry import available_methods, bn_statistics, find_method, is_personalized, method_defaults, summary
 
     configured = {}
     if args.config:
@@ -114,17 +172,35 @@ def cmd_methods(args) -> None:
         configured = {name: section["module"] for name, section in config["methods"].items() if (section or {}).get("module")}
     rows = [find_method(name) for name in available_methods()] + [find_method(name, module) for name, module in configured.items()]
     width = max(len(ref.name) for ref in rows)
+    indent = " " * (width + 2)
     for ref in rows:
-        params = ", ".join(f"{k}={v!r}" for k, v in method_defaults(ref.name, None if ref.builtin else ref.module).items()) or "-"
-        personalized = "personalized" if is_personalized(ref.name, None if ref.builtin else ref.module) else "global"
-        print(f"{ref.name:<{width}}  {personalized:<12}  {ref.origin}  ({ref.path})\n{'':<{width}}  parameters: {params}")
+        module = None if ref.builtin else ref.module
+        params = ", ".join(f"{k}={_value_text(v)}" for k, v in method_defaults(ref.name, module).items()) or "-"
+        personalized = "personalized" if is_personalized(ref.name, module) else "global"
+        # Its module, not its file: no path of this machine in a listing people paste into reports.
+        origin = ref.origin if ref.origin.startswith("config:") else f"{ref.origin}, {ref.module}"
+        description, paper = summary(ref.name, module)
+        print(f"{ref.name:<{width}}  {personalized:<12}  {origin}")
+        print(f"{indent}{description}")
+        if paper:
+            print(f"{indent}paper: {paper}")
+        print(f"{indent}BN statistics: {bn_statistics(ref.name, module)}")
+        print(f"{indent}parameters: {params}")
+
+
+def _value_text(value) -> str:
+    """A parameter's default; a float to 6 significant digits (0.333333, 1e-12), still a float (1.0)."""
+    return repr(float(f"{value:.6g}")) if isinstance(value, float) else repr(value)
 
 
 def cmd_new_method(args) -> None:
     from fedmedbench.scaffold import new_method
 
-    written = new_method(args.name, Path(args.out))
-    print(f"wrote {len(written)} files into {args.out}: `pip install -e {args.out}` registers {args.name!r}; `pytest {args.out}` trains it for two rounds")
+    out = args.out or args.name  # ./NAME, as `flwr new` does
+    written = new_method(args.name, Path(out))
+    # ./myfed rather than myfed in the hints: it reads as a folder, not as a name on the package index.
+    shown = out if Path(out).is_absolute() or out.startswith(".") else f"./{out}"
+    print(f"wrote {len(written)} files into {shown}: `pip install -e {shown}` registers {args.name!r}; `pytest {shown}` trains it for two rounds")
 
 
 def cmd_fetch(args) -> None:
@@ -258,6 +334,7 @@ def _experiment_finals(exp: Experiment, finals: list[dict], paths: list[str]) ->
 
 def cmd_table(args) -> None:
     from fedmedbench.report.flags import collect_flags
+    from fedmedbench.report.inputs import is_synthetic
     from fedmedbench.report.tables import seed_summary, write_table
 
     exp = Experiment.from_dict(json.loads(args.experiment))
@@ -265,26 +342,30 @@ def cmd_table(args) -> None:
     summary = seed_summary(finals, exp.metric, sources=args.finals, std_row=exp.std_row)
     rows = [(run, exp.label(run)) for run in exp.runs]
     flags = collect_flags(finals, dict(rows))
-    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, metric=exp.metric, flags=flags)
+    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, metric=exp.metric, flags=flags, synthetic=is_synthetic(exp.task_specs, finals))
 
 
 def cmd_figure(args) -> None:
     from fedmedbench.report.figures import convergence
-    from fedmedbench.report.inputs import histories_by_run
+    from fedmedbench.report.inputs import finals_beside, histories_by_run, is_synthetic
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     histories = histories_by_run(args.histories, exp.runs)
-    convergence(histories, exp.metric, Path(args.out_prefix), title=exp.title.split(":")[0] + ": convergence", labels=exp.labels)
+    # The finals as the table reads them: each run's selected round is marked at the table's Avg.
+    finals = _experiment_finals(exp, finals_beside(args.histories), [str(Path(p).with_name("final.json")) for p in args.histories])
+    by_run = {run: [f for f in finals if f["run"] == run] for run in exp.runs}
+    convergence(histories, exp.metric, Path(args.out_prefix), title=exp.title.split(":")[0] + ": convergence", labels=exp.labels, finals=by_run, synthetic=is_synthetic(exp.task_specs, finals))
 
 
 def cmd_sweep_figure(args) -> None:
-    from fedmedbench.report.metric_names import metric_label
-    from fedmedbench.report.sweeps import sweep_figure, sweep_points
+    from fedmedbench.report.inputs import is_synthetic
+    from fedmedbench.report.sweeps import sweep_figure, sweep_points, sweep_y_label
 
     exp = Experiment.from_dict(json.loads(args.experiment))
-    points = sweep_points(_load_finals(args.finals), exp.sweep_series(), exp.metric, exp.error)
-    y_label = f"test {metric_label(exp.metric)} (%),\nmean over clients and seeds"
-    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, y_label, log_x=exp.log_x, error=exp.error)
+    finals = _load_finals(args.finals)
+    points = sweep_points(finals, exp.sweep_series(), exp.metric, exp.error)
+    y_label = sweep_y_label(exp.metric, points)  # "1 seed" with one seed, not "mean over seeds"
+    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, y_label, log_x=exp.log_x, error=exp.error, synthetic=is_synthetic(exp.task_specs, finals))
 
 
 def cmd_qualitative_figure(args) -> None:
@@ -302,7 +383,9 @@ def cmd_qualitative_figure(args) -> None:
         files = {run: by_task[task][run] for run in exp.runs}
         rows += load_rows(files, task, clients, per_client=exp.per_client, centre_slice=spec.get("channels") == "slices")
     columns = [(run, exp.label(run)) for run in exp.runs]
-    qualitative_figure(rows, columns, Path(args.out_prefix), exp.title)
+    from fedmedbench.report.inputs import finals_beside, is_synthetic
+
+    qualitative_figure(rows, columns, Path(args.out_prefix), exp.title, synthetic=is_synthetic(exp.task_specs, finals_beside(args.predictions)))
 
 
 def cmd_ampnorm_figure(args) -> None:
@@ -313,36 +396,44 @@ def cmd_ampnorm_figure(args) -> None:
     for task, store in zip(exp.tasks, args.stores):
         clients = exp.task_specs[task]["clients"]
         panels[task] = normalized_examples(Path(store), Path(store).with_name("split.csv"), clients)
-    ampnorm_figure(panels, Path(args.out_prefix), exp.title)
+    from fedmedbench.report.inputs import is_synthetic
+
+    # 2.5D MRI (channels = adjacent slices) shows its middle slice in grey, not as false colour
+    slices = {task for task in exp.tasks if exp.task_specs[task].get("channels") == "slices"}
+    ampnorm_figure(panels, Path(args.out_prefix), exp.title, centre_slice=slices, synthetic=is_synthetic(exp.task_specs))
 
 
 def cmd_layer_cka_figure(args) -> None:
     from fedmedbench.report.fairness import layer_cka_figure
-    from fedmedbench.report.inputs import read_run_history
+    from fedmedbench.report.inputs import is_synthetic, read_run_history
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     spec = exp.task_specs[exp.task]
     labels = dict(zip(spec["clients"], spec.get("client_labels") or spec["clients"]))
-    layer_cka_figure(read_run_history(args.histories[0])[1], Path(args.out_prefix), exp.title, labels=labels)
+    final, history = read_run_history(args.histories[0])
+    layer_cka_figure(history, Path(args.out_prefix), exp.title, labels=labels, synthetic=is_synthetic(exp.task_specs, [final]))
 
 
 def cmd_fairness_curves(args) -> None:
     from fedmedbench.report.fairness import fairness_curves
-    from fedmedbench.report.inputs import histories_by_run
+    from fedmedbench.report.inputs import finals_beside, histories_by_run, is_synthetic
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     histories = histories_by_run(args.histories, exp.runs)
-    fairness_curves(histories, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels)
+    fairness_curves(histories, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels, synthetic=is_synthetic(exp.task_specs, finals_beside(args.histories)))
 
 
 def cmd_fairness_bars(args) -> None:
     from fedmedbench.report.fairness import fairness_bars
+    from fedmedbench.report.flags import collect_flags
+    from fedmedbench.report.inputs import is_synthetic
     from fedmedbench.report.tables import seed_summary
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     finals = _experiment_finals(exp, _load_finals(args.finals), args.finals)
     summary = seed_summary(finals, exp.metric, sources=args.finals, std_row=True)
-    fairness_bars(summary, exp.runs, Path(args.out_prefix), exp.title, exp.metric, labels=exp.labels)
+    flags = collect_flags(finals, exp.labels)  # a collapsed model's bars carry the tables' mark
+    fairness_bars(summary, exp.runs, Path(args.out_prefix), exp.title, exp.metric, labels=exp.labels, flags=flags, synthetic=is_synthetic(exp.task_specs, finals))
 
 
 def cmd_ood_table(args) -> None:
@@ -350,20 +441,25 @@ def cmd_ood_table(args) -> None:
     from fedmedbench.report.prrfl import ood_columns, ood_figure, ood_summary
     from fedmedbench.report.tables import write_table
 
+    from fedmedbench.report.inputs import is_synthetic
+
     exp = Experiment.from_dict(json.loads(args.experiment))
-    summary = ood_summary(_load_finals(args.finals), exp.cohort)
+    finals = _load_finals(args.finals)
+    summary = ood_summary(finals, exp.cohort)
     rows = [(run, exp.label(run)) for run in exp.runs]
-    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, columns=ood_columns())
-    ood_figure(summary, exp.runs, Path(args.figure_prefix), exp.title, labels=exp.labels)
+    synthetic = is_synthetic(exp.task_specs, finals)
+    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, columns=ood_columns(), synthetic=synthetic)
+    ood_figure(summary, exp.runs, Path(args.figure_prefix), exp.title, labels=exp.labels, synthetic=synthetic)
 
 
 def cmd_retrogress_figure(args) -> None:
-    from fedmedbench.report.inputs import histories_by_run
+    from fedmedbench.report.inputs import count_test_items, finals_beside, histories_by_run, is_synthetic
     from fedmedbench.report.prrfl import retrogress_figure
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     histories = histories_by_run(args.histories, exp.runs)
-    retrogress_figure(histories, exp.client, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels)
+    finals = finals_beside(args.histories)  # n: the client's test images, which the figure states
+    retrogress_figure(histories, exp.client, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels, n_test=count_test_items(finals, exp.client), synthetic=is_synthetic(exp.task_specs, finals))
 
 
 def _ood_comparison(exp: Experiment, finals: list[dict], paper_tables: str):
@@ -482,10 +578,45 @@ def _steps_text(steps: list[tuple[str, str]], width: int) -> str:
     return "\n".join(lines)
 
 
+class Parser(argparse.ArgumentParser):
+    """The top-level parser. An option no command knows is reported by the command's own parser (its
+    usage, not the top level's) with the closest option it has; argparse alone names neither."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None), self)
+            options = [option for action in command._actions for option in action.option_strings]
+            unknown = next((extra.split("=", 1)[0] for extra in extras if extra.startswith("-")), None)
+            command.error(f"unrecognized arguments: {' '.join(extras)}{closest(unknown, options) if unknown else ''}")
+        return parsed
+
+
+class VersionAction(argparse.Action):
+    """--version: the version and git commit, computed only when asked (a git call)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def add_config_option(parser: argparse.ArgumentParser, help_text: str, required_default: bool = True, **kwargs) -> None:
+    """--configfile FILE... (Snakemake's name for the same files), also spelt --config as before."""
+    default = [str(DEFAULT_CONFIG)] if required_default else kwargs.pop("default", None)
+    suffix = f" (default: {DEFAULT_CONFIG})" if required_default else ""
+    parser.add_argument("--configfile", "--config", dest="config", metavar="FILE", default=default, help=help_text + suffix, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     width = shutil.get_terminal_size().columns - 2  # as argparse wraps its own text
-    parser = argparse.ArgumentParser(prog="fedmedbench", description=_fill(DESCRIPTION, width), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="fedmedbench", description=_fill(DESCRIPTION, width), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages too, and show the traceback of an error")
+    parser.add_argument("--version", action=VersionAction, help="print the version and the git commit of the code, and exit")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND", help="one of the commands below (fedmedbench COMMAND --help: its options)")
     steps: list[tuple[str, str]] = []
 
@@ -497,7 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
         """A pipeline step (Snakemake runs it; a job's log shows the command): listed apart, after the
         commands, and left out of argparse's own list (a parser added without help= is not listed)."""
         steps.append((name, text))
-        return sub.add_parser(name, description=text)
+        parser = sub.add_parser(name, description=text)
+        parser.set_defaults(job=True)  # its log starts with the version line (main)
+        return parser
 
     p = command(
         "check-data",
@@ -505,21 +638,21 @@ def build_parser() -> argparse.ArgumentParser:
         "channels, mask values and their classes' pixel shares (or images per class), groups; then each problem "
         "in one line (exit 1 if any)",
     )
-    p.add_argument("--config", nargs="+", default=["config/config.yaml"], help="config/config.yaml [overlay.yaml ...] (default: %(default)s)")
+    add_config_option(p, "config/config.yaml [overlay.yaml ...]", nargs="+")
     p.add_argument("--dataset", help="only this data section (default: every one; built-in families get one line)")
     p.set_defaults(func=cmd_check_data)
 
     p = command("methods", "list every method (built in and plug-ins), its origin and parameters")
-    p.add_argument("--config", nargs="*", default=[], help="config/config.yaml [overlay.yaml ...]: also list the plug-ins its methods name with module:")
+    add_config_option(p, "config/config.yaml [overlay.yaml ...]: also list the plug-ins its methods name with module:", required_default=False, nargs="*", default=[])
     p.set_defaults(func=cmd_methods)
 
     p = command("new-method", "write a pip-installable package with a method of your own (and its test)")
     p.add_argument("name", help="the method's name (lowercase, e.g. fedxyz)")
-    p.add_argument("--out", required=True, help="the package folder to create")
+    p.add_argument("--out", help="the package folder to create (default: ./NAME)")
     p.set_defaults(func=cmd_new_method)
 
     p = command("estimate", "time a few rounds per kind of job and project the cost of the experiments (jobs, GPU-hours, wall-hours)")
-    p.add_argument("--config", nargs="+", default=["config/config.yaml"], help="config/config.yaml [overlay.yaml ...] (default: %(default)s)")
+    add_config_option(p, "config/config.yaml [overlay.yaml ...]", nargs="+")
     p.add_argument("--experiments", nargs="+", help="the experiments to project (default: the config's selected_experiments, else all)")
     p.add_argument("--rounds-to-time", type=int, default=2, help="k: each kind of job is timed for 1 and k rounds (default: %(default)s)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs the real run will have (default: %(default)s)")
@@ -532,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("train", "run one federated training job (what each of the pipeline's training jobs runs)")
     p.add_argument("--run-config", help="the resolved run config as JSON (what Snakemake passes)")
-    p.add_argument("--config", nargs="+", help="config/config.yaml [overlay.yaml ...] (instead of --run-config)")
+    add_config_option(p, "config/config.yaml [overlay.yaml ...] (instead of --run-config)", required_default=False, nargs="+")
     p.add_argument("--task", help="the task, a key of the config's tasks (with --config)")
     p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedprox-mu0.1")
     p.add_argument("--seed", type=int, help="the seed (with --config)")
@@ -542,12 +675,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines in the log")
     p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint every N rounds (default: the task's checkpoint_every, else 1)")
     p.add_argument("--checkpoint-every-seconds", type=float, default=0, help="and only once this many seconds have passed since the last checkpoint (default 0: every N rounds); the last round always; changes no number")
-    p.add_argument("--data-workers", type=int, default=0, help="threads that read the next batches while the device computes (default 0: the training thread reads them; a GPU job: see docs/performance.md); changes no number")
-    p.set_defaults(func=cmd_train)
+    p.add_argument("--data-workers", type=int, default=0, help="threads that read the next batches while the device computes (default 0: the training thread reads them; a GPU job: see docs/cost.md); changes no number")
+    p.set_defaults(func=cmd_train, job=True)
 
     p = command("with-jobserver", "run a command (e.g. snakemake) whose fedmedbench steps start warm (forked from a process with torch imported)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     p.set_defaults(func=cmd_with_jobserver)
+
+    from fedmedbench.federation.local import add_subcommand as add_federation_command  # light: no Flower, no torch
+
+    add_federation_command(sub)  # `federation local`: docs/federation.md
 
     p = step("fetch", "download (or copy) a raw file, verify it, move it into place")
     p.add_argument("--dataset", required=True, help="the family whose file this is (for its manual-download advice)")
@@ -625,7 +762,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     parser.epilog = _steps_text(steps, width)
+    parser.commands = dict(sub.choices)
     return parser
+
+
+def _stderr_is_a_file() -> bool:
+    """A job's log: Snakemake's rules send a step's output to its log file (`&> {log}`), and the job
+    server hands the job that same file. A terminal or a pipe (a person, a test) gets no header line,
+    so that bad input there stays one line."""
+    try:
+        return stat.S_ISREG(os.fstat(sys.stderr.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # no real stderr (e.g. replaced by a StringIO)
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -638,7 +786,11 @@ def main(argv: list[str] | None = None) -> int:
         if code is not None:
             return code
     _setup_logging(args.verbose)
+    if getattr(args, "job", False) and _stderr_is_a_file():
+        logging.getLogger("fedmedbench").info(version_line())
     try:
+        if getattr(args, "config", None):
+            config_files(args.config)
         args.func(args)
     except (FedmedbenchError, ValueError, OSError) as err:
         # Bad input (config, data, archive, checkpoint) or a diverged run: one line naming the file,
