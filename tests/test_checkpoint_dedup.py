@@ -286,6 +286,7 @@ print((status("VmHWM") - before) / 1024)
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_a_checkpoint_is_streamed_so_its_size_does_not_raise_peak_memory():
     def rise(writer: str) -> float:
         out = subprocess.run([sys.executable, "-c", PEAK, writer], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
@@ -402,6 +403,7 @@ def test_a_checkpoint_of_the_old_format_is_resumed(straight_and_killed, tmp_path
     assert_same_outputs(straight, old)
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_a_wall_time_cadence_skips_checkpoints_and_changes_no_number(tmp_path, tiny_task, monkeypatch):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=3)

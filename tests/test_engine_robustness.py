@@ -108,6 +108,7 @@ def test_a_last_batch_of_one_under_batchnorm1d_is_named_before_training(tmp_path
         engine.run_training(classification_config(store, split, selection_metric="accuracy"), tmp_path / "run", progress=False)
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_a_kill_during_the_checkpoint_write_leaves_no_temporary_after_the_rerun(tmp_path, tiny_task):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg")

@@ -261,14 +261,18 @@ def test_cffl_shuffled_label_participant_gets_the_lowest_reputation_and_is_remov
     # Asserted until C leaves, not after: then two honest sites of near-equal scores remain, and
     # sinh(alpha r) can push either one below 1/6 on some CPU's trajectory (an AMD EPYC's ended at
     # [1.0, 0.0, 0.0] after round 8): that is CFFL's rule at work, not the bad participant's ranking.
+    # In C's removal round a weaker honest site may drop with it (one CPU's B did: both fell below the
+    # threshold in the same round), so the ranking is asserted in the rounds before, and one honest
+    # site must outlast C.
     trajectory = []
     for r in range(1, 9):
         run_rounds(server, clients, 1, first=r)
         trajectory.append([round(v, 4) for v in server.reputation])
-        if r >= 2:  # round 1 ranks one noisy validation score (reputations start at 0)
-            assert server.reputation[2] < min(server.reputation[:2]), trajectory
         if not server.reputable[2]:
             break
+        if r >= 2:  # round 1 ranks one noisy validation score (reputations start at 0)
+            assert server.reputation[2] < min(server.reputation[:2]), trajectory
     assert not server.reputable[2], trajectory  # removed within 8 rounds
-    assert server.reputable[:2] == [True, True], trajectory  # the honest sites stay past it: C is removed first
+    assert len(trajectory) >= 3, trajectory  # ranked lowest in at least one round before its removal
+    assert any(server.reputable[:2]), trajectory  # an honest site outlasts it
     assert server.reputation[2] == 0.0 and server.downloads[2] is None

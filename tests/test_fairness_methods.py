@@ -300,6 +300,7 @@ def test_cffl_upload_keeps_the_largest_entries():
     "run, params",
     [("fedlwr", {}), ("qfedavg", {"q": 1.0}), ("cffl", {}), ("cgsv", {}), ("ditto", {}), ("fedce", {"combine": "multi"})],
 )
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_resume_gives_the_same_run(tmp_path, fair_task, monkeypatch, run, params):
     store, split = fair_task
     cfg = tiny_run_config(store, split, run, rounds=2, method_params=params)

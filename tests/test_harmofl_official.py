@@ -377,7 +377,10 @@ def test_official_network_round_and_test_match_the_transcription(tmp_path):
     diff = max_diff(ours, weights, weights)
     assert moved > 1e-3 and diff < ATOL, (diff, moved)
 
-    net.load_state_dict(weights)
+    # The official test on our aggregated network: Dice thresholds its predictions, so a weight
+    # difference within ATOL (kernel sets differ in rounding) flips boundary pixels and moved a client's
+    # Dice by 5e-4 on one CPU. With the same weights on both sides only the evaluation itself is compared.
+    net.load_state_dict(ours)
     for client in data:
         logits, target = official_test_logits(net, client.test, BATCH, amp, 1.0)
         per_sample = official_dice_per_sample(logits, target)

@@ -281,6 +281,7 @@ def _third_party(modules) -> list[str]:
     return sorted(n for n in names - {"fedmedbench", "__future__"} if n not in sys.stdlib_module_names)
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_each_module_imports_alone():
     modules = module_files()
     names = sorted(n for n in modules if n != "fedmedbench.__main__")  # __main__ runs the CLI

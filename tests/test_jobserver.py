@@ -15,6 +15,7 @@ from tests.conftest import tiny_run_config
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_jobs_through_the_server_behave_like_jobs_in_process(tmp_path, tiny_task):
     store, split = tiny_task
     good = json.dumps(tiny_run_config(store, split, "fedavg", rounds=2))

@@ -68,6 +68,7 @@ print(json.dumps(peaks))
 """
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_private_memory_stays_flat_as_the_store_grows_2x_and_4x(tmp_path):
     assert memory_now()["private_anon"] > 0 and memory_now()["file_resident"] > 0
     stores = {k: write_store(tmp_path / f"x{k}", 150 * k) for k in (1, 2, 4)}

@@ -147,6 +147,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "fedmedbench", *args], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.environ["PYTHONPATH"], str(ROOT / "src")])})
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_the_cli_prints_one_line_and_the_traceback_only_with_v(tmp_path, tiny_task, plugin_root):
     store, split = tiny_task
     run_config = json.dumps(broken(store, split, "key"))

@@ -124,6 +124,7 @@ def kill_moments(seed=8, count=5):
     return [f"{kind}:{rng.randint(1, limits[kind])}" for kind in kinds]
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_a_job_killed_at_any_moment_resumes_to_the_same_final_json(tmp_path, tiny_task):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedprox", method_params={"mu": 0.1})

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fedmedbench.faults import KILL_AT_ENV
 from tests.conftest import tiny_run_config
 
@@ -41,6 +43,7 @@ def test_kill_and_resume_gives_the_same_final_json(tmp_path, tiny_task):
         assert (tmp_path / "straight" / name).read_text() == (tmp_path / "resumed" / name).read_text(), name
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_a_checkpoint_of_another_config_is_ignored(tmp_path, tiny_task):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=3)

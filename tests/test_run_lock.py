@@ -73,6 +73,7 @@ def test_a_lock_file_removed_by_its_ending_holder_is_not_trusted(tmp_path, monke
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+@pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_train_by_hand_on_a_folder_a_running_job_owns_stops_in_one_line_until_the_job_is_killed(tmp_path, tiny_task):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=2)

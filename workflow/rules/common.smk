@@ -88,7 +88,7 @@ def user_data_listing(wildcards):
     """The files of a user's data folder (names, sizes, contents; symlinked site folders followed):
     an edit there re-runs preprocessing, even one that keeps every size and time (two masks swapped).
     Its split_csv, read by the split alone, is left out. The content hashes are cached under the
-    run's results (no rule reads or writes that folder, so it re-runs nothing): a DAG build reads
+    run's results (read and written by no job, so it re-runs nothing): a DAG build reads
     only the files that changed since the last one.
     """
     if not user_data(wildcards.dataset):
