@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test test-slow test-without-shared test-kernels test-all lint test-slurm clean-demo
+.PHONY: demo test test-slow test-both-tiers test-without-shared test-kernels test-all lint test-slurm clean-demo
 
 # torch and torchvision (pyproject.toml's pins) first, by scripts/install_torch.py: without an NVIDIA GPU
 # (no working nvidia-smi) from PyTorch's CPU-only index (~0.2 GB instead of ~3 GB of CUDA wheels),
@@ -43,19 +43,27 @@ test-slow: $(STAMP)
 test-without-shared: $(STAMP)
 	FEDMEDBENCH_SHARED=/nonexistent/fedmedbench-shared pytest -q -m shared
 
-# The fast tier's numeric tests again under another set of CPU kernels (ATen's portable ones instead
-# of AVX2/AVX-512): numeric assertions must hold on any CPU, so none may depend on one kernel set's
-# rounding. The real federation is left out: it compares two runs of one process, on one kernel set.
+# The numeric tests again under another set of CPU kernels (ATen's portable ones instead of
+# AVX2/AVX-512): every assertion with a tolerance, between two code paths (a transcription of the
+# official code, a hand computation, a closed form), must hold on any CPU. The byte-for-byte tests
+# compare one code path with itself in one process, on one kernel set, and are not repeated.
+NUMERIC_TESTS = $(addprefix tests/test_,$(addsuffix .py,aggregate cka fourier perturb metrics pfa precision \
+	fedadam fednova fedbn moon fair_baselines harmofl_official fedlwr_official prrfl_official fair_official fedce_official))
 test-kernels: $(STAMP)
 	ATEN_CPU_CAPABILITY=default python -c "import torch; print('torch CPU kernels:', torch.backends.cpu.get_cpu_capability())"
-	ATEN_CPU_CAPABILITY=default $(PYTEST_TIER) -m "not slow and not federation"
+	ATEN_CPU_CAPABILITY=default $(PYTEST_TIER) -m "not slow" $(NUMERIC_TESTS)
 
-# Everything, `make test` (the README's test command) first so that a common break fails in minutes.
-# Each tier's time is printed after it.
+# Everything, as CI runs it: both tiers in one pytest run (the real federations wait on Flower's
+# polling most of the time, so the other files run meanwhile: one run is much shorter than the two
+# tiers one after the other), then the tests of ../shared without it, the numeric tests under the
+# other kernels and the SLURM run. Each step's time is printed after it.
 test-all: $(STAMP)
-	@set -e; for tier in test test-slow test-without-shared test-kernels test-slurm; do \
-		start=$$(date +%s); $(MAKE) --no-print-directory $$tier; \
-		echo "make $$tier: passed in $$(( $$(date +%s) - start )) s"; done
+	@set -e; for step in test-both-tiers test-without-shared test-kernels test-slurm; do \
+		start=$$(date +%s); $(MAKE) --no-print-directory $$step; \
+		echo "make $$step: passed in $$(( $$(date +%s) - start )) s"; done
+
+test-both-tiers: $(STAMP)
+	$(PYTEST_TIER)
 
 lint: $(STAMP)
 	snakemake --lint
