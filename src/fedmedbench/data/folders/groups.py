@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ...errors import closest
 from .options import GROUPS_CSV_COLUMNS, FoldersDataError, FoldersOptions
-from .reading import _line, _stem_and_format, read_user_csv
+from .reading import _line, _stem_and_format, read_option_csv
 
 
 def normalise_image(value: str) -> str:
@@ -106,12 +106,7 @@ def pattern_group(pattern: re.Pattern, site: str, source: str, root: Path) -> st
 def read_groups_csv(path: Path, names: Mapping[str, ImageNames]) -> dict[str, dict[str, str]]:
     """``{site: {source: group}}`` from the user's groups CSV, checked row by row: columns, sites,
     images (as ``ImageNames`` resolves them), empty groups, duplicates, and every image listed."""
-    if not path.is_file():
-        raise FoldersDataError(f"{path}: groups_csv does not exist")
-    table = read_user_csv(path)
-    missing = [c for c in GROUPS_CSV_COLUMNS if c not in table.columns]
-    if missing:
-        raise FoldersDataError(f"{path}: missing column(s) {missing}; expected site, image, group (one row per image)")
+    table = read_option_csv(path, "groups_csv", GROUPS_CSV_COLUMNS, " (one row per image)")
     out: dict[str, dict[str, str]] = {site: {} for site in names}
     lines: dict[tuple[str, str], int] = {}
     for i, row in enumerate(table.itertuples(index=False)):

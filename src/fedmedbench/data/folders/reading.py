@@ -173,6 +173,17 @@ def read_user_csv(path: Path) -> pd.DataFrame:
     return table
 
 
+def read_option_csv(path: Path, option: str, columns: tuple[str, ...], note: str = "") -> pd.DataFrame:
+    """The CSV an option names (``split_csv``, ``groups_csv``): it must exist and hold ``columns``."""
+    if not path.is_file():
+        raise FoldersDataError(f"{path}: {option} does not exist")
+    table = read_user_csv(path)
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise FoldersDataError(f"{path}: missing column(s) {missing}; expected {', '.join(columns)}{note}")
+    return table
+
+
 def _read_labels_csv(root: Path) -> pd.DataFrame:
     """``labels.csv`` checked row by row (columns, empty values, site names, duplicates); paths as written."""
     path = root / LABELS_FILE

@@ -13,7 +13,7 @@ from ...errors import closest
 from ..store import SPLITS, client_rng, grouped_split, list_clients, open_client, split_groups, write_split_csv
 from .groups import ImageNames, normalise_image
 from .options import SPLIT_CSV_COLUMNS, FoldersDataError, FoldersOptions
-from .reading import _line, read_user_csv
+from .reading import _line, read_option_csv
 
 
 def _cut(site: str, fractions: Sequence[float], n_rows: int) -> Callable[[int], tuple[int, int]]:
@@ -48,12 +48,7 @@ def _seeded_split(site: str, meta: pd.DataFrame, options: FoldersOptions, permut
 def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(rows, split names) per site from the user's CSV, in the CSV's order; it must name every image
     of the store once and only images of the store."""
-    if not path.is_file():
-        raise FoldersDataError(f"{path}: split_csv does not exist")
-    table = read_user_csv(path)
-    missing = [c for c in SPLIT_CSV_COLUMNS if c not in table.columns]
-    if missing:
-        raise FoldersDataError(f"{path}: missing column(s) {missing}; expected site, image, split")
+    table = read_option_csv(path, "split_csv", SPLIT_CSV_COLUMNS)
     # Store rows by source path (a NIfTI volume has many); a row names its image as ImageNames allows.
     rows_of: dict[str, dict[str, list[int]]] = {site: {} for site in metas}
     for site, meta in metas.items():
