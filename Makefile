@@ -23,7 +23,7 @@ demo: $(STAMP)
 
 # The tiers (pytest markers, registered in pyproject.toml and tests/conftest.py; README: "Tests").
 # Three workers, one test file each at a time (--dist loadfile keeps a file's shared fixtures, e.g. the
-# one Flower federation of tests/test_federation.py, in one process): a real federation or a Snakemake
+# one Flower federation of each half of tests/federation_matrix.py, in one process): a real federation or a Snakemake
 # run waits on its subprocesses most of the time, so the other files run meanwhile. Each tier prints
 # its 25 slowest tests (pyproject's --durations=25), so growth shows when it happens.
 PYTEST_TIER = pytest -n 3 --dist loadfile

@@ -12,7 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedmedbench.data.store import write_client, write_split_csv
+# One CPU thread per test process and per process it starts (Snakemake's jobs, Flower's apps): pytest
+# runs three workers on machines with as few as two cores, where torch's default (a thread per core in
+# every process) oversubscribes them, and OpenMP threads spin while they wait: CPU lost, not shared.
+# Set before anything imports torch, which reads it once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from fedmedbench.data.store import write_client, write_split_csv  # noqa: E402
 
 # Tests that read ../shared use it when it is beside the checkout and skip (or fall back to synthetic
 # data) when it is not. FEDMEDBENCH_SHARED overrides where it is: `make test-without-shared` (part of

@@ -1,35 +1,22 @@
 """Flower's deployment runtime computes what the engine computes (fedmedbench.federation).
 
 The codec tests check that a method's payloads cross Flower's records bit for bit and that a bad
-reply is refused in one line naming the site. The end-to-end matrix starts ONE real
-``flower-superlink`` and three ``flower-supernode`` processes on 127.0.0.1 (free ports; every process
-ended however the tests end), runs every built-in method, PRR-FL's official variant and the
-``new-method`` scaffold's plug-in for 2 rounds with ``flwr run`` (all submitted at once), and
-compares each run folder with the engine's byte for byte. On the same federation, a fourth SuperNode
-joins as PRR-FL's test-only cohort (``OOD``, test rows only) once every matrix run has its sites,
-and PRR-FL's two flows run with it (``COHORT_RUNS``): their final.json's ood part too equals the
-engine's. Skipped where the ``flower`` extra is not installed."""
+reply is refused in one line naming the site. The slow ones run the first half of the equivalence
+matrix (tests/federation_matrix.py: the HarmoFL paper's baselines and the other built-ins outside
+PRR-FL and Fed-LWR) on one real federation, 2 rounds each, and compare each run folder with the
+engine's byte for byte; tests/test_federation_prrfl_fedlwr.py runs the rest. Skipped where the
+``flower`` extra is not installed."""
 
-import filecmp
-import json
 import math
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
 flwr = pytest.importorskip("flwr")
 
-from fedmedbench.federation.local import APP_DIR  # noqa: E402
 from fedmedbench.federation.messages import check_reply, pack, unpack  # noqa: E402
-from fedmedbench.fl.engine import run_training  # noqa: E402
 from fedmedbench.fl.transport import SiteError  # noqa: E402
-from fedmedbench.registry import builtin_methods  # noqa: E402
-from tests.conftest import tiny_run_config, write_tiny_task  # noqa: E402
+from tests.federation_matrix import FIRST_HALF, MATRIX, assert_equals_the_engine, federated_runs  # noqa: E402
 
 
 def test_payloads_cross_flower_records_bit_for_bit():
@@ -75,151 +62,17 @@ def test_a_malformed_reply_is_refused_naming_the_site(reply, message):
         check_reply("site A", reply, {"w": torch.zeros(2)})
 
 
-# --- the matrix: every method on one real federation --------------------------------------------
-PLUGIN_SRC = Path(__file__).resolve().parents[1] / "examples" / "fedxyz" / "src"  # the new-method scaffold's output
-OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
-# run name -> (method, overrides of the tiny run config): every built-in method with its defaults
-# (HarmoFL: the paper's flow), PRR-FL's official variant (config.yaml's prrfl `official`) beside its
-# default, and the scaffold's plug-in, imported from its source folder as a site would import it.
-MATRIX = {name: (name, {}) for name in builtin_methods()}
-MATRIX["prrfl-official"] = ("prrfl", {"method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}, "selection_window": 0.2, "selection_scope": "pooled"})
-MATRIX["fedxyz"] = ("fedxyz", {"method_module": "fedxyz.method"})
-# PRR-FL's two flows with a test-only cohort (the skin task's Table 3 set-up): run on the same
-# federation by a fourth SuperNode, site OOD, whose split rows are all test rows.
-COHORT_RUNS = {"prrfl-ood": ("prrfl", {"ood_clients": ["OOD"]}), "prrfl-official-ood": ("prrfl", {**MATRIX["prrfl-official"][1], "ood_clients": ["OOD"]})}
-
-
-def write_tiny_task_with_cohort(root: Path):
-    """The tiny three-site store plus site OOD (6 samples, all of them test rows)."""
-    import pandas as pd
-
-    from fedmedbench.data.store import write_split_csv
-
-    store, split = write_tiny_task(root, clients=("A", "B", "C", "OOD"), n=(12, 10, 8, 6))
-    rows = pd.read_csv(split)
-    rows.loc[rows["client"] == "OOD", "split"] = "test"
-    write_split_csv(rows, split)
-    return store, split
-
-
-def hellos_answered(log: Path) -> int:
-    """How many runs' ``hello`` a SuperNode has answered (Flower logs each reply it sends)."""
-    return log.read_text().count("Sending: query.hello message")
-
-
-def _flwr_json(federation, *args: str, timeout: float = 120.0):
-    result = federation.flwr(*args, "--format", "json", timeout=timeout)
-    try:
-        return json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(f"flwr {' '.join(args)} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}") from None
-
-
+# --- the first half of the matrix on one real federation ------------------------------------------
 @pytest.fixture(scope="module")
-def federated_matrix(tmp_path_factory):
-    """Every MATRIX run on ONE federation (a SuperLink and three SuperNodes, started once): all runs
-    submitted at once (the SuperLink runs them side by side, each SuperNode serves their messages one
-    at a time), the engine's reference runs computed here meanwhile. Yields (root, {run: status})."""
-    from fedmedbench.federation.local import CONNECTION, local_federation
-
-    root = tmp_path_factory.mktemp("matrix")
-    store, split = write_tiny_task_with_cohort(root / "data")
-    with pytest.MonkeyPatch.context() as patch:
-        # The plug-in is importable in this process (the engine's run) and on every site (the
-        # SuperNodes' app processes inherit PYTHONPATH), as an installed plug-in would be.
-        patch.syspath_prepend(str(PLUGIN_SRC))
-        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(PLUGIN_SRC), os.environ.get("PYTHONPATH", "")) if p))
-        patch.setenv("FLWR_TELEMETRY_ENABLED", "0")  # no telemetry calls from a test
-        # Each SuperExec asks its node/link for a task every second by default: 0.1 s here.
-        patch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
-        sites = {name: {"store": str(store), "split": str(split)} for name in ("A", "B", "C")}
-        with local_federation(sites, root / "federation", warm=True) as federation:
-            configs, run_ids = {}, {}
-
-            def submit(runs: dict) -> None:
-                submitted = {}
-                for name, (method, overrides) in runs.items():
-                    cfg = tiny_run_config(store, split, method, rounds=2, **overrides)
-                    cfg["run"] = name
-                    configs[name] = cfg
-                    (root / f"{name}.json").write_text(json.dumps(cfg))
-                    settings = f'run-config="{root / f"{name}.json"}" out="{root / "flower" / name}"'
-                    command = [str(Path(sys.executable).with_name("flwr")), "run", str(APP_DIR), CONNECTION, "--run-config", settings, "--format", "json"]
-                    submitted[name] = subprocess.Popen(command, env=federation.env, cwd=federation.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for name, process in submitted.items():
-                    output = process.communicate(timeout=300)[0]
-                    assert process.returncode == 0, f"flwr run of {name}: {output[-3000:]}"
-                    run_ids[json.loads(output)["run-id"]] = name
-
-            submit(MATRIX)
-            # The engine's runs, while the federation works. One CPU thread on both sides (the
-            # sites' default): another count changes float summation order.
-            for name in MATRIX:
-                run_training(configs[name], root / "engine" / name, threads=1, progress=False)
-            # The cohort's SuperNode joins once every matrix run has found its three sites (each
-            # ServerApp says hello to the nodes connected when it starts: a fourth node of a site
-            # that is not one of its clients would be refused), then PRR-FL's runs with the cohort.
-            log_a, deadline = federation.supernode("A").log, time.monotonic() + 1800
-            while hellos_answered(log_a) < len(MATRIX):
-                assert time.monotonic() < deadline, f"site A answered {hellos_answered(log_a)} of {len(MATRIX)} hellos within 1800 s; logs in {federation.workdir}"
-                time.sleep(1)
-            federation.start_supernode("OOD", {"store": str(store), "split": str(split)})
-            submit(COHORT_RUNS)
-            for name in COHORT_RUNS:
-                run_training(configs[name], root / "engine" / name, threads=1, progress=False)
-            # A run is done when its ServerApp wrote federation.json (its last file) and Flower says
-            # so; `flwr ls` (a CLI process, a second of CPU) only every 30 s, or once every run has
-            # its file. The limit only catches a hang: on a 2-core machine shared with other test
-            # runs (load 25-58) the 20 runs took about 25 minutes.
-            deadline, status, asked = time.monotonic() + 3600, {}, 0.0
-            while len(status) < len(run_ids):
-                assert time.monotonic() < deadline, f"runs not finished within 3600 s: {sorted(set(run_ids.values()) - set(status))}; logs in {federation.workdir}"
-                time.sleep(2)
-                written = all((root / "flower" / name / "federation.json").is_file() for name in run_ids.values())
-                if written or time.monotonic() - asked > 30:
-                    asked = time.monotonic()
-                    for run in _flwr_json(federation, "ls", "--limit", str(len(run_ids) + 10))["runs"]:  # flwr ls lists 20 by default
-                        if run["run-id"] in run_ids and run["status"].startswith("finished"):
-                            status[run_ids[run["run-id"]]] = (run["status"], run["run-id"])
-            logs = {}
-            for name, (state, run_id) in status.items():
-                if state != "finished:completed":
-                    result = federation.flwr("log", str(run_id), CONNECTION, "--show", timeout=60)
-                    logs[name] = (result.stdout + result.stderr)[-4000:]
-            yield root, status, logs
+def federated(tmp_path_factory):
+    yield from federated_runs(tmp_path_factory.mktemp("matrix"), FIRST_HALF)
 
 
 @pytest.mark.slow
 @pytest.mark.federation
-@pytest.mark.parametrize("name", list(MATRIX))
-def test_every_method_on_a_real_federation_equals_the_engine_byte_for_byte(federated_matrix, name):
-    root, status, logs = federated_matrix
-    assert status[name][0] == "finished:completed", f"{name}: {status[name]}\n{logs.get(name, '')}"
-    engine, flower = root / "engine" / name, root / "flower" / name
-    for output in OUTPUTS:
-        assert filecmp.cmp(engine / output, flower / output, shallow=False), f"{name}: {output} differs from the engine's"
-    assert json.loads((flower / "final.json").read_text())["method"] == MATRIX[name][0]
-    traffic = json.loads((flower / "federation.json").read_text())
-    assert traffic["sites"] == 3 and traffic["bytes_sent"] > 0 and traffic["bytes_received"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.federation
-@pytest.mark.parametrize("name", list(COHORT_RUNS))
-def test_a_test_only_cohort_on_a_real_federation_equals_the_engine_byte_for_byte(federated_matrix, name):
-    """PRR-FL (paper and official flows) with site OOD's SuperNode as the test-only cohort: the run
-    folder, final.json's ood part (per model, mean, ensemble) included, equals the engine's."""
-    root, status, logs = federated_matrix
-    assert status[name][0] == "finished:completed", f"{name}: {status[name]}\n{logs.get(name, '')}"
-    engine, flower = root / "engine" / name, root / "flower" / name
-    for output in OUTPUTS:
-        assert filecmp.cmp(engine / output, flower / output, shallow=False), f"{name}: {output} differs from the engine's"
-    ood = json.loads((flower / "final.json").read_text())["ood"]["OOD"]
-    assert list(ood["per_model"]) == ["A", "B", "C"]
-    for metric, value in ood["mean"].items():
-        assert value == pytest.approx(sum(scores[metric] for scores in ood["per_model"].values()) / 3), metric
-    traffic = json.loads((flower / "federation.json").read_text())
-    assert sorted(traffic["data_digests"]) == ["A", "B", "C", "OOD"] and traffic["sites"] == 3
+@pytest.mark.parametrize("name", FIRST_HALF)
+def test_every_method_on_a_real_federation_equals_the_engine_byte_for_byte(federated, name):
+    assert_equals_the_engine(federated, name, MATRIX[name][0])
 
 
 def test_a_state_travels_as_one_array_within_two_percent_of_its_bytes():

@@ -103,6 +103,7 @@ def backend_config(clients: int, device: str) -> dict:
 
 
 SITES_FOLDER = ".flower-sites"
+SITES_START_WAIT_S = 900.0  # seconds for every simulated site to answer its first message
 
 
 def sites_state_folder(out_dir: Path) -> Path:
@@ -178,7 +179,9 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
             # The run config as the deployment's ServerApp reads it (a file, method params merged there).
             atomic_write_text(work / "run.json", json.dumps(cfg.to_dict(), sort_keys=True))
             read_run_config(str(work / "run.json"))  # an unknown method or parameter fails here, before Ray starts
-            settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": 120.0, "reply-timeout": 0.0, "resume": resume,
+            # The first reply (hello) waits for Ray to start its actors, each importing torch: on a
+            # 2-core machine busy with other work that took over 2 minutes, hence the generous wait.
+            settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": SITES_START_WAIT_S, "reply-timeout": 0.0, "resume": resume,
                         "checkpoint-every": checkpoint_every, "checkpoint-every-seconds": float(checkpoint_every_seconds)}  # fmt: skip
             run_simulation(
                 server_app=server_app(settings),
