@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,26 @@ def pytest_configure(config):
     # The tiers (pyproject.toml registers `slow` and `federation`; Makefile: `make test` runs
     # `-m "not slow"`, `make test-all` every tier).
     config.addinivalue_line("markers", f"shared: reads ../shared (${SHARED_ENV}) where present; make test-all runs these again without it")
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselected what this run leaves out
+def pytest_collection_modifyitems(config, items):
+    """The files with the longest tests first, each file's tests kept together and in order: pytest-xdist
+    (`--dist loadfile`) hands files to workers in this order, so the real federations and Ray (marked
+    `federation`; the slow ones longest) start at once and the short files fill the other workers
+    around them, instead of one long file starting last and running alone. Among those, the files with
+    the most such tests (the equivalence matrix) first."""
+
+    def weight(item) -> int:
+        return 2 * bool(item.get_closest_marker("federation")) + bool(item.get_closest_marker("slow"))
+
+    heaviest, count = {}, Counter()
+    for item in items:
+        heaviest[item.path] = max(heaviest.get(item.path, 0), weight(item))
+    for item in items:
+        count[item.path] += weight(item) == heaviest[item.path]
+    # Stable: a file's tests stay together and in order, files of equal weight in collection order.
+    items.sort(key=lambda item: (-heaviest[item.path], -count[item.path] if heaviest[item.path] else 0))
 
 
 # --- no logging handler outlives its stream ----------------------------------------------------------

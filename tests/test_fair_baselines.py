@@ -265,14 +265,16 @@ def test_cffl_shuffled_label_participant_gets_the_lowest_reputation_and_is_remov
     # threshold in the same round), so the ranking is asserted in the rounds before, and one honest
     # site must outlast C.
     trajectory = []
-    for r in range(1, 9):
+    for r in range(1, 13):
         run_rounds(server, clients, 1, first=r)
         trajectory.append([round(v, 4) for v in server.reputation])
         if not server.reputable[2]:
             break
         if r >= 2:  # round 1 ranks one noisy validation score (reputations start at 0)
             assert server.reputation[2] < min(server.reputation[:2]), trajectory
-    assert not server.reputable[2], trajectory  # removed within 8 rounds
+    # Removed within 12 rounds: under ATen's portable kernels (ATEN_CPU_CAPABILITY=default) it was still
+    # above the threshold (1/(3|R|)) after round 8, its reputation falling 0.02-0.05 a round.
+    assert not server.reputable[2], str(trajectory)
     assert len(trajectory) >= 3, trajectory  # ranked lowest in at least one round before its removal
     assert any(server.reputable[:2]), trajectory  # an honest site outlasts it
     assert server.reputation[2] == 0.0 and server.downloads[2] is None

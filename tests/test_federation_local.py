@@ -138,7 +138,7 @@ def stopped_run(results: Path, seed: int, marker: str, wrap: list[str] = (), **p
 @pytest.mark.federation
 @pytest.mark.parametrize(
     "how, seed",
-    [("ctrl-c", 1), ("timeout", 3), ("sigkill", 4)],
+    [("ctrl-c", 1), ("sigterm", 2), ("timeout", 3), ("sigkill", 4)],
 )
 def test_however_the_command_is_stopped_no_process_of_it_is_left(results, how, seed):
     marker = uuid.uuid4().hex
@@ -155,6 +155,11 @@ def test_however_the_command_is_stopped_no_process_of_it_is_left(results, how, s
         before = len(marked_processes(marker, TEST_MARKER))
         os.killpg(process.pid, signal.SIGINT)
         expected = 128 + signal.SIGINT
+    elif how == "sigterm":
+        process = stopped_run(results, seed, marker)
+        before = len(marked_processes(marker, TEST_MARKER))
+        process.terminate()
+        expected = 128 + signal.SIGTERM
     else:  # its parent's cleanup never runs: the watchdog and the parent-death signal end the rest
         process = stopped_run(results, seed, marker)
         before = len(marked_processes(marker, TEST_MARKER))
@@ -163,7 +168,7 @@ def test_however_the_command_is_stopped_no_process_of_it_is_left(results, how, s
     stdout, stderr = process.communicate(timeout=300)
     assert before >= 10, before  # command, watchdog, warm server, SuperLink, 2 SuperNodes, 3 SuperExecs, the ServerApp, flwr run
     assert process.returncode == expected, f"{process.returncode}\n{stderr[-3000:]}"
-    if how in ("ctrl-c", "timeout"):  # the command's own handler ran (timeout's SIGTERM reaches it too)
+    if how != "sigkill":  # the command's own handler ran (timeout's SIGTERM reaches it too)
         name = "SIGINT" if how == "ctrl-c" else "SIGTERM"
         assert f"federation local: stopped by {name}; every process it started has ended" in stderr, stderr[-2000:]
     assert left_after(marker) == []
