@@ -103,9 +103,12 @@ def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path
     listener.listen(4)
     served = []
 
-    def fake_server():  # answers every request with exit status 7
+    def fake_server():  # answers every request with exit status 7, until the listener is closed
         while True:
-            conn, _ = listener.accept()
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
             request, fds = jobserver.receive_request(conn)
             for fd in fds:
                 os.close(fd)
@@ -113,7 +116,8 @@ def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path
             conn.sendall(jobserver.STATUS.pack(7))
             conn.close()
 
-    threading.Thread(target=fake_server, daemon=True).start()
+    server = threading.Thread(target=fake_server, daemon=True)
+    server.start()
     monkeypatch.setenv(jobserver.SOCKET_ENV, path)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     server_scope = jobserver.scope()
@@ -134,4 +138,6 @@ def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path
     monkeypatch.delenv("SLURM_JOB_ID")
     assert jobserver.run_remotely(["methods"]) is None
     assert served == [["methods"], long_argv]  # only the first two jobs reached the server
+    listener.shutdown(socket.SHUT_RDWR)  # wakes the thread's accept(), which then ends
     listener.close()
+    server.join(timeout=10)
