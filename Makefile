@@ -1,5 +1,7 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both create .venv once.
 PYTHON ?= python3
+# The recipes' `time` is bash's keyword: /bin/sh (dash) has none, and /usr/bin/time may be absent.
+SHELL := /bin/bash
 VENV := .venv
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -17,8 +19,9 @@ $(STAMP): pyproject.toml scripts/install_torch.py
 	touch $(STAMP)
 
 # Training jobs start warm (forked from a process that imported torch once): see src/fedmedbench/jobserver.py.
+# DEMO_ARGS: more Snakemake options and targets (tests/test_workflow.py runs this command on tiny settings).
 demo: $(STAMP)
-	time python -m fedmedbench with-jobserver snakemake --workflow-profile workflow/profiles/demo
+	time python -m fedmedbench with-jobserver snakemake --workflow-profile workflow/profiles/demo $(DEMO_ARGS)
 	@echo "Tables, figures and the report are in results/demo/ (start with results/demo/report.md)"
 
 # The tiers (pytest markers, registered in pyproject.toml and tests/conftest.py; README: "Tests").
