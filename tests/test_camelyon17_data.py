@@ -211,7 +211,7 @@ def twin_by_hospital(request, tmp_path_factory):
     out = {}
     for client in C.CLIENTS:
         data = open_client(root / "store", client)
-        images = torch.from_numpy(np.asarray(data.images)).permute(0, 3, 1, 2).float() / 255.0
+        images = torch.from_numpy(np.array(data.images)).permute(0, 3, 1, 2).float() / 255.0
         out[client] = (images, np.asarray(data.labels))
     return out
 
