@@ -517,8 +517,20 @@ def print_floor(results: dict, timed: list, args) -> None:
         sites = b[2 * r].get("sites") or 1
         steps = (b[2 * r]["messages_sent"] - b[r]["messages_sent"]) / r / sites
         res["floor"] = {"steps": steps, "flower_waits": rounds["federation"] - rounds["short_waits"], "bound": steps * 3.5, "ours": rounds["short_waits"]}
-        print(f"| {method} | {rounds['engine']:.2f} | {rounds['federation']:.2f} | {steps:g} | {rounds['federation'] - rounds['short_waits']:.2f} | {steps * 3.5:.1f} | "
-              f"{rounds['short_waits']:.2f} | {rounds['short_waits'] / rounds['engine']:.2f}× |")  # fmt: skip
+        row = {"store": store_label(args), "method": method, "engine_s": f"{rounds['engine']:.2f}", "federation_s": f"{rounds['federation']:.2f}", "steps_per_site": f"{steps:g}",
+               "flower_waits_s": f"{rounds['federation'] - rounds['short_waits']:.2f}", "flower_waits_bound_s": f"{steps * 3.5:.1f}",
+               "ours_s": f"{rounds['short_waits']:.2f}", "ours_over_engine": f"{rounds['short_waits'] / rounds['engine']:.2f}"}  # fmt: skip
+        print(f"| {method} | {row['engine_s']} | {row['federation_s']} | {row['steps_per_site']} | {row['flower_waits_s']} | {row['flower_waits_bound_s']} | "
+              f"{row['ours_s']} | {row['ours_over_engine']}× |")  # fmt: skip
+        if args.csv:
+            import csv
+
+            new = not Path(args.csv).exists()
+            with open(args.csv, "a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(row))
+                if new:
+                    writer.writeheader()
+                writer.writerow(row)
 
 
 def markdown_header(argv: list[str]) -> str:
@@ -588,6 +600,7 @@ def parse_args():
     parser.add_argument("--profile", action="store_true", help="BENCHMARK ONLY: time the steps of each message of every federated 2R-round run (benchmarks/flower_short_waits/fmb_flower_profile.py)")
     parser.add_argument("--no-paper-models", action="store_true", help="skip the codec overhead at the papers' model sizes")
     parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--csv", help="append the summary 'Flower's floor and ours' here, a row per method (with --flower-waits both; the file `make docs` quotes)")
     return parser.parse_args()
 
 
