@@ -26,7 +26,7 @@ test) cancels out. The median over repetitions is printed, with the ratio federa
 
 With ``--ab fedavg`` (the default) the federation also runs that method with Flower's own
 ``Grid.send_and_receive`` (a 3 s wait between pulls of replies) in place of the ServerApp's
-(``serverapp.send_and_receive``: 50 ms growing to 0.5 s), on the same federation, interleaved: an
+(``serverapp.send_and_receive``: 50 ms growing to 0.1 s), on the same federation, interleaved: an
 app folder beside ``flower-app/`` whose ServerApp swaps the function back.
 
 With ``--flower-waits short`` (or ``both``: stock and short interleaved on the same federation) the
@@ -35,7 +35,7 @@ federation also runs with Flower 1.42's hard-coded waits on a message's path cut
 the SuperExec's task poll interval, Flower's ``Grid.send_and_receive``'s 3 s): a BENCHMARK-ONLY
 patch, ``benchmarks/flower_short_waits/sitecustomize.py`` on the ``PYTHONPATH`` of the federation's
 processes, switched on and off between runs by a file; and once more with our ServerApp's own wait
-between pulls of replies (50 ms growing to 0.5 s) cut the same (``short_all``: an app folder beside
+between pulls of replies (50 ms growing to 0.1 s) cut the same (``short_all``: an app folder beside
 ``flower-app/``, like the ``--ab`` one). It tells what of a round is Flower's waiting and what is
 ours; it is never on by default and no product code imports it. The outputs must stay
 byte-identical to the engine's with it too (checked on every run). With ``--profile`` (same folder,
@@ -179,7 +179,7 @@ app = serverapp.app
 
 
 SHORT_POLL_APP = """# BENCHMARK ONLY: the ServerApp of fedmedbench with its own wait between pulls of replies
-# (serverapp.send_and_receive: 50 ms growing to 0.5 s) cut to {short} s, for --flower-waits short|both.
+# (serverapp.send_and_receive: 50 ms growing to 0.1 s) cut to {short} s, for --flower-waits short|both.
 import functools
 
 from fedmedbench.federation import serverapp
@@ -246,15 +246,18 @@ def set_short_waits(switch: Path | None, on: bool) -> None:
         switch.unlink()
 
 
-def short_waits_applied(log: Path, sites: int) -> dict[str, int]:
+def short_waits_applied(log: Path, sites: int, short_s: float) -> dict[str, int]:
     """{wait: processes that shortened it} from the patch's log; exits where it did not reach every
-    SuperNode and SuperExec (the short row would be stock Flower under another name)."""
+    SuperNode and SuperExec (the short row would be stock Flower under another name). A SuperExec's
+    poll interval (0.1 s as ``local_federation`` sets it) at or below ``short_s`` needs no cutting."""
     pids: dict[str, set] = {}
     for line in log.read_text().splitlines() if log.is_file() else []:
         words = line.split()
         pids.setdefault(words[4], set()).add(words[2])
     applied = {key: len(p) for key, p in sorted(pids.items())}
-    needed = {"flwr.supernode.start_client_internal:start_client_internal": sites, "flwr.supercore.superexec.run_superexec:run_superexec": sites}
+    needed = {"flwr.supernode.start_client_internal:start_client_internal": sites}
+    if float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")) > short_s:
+        needed["flwr.supercore.superexec.run_superexec:run_superexec"] = sites
     missing = [f"{key} ({applied.get(key, 0)} of >= {n} processes)" for key, n in needed.items() if applied.get(key, 0) < n]
     if missing:
         sys.exit(f"bench_federation.py: the short-waits patch did not reach the federation's processes: {', '.join(missing)}; its log: {log}")
@@ -456,7 +459,7 @@ def time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app,
                         same = all(filecmp.cmp(tmp / f"engine-{method}-{rounds}-{rep}" / name, out / name, shallow=False) for name in ("final.json", "history.csv", "model_best.pt"))
                         results[method].setdefault(f"equal_to_engine_{variant}", []).append(same)
                     if short_waits:
-                        applied.update(short_waits_applied(waits_log, sites))
+                        applied.update(short_waits_applied(waits_log, sites, args.short_wait_ms / 1000))
                     if args.profile and rounds == 2 * args.rounds:
                         results[method].setdefault("profile", {}).setdefault(variant, []).append(step_profile(tmp / "profile.jsonl", wall0, time.time()))
             set_short_waits(switch, args.flower_waits == "short")
@@ -690,7 +693,8 @@ def run(args) -> None:
         b = res["bytes"]
         fed = ((b[2 * r]["bytes_sent"] + b[2 * r]["bytes_received"]) - (b[r]["bytes_sent"] + b[r]["bytes_received"])) / r if b else float("nan")
         res["bytes_per_round"] = {"floor": floor, "encoded": encoded, "federation": fed, "model_floor": 2 * res["clients"] * res["model_bytes"]}
-        print(f"| {method} | {res['model_bytes']:,} | {2 * res['clients'] * res['model_bytes']:,} | {floor:,.0f} | {encoded:,.0f} | {encoded / floor:.3f} | {fed:,.0f} | {fed / floor:.3f} |")
+        cell = lambda x, spec: "—" if x != x else format(x, spec)  # noqa: E731  (nan: the payloads are counted on the tiny store only)
+        print(f"| {method} | {res['model_bytes']:,} | {2 * res['clients'] * res['model_bytes']:,} | {cell(floor, ',.0f')} | {cell(encoded, ',.0f')} | {cell(encoded / floor, '.3f')} | {cell(fed, ',.0f')} | {cell(fed / floor, '.3f')} |")
     if not args.no_paper_models:
         print("\n### The codec at the papers' model sizes (one FedAvg reply)\n")
         print("| model | tensors | state bytes | encoded bytes | encoded / state |")

@@ -138,3 +138,22 @@ def test_step_profile_splits_a_message_into_its_segments(tmp_path):
     assert ms["last reply at the SuperLink -> ServerApp has all replies (its pull)"] == 700  # (400 + 1000) / 2: every step
     assert out["messages"] == 2 and out["round_messages"] == 1 and out["server_steps"] == 2 and round(out["server_step_ms"]) == 4000
     assert out["inside"] == {"load_site": (pytest.approx(200.0), 1)}
+
+
+def test_the_patch_check_asks_for_the_superexec_only_where_its_poll_is_longer_than_the_short_wait(tmp_path, monkeypatch):
+    """A SuperExec polling every 0.1 s has nothing to cut at --short-wait-ms 100: the check must not
+    refuse that run; at 20 ms it must refuse a log without the SuperExecs' lines."""
+    if importlib.util.find_spec("flwr") is None:
+        pytest.skip("flwr not installed (the flower extra)")
+    spec = importlib.util.spec_from_file_location("bench_federation", FOLDER.parent / "bench_federation.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)  # local_federation's 0.1 s
+    log = tmp_path / "waits.log"
+    key = "flwr.supernode.start_client_internal:start_client_internal"
+    log.write_text("".join(f"flower_short_waits: pid {pid} (flower-supernode) {key} 3 s -> 0.1 s (x)\n" for pid in (11, 12)))
+    assert bench.short_waits_applied(log, sites=2, short_s=0.1) == {key: 2}
+    with pytest.raises(SystemExit, match=r"run_superexec \(0 of >= 2 processes\)"):
+        bench.short_waits_applied(log, sites=2, short_s=0.02)
+    with pytest.raises(SystemExit, match=r"start_client_internal \(2 of >= 3 processes\)"):
+        bench.short_waits_applied(log, sites=3, short_s=0.1)

@@ -47,11 +47,13 @@ def payload_bytes(records) -> int:
     return sum(record.count_bytes() for record in records.values())
 
 
-def send_and_receive(grid: Grid, messages: list, timeout: float | None, first_wait: float = 0.05, longest_wait: float = 0.5) -> list:
+def send_and_receive(grid: Grid, messages: list, timeout: float | None, first_wait: float = 0.05, longest_wait: float = 0.1) -> list:
     """``Grid.send_and_receive`` with a shorter wait between pulls: Flower's waits 3 s after every
     pull without all replies (flwr/superlink/grid/http_grid.py), so every step of a round cost up
     to 3 s more than its ClientApps took. Here the wait starts at ``first_wait`` and grows by half
-    each pull up to ``longest_wait`` (a long GPU round polls the SuperLink twice a second)."""
+    each pull up to ``longest_wait``: a step's last reply is seen within 0.1 s, for ten cheap pulls a
+    second (with 0.5 s, the average half of it was paid twice a round: benchmarks/bench_federation.py's
+    "our ServerApp's reply polling" row measures it)."""
     if not hasattr(grid, "pull_messages"):  # a Grid-like object with send_and_receive only (a test's fake)
         return list(grid.send_and_receive(messages, timeout=timeout))
     pending = set(grid.push_messages(messages))
