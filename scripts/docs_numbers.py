@@ -92,6 +92,25 @@ BLOCKS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
             ("selection_file_mb", "selected models MB"),
         ],
     ),
+    "federation-rounds": (
+        "2026-11-29-federation-rounds.csv",
+        "2026-11-29-federation-rounds.md",
+        [
+            ("store", "store"),
+            ("method", "method"),
+            ("engine_s", "engine s/round"),
+            ("federation_s", "federation s/round (Flower's stock waits)"),
+            ("flower_waits_s", "of it Flower's fixed waits"),
+            ("flower_waits_bound_s", "their bound"),
+            ("ours_s", "ours s/round (those waits cut)"),
+            ("ours_over_engine", "ours ÷ engine"),
+        ],
+    ),
+    "warm-apps": (
+        "2026-11-29-warm-apps.csv",
+        "2026-11-29-federation-rounds.md",
+        [("quantity", "quantity"), ("value", "value"), ("unit", "unit")],
+    ),
     "memory": (
         "2026-11-25-memory-cpu.csv",
         "2026-11-25-paper-scale-cpu.md",

@@ -37,6 +37,7 @@ def test_payloads_cross_flower_records_bit_for_bit():
     assert isinstance(records["a:state"], flwr.app.ArrayRecord) and isinstance(records["s:scores"], flwr.app.MetricRecord)
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch, reading the pickled object it then refuses
 def test_a_pickled_object_is_refused_naming_the_site():
     records = pack({"x": 1})
     records["b"]["evil"] = __import__("pickle").dumps(SiteError("code"))
