@@ -246,6 +246,11 @@ def set_short_waits(switch: Path | None, on: bool) -> None:
         switch.unlink()
 
 
+def cell(x: float, spec: str) -> str:
+    """``x`` formatted, or a dash for nan (the payloads are counted on the tiny store only)."""
+    return "—" if x != x else format(x, spec)
+
+
 def short_waits_applied(log: Path, sites: int, short_s: float) -> dict[str, int]:
     """{wait: processes that shortened it} from the patch's log; exits where it did not reach every
     SuperNode and SuperExec (the short row would be stock Flower under another name). A SuperExec's
@@ -693,7 +698,6 @@ def run(args) -> None:
         b = res["bytes"]
         fed = ((b[2 * r]["bytes_sent"] + b[2 * r]["bytes_received"]) - (b[r]["bytes_sent"] + b[r]["bytes_received"])) / r if b else float("nan")
         res["bytes_per_round"] = {"floor": floor, "encoded": encoded, "federation": fed, "model_floor": 2 * res["clients"] * res["model_bytes"]}
-        cell = lambda x, spec: "—" if x != x else format(x, spec)  # noqa: E731  (nan: the payloads are counted on the tiny store only)
         print(f"| {method} | {res['model_bytes']:,} | {2 * res['clients'] * res['model_bytes']:,} | {cell(floor, ',.0f')} | {cell(encoded, ',.0f')} | {cell(encoded / floor, '.3f')} | {cell(fed, ',.0f')} | {cell(fed / floor, '.3f')} |")
     if not args.no_paper_models:
         print("\n### The codec at the papers' model sizes (one FedAvg reply)\n")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,24 +28,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from fedmedbench.federation import warm  # noqa: E402
+from fedmedbench.federation.processes import process_guard  # noqa: E402
 
 PRELOAD = "import resource; from fedmedbench.federation.warm import preload; preload(); r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)"
 
 
 def warm_server() -> dict[str, float]:
     """One start of the warm app server: CPU seconds until it serves, memory (MB) once it does."""
-    with tempfile.TemporaryDirectory() as tmp:
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as tmp, process_guard(env):  # ends the server as local_federation does
         t0 = time.monotonic()
-        process, _ = warm.start(Path(tmp), dict(os.environ))
+        process, _ = warm.start(Path(tmp), env)
         wall = time.monotonic() - t0
-        try:
-            info = psutil.Process(process.pid)
-            cpu = info.cpu_times()
-            memory = info.memory_info()
-            return {"wall_s": wall, "cpu_s": cpu.user + cpu.system, "rss_mb": memory.rss / 1e6, "shared_mb": memory.shared / 1e6}
-        finally:
-            os.killpg(process.pid, signal.SIGTERM) if process.poll() is None else None
-            process.wait(timeout=60)
+        info = psutil.Process(process.pid)
+        cpu, memory = info.cpu_times(), info.memory_info()
+        return {"wall_s": wall, "cpu_s": cpu.user + cpu.system, "rss_mb": memory.rss / 1e6, "shared_mb": memory.shared / 1e6}
 
 
 def cold_imports() -> float:
