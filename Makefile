@@ -1,4 +1,5 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv once.
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv once (`make install` alone),
+# from constraints.txt's exact versions.
 PYTHON ?= python3
 # The recipes' `time` is bash's keyword: /bin/sh (dash) has none, and /usr/bin/time may be absent.
 SHELL := /bin/bash
@@ -6,16 +7,18 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test test-slow test-both-tiers test-without-shared test-kernels test-all lint test-slurm clean-demo
+install: $(STAMP)
 
-# torch and torchvision (pyproject.toml's pins) first, by scripts/install_torch.py: without an NVIDIA GPU
+.PHONY: install demo test test-slow test-both-tiers test-without-shared test-kernels test-all lint test-slurm clean-demo
+
+# torch and torchvision (constraints.txt's pins) first, by scripts/install_torch.py: without an NVIDIA GPU
 # (no working nvidia-smi) from PyTorch's CPU-only index (~0.2 GB instead of ~3 GB of CUDA wheels),
 # falling back to PyPI's default wheels in seconds where that index cannot be reached; with a GPU, PyPI's.
 # TORCH_INDEX=URL installs them from URL; TORCH_INDEX=default (or TORCH_INDEX=) from PyPI.
-$(STAMP): pyproject.toml scripts/install_torch.py
+$(STAMP): pyproject.toml constraints.txt scripts/install_torch.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python scripts/install_torch.py $(if $(filter undefined,$(origin TORCH_INDEX)),,--index "$(TORCH_INDEX)")
-	$(VENV)/bin/pip install -e ".[dev,flower]"
+	$(VENV)/bin/pip install -c constraints.txt -e ".[dev,flower]"
 	touch $(STAMP)
 
 # Training jobs start warm (forked from a process that imported torch once): see src/fedmedbench/jobserver.py.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torch and torchvision (pyproject.toml's pins) into the environment of ``--python``, before the rest of
+"""torch and torchvision (constraints.txt's pins) into the environment of ``--python``, before the rest of
 the project (the Makefile's install step runs this, then ``pip install -e .``, which keeps what is here).
 
 Which build:
@@ -20,22 +20,21 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 # The default wheels of torch 2.14.1 for Linux x86-64: torch 0.55 GB, nvidia-* 2.2 GB, triton 0.25 GB (5.3 GB
 # installed); the CPU build's torch wheel is 0.19 GB (0.7 GB installed).
 SIZES = "~0.2 GB instead of ~3 GB of downloads"
 
 
-def torch_pins(pyproject: Path = PYPROJECT) -> list[str]:
-    """pyproject.toml's pins of torch and torchvision, e.g. ['torch==2.14.1', 'torchvision==0.29.1']."""
-    dependencies = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
-    return [d for d in dependencies if re.match(r"^(torch|torchvision)\s*==", d)]
+def torch_pins(constraints: Path = CONSTRAINTS) -> list[str]:
+    """constraints.txt's pins of torch and torchvision, e.g. ['torch==2.14.1', 'torchvision==0.29.1']."""
+    lines = [line.split("#")[0].strip() for line in constraints.read_text().splitlines()]
+    return [line for line in lines if re.match(r"^(torch|torchvision)\s*==", line)]
 
 
 def gpu_found() -> tuple[bool, str]:
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--index", default=None, help="the index to install from; 'default' or empty: PyPI's default wheels (default: chosen as described above)")
     parser.add_argument("--python", default=sys.executable, help="the Python whose pip installs (default: this one)")
-    parser.add_argument("--packages", nargs="+", default=None, help="what to install (default: pyproject.toml's torch and torchvision pins)")
+    parser.add_argument("--packages", nargs="+", default=None, help="what to install (default: constraints.txt's torch and torchvision pins)")
     parser.add_argument("--cpu-index", default=CPU_INDEX, help="the CPU-only index (default: %(default)s)")
     parser.add_argument("--probe-timeout", type=float, default=5.0, help="seconds to wait for the CPU index (default: %(default)s)")
     parser.add_argument("pip_args", nargs="*", help="after --: more arguments for pip install")
