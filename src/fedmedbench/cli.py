@@ -95,7 +95,10 @@ def cmd_train(args) -> None:
     final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1, checkpoint_every_seconds=args.checkpoint_every_seconds, data_workers=args.data_workers)
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
-    print(f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})")
+    from fedmedbench.report.flags import print_score_summary
+
+    # a flagged score is never printed bare: its mark, and a WARNING line per run, site and seed
+    print_score_summary(final, f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})")
 
 
 def cmd_estimate(args) -> None:

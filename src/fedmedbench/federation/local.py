@@ -399,7 +399,10 @@ def _run_local(args) -> None:
     final = json.loads(final_path.read_text())
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
-    print(f"{args.task}/{args.run}/seed{args.seed}: mean test {metric} {mean:.4f} over {len(final['test'])} sites (selected on val: {final['selection']['best_round']})")
+    from fedmedbench.report.flags import print_score_summary
+
+    # a flagged score is never printed bare: its mark, and a WARNING line per run, site and seed
+    print_score_summary(final, f"{args.task}/{args.run}/seed{args.seed}: mean test {metric} {mean:.4f} over {len(final['test'])} sites (selected on val: {final['selection']['best_round']})")
     print(f"results: {out}/ ({', '.join(name for name in OUTPUTS if (out / name).is_file())})")
     print(f"logs and the sites' state: {workdir}/ (superlink.log, supernode-<site>.log, flwr-run.log, site-<site>/)")
 

@@ -92,3 +92,65 @@ def tied_rows(cells: Sequence[Sequence[str]], site_indices: Sequence[int], missi
 def tie_note(names: Sequence[str]) -> str:
     listed = ", ".join(names[:-1]) + f" and {names[-1]}"
     return f"{listed} are identical on every site (to the last printed digit)."
+
+
+# --- one run's flags wherever its score is printed: `train`, `federation local`, the figures ---------
+
+
+def run_flags(final: Mapping) -> list[tuple[str, str, str]]:
+    """(kind, site label, why) of every flagged score of one run, in ``KINDS`` order: its test
+    clients' and its test-only cohorts' (``final["flags"]`` holds both). A ``collapsed`` flag of a
+    final whose scores were not selected on validation is left out, as in :func:`collect_flags`."""
+    labels = dict(zip(final.get("clients") or [], final.get("client_labels") or final.get("clients") or []))
+    on_val = (final.get("selection") or {}).get("split", "val") == "val"
+    found = [
+        (kind, str(labels.get(client, client)), str(flags[kind]))
+        for client, flags in (final.get("flags") or {}).items()
+        for kind in KINDS
+        if kind in flags and (kind != "collapsed" or on_val)
+    ]
+    return sorted(found, key=lambda f: KINDS.index(f[0]))
+
+
+def score_warnings(final: Mapping) -> list[str]:
+    """One ``WARNING`` line per flagged score of a run, naming run, site and seed: what the
+    summary line of ``train`` and ``federation local`` prints its mark for."""
+    where = f"run {final.get('run') or final.get('method')} (task {final.get('task')})"
+    return [f"WARNING: {where}, site {site}, seed {final.get('seed')}: {kind.replace('_', ' ')}: {why} ({MEANING[kind]})" for kind, site, why in run_flags(final)]
+
+
+def summary_mark(final: Mapping, sites: Iterable[str] | None = None) -> str:
+    """The mark a printed summary over ``sites`` (default: the run's test clients) carries, with a
+    word on how many of them are flagged: "" when none is."""
+    clients = list(sites if sites is not None else final.get("clients") or [])
+    flags = final.get("flags") or {}
+    on_val = (final.get("selection") or {}).get("split", "val") == "val"
+    out = []
+    for kind in KINDS:
+        hit = [c for c in clients if kind in (flags.get(c) or {}) and (kind != "collapsed" or on_val)]
+        if hit:
+            what = "collapsed" if kind == "collapsed" else "no foreground in test"
+            out.append(f"{MARKS[kind]} ({what} on {len(hit)} of {len(clients)} sites: see the WARNING lines)")
+    return " ".join(out)
+
+
+def print_score_summary(final: Mapping, line: str, out=None, err=None) -> None:
+    """Print a run's summary ``line`` (its mean test score) with its mark, after one WARNING line per
+    flagged score (on ``err``, standard error by default): no score is printed without its flag."""
+    import sys
+
+    out, err = out or sys.stdout, err or sys.stderr
+    warnings = score_warnings(final)
+    if warnings:
+        out.flush()
+        print("\n".join(warnings), file=err, flush=True)
+    mark = summary_mark(final)
+    print(f"{line} {mark}" if mark else line, file=out, flush=True)
+
+
+def collapsed_texts(finals: Iterable[Mapping], names: Mapping[str, str] | None = None) -> list[str]:
+    """The footnote texts (:func:`collect_flags`) of the collapsed test clients of ``finals`` (one
+    run's seeds): what a figure built from their selected models says on its face and in its CSV."""
+    # The test clients' flags only: a test-only cohort's score is no point of a convergence curve.
+    own = [{**f, "flags": {c: v for c, v in (f.get("flags") or {}).items() if c in (f.get("clients") or [])}} for f in finals]
+    return [text for entries in collect_flags(own, names).values() for kind, text in entries if kind == "collapsed"]
