@@ -75,6 +75,20 @@ def degenerate_flags(kind: str, samples: int, predicted: np.ndarray, truth: np.n
     return flags
 
 
+def cohort_flag_texts(flags: dict) -> dict[str, str]:
+    """A cohort's ``flags`` (``fl.evaluation.score_cohort``) as final.json's ``flags`` entry of the cohort:
+    {kind: which of its scores (the ensemble, each client's model) and why}."""
+    parts: dict[str, list[str]] = {}
+    found = [("the ensemble", (flags.get("ensemble") or {}))] + [(f"client {c}'s model", f) for c, f in (flags.get("per_model") or {}).items()]
+    for who, kinds in found:
+        for kind, why in kinds.items():
+            # no foreground is the split's, whichever model scored it: said once
+            text = why if kind == "no_foreground" else f"{who} {why}"
+            if text not in parts.setdefault(kind, []):
+                parts[kind].append(text)
+    return {kind: "; ".join(texts) for kind, texts in parts.items()}
+
+
 def region_dice_per_sample(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
     """B x (C-1) Dice of the nested regions {label >= k}, k = 1..C-1 (NaN where the truth lacks the region)."""
     out = []

@@ -324,7 +324,13 @@ OOD_KEYS = {"mean", "ensemble", "per_model"}
 
 def check_ood(where: str, value, sites: list[str]) -> None:
     """A test-only cohort's ``ood`` reply (``evaluation.score_cohort``): the scores of every site's
-    model (``per_model``, one entry per site of the run), their ``mean`` and the ``ensemble``'s."""
+    model (``per_model``, one entry per site of the run), their ``mean`` and the ``ensemble``'s, and
+    ``flags`` where a score measures no model (a dict of {kind: why} dicts)."""
+    flags = value.get("flags", {}) if isinstance(value, dict) else {}
+    if not (isinstance(flags, dict) and set(flags) <= {"ensemble", "per_model"} and all(isinstance(v, dict) for v in flags.values())):
+        raise SiteError(f"{where}: the reply's flags {flags!r} are not {{'ensemble': {{kind: why}}, 'per_model': {{site: {{kind: why}}}}}}; refused")
+    if isinstance(value, dict) and "flags" in value:
+        value = {k: v for k, v in value.items() if k != "flags"}
     if not isinstance(value, dict) or set(value) != OOD_KEYS:
         keys = sorted(value) if isinstance(value, dict) else type(value).__name__
         raise SiteError(f"{where}: the reply is not {sorted(OOD_KEYS)} (got {keys}); refused")

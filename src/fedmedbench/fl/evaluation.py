@@ -19,7 +19,7 @@ from fedmedbench.fl.client import autocast, batch_to_device
 from fedmedbench.fl.data import SplitData, eval_batches
 from fedmedbench.fl.selection import Selection
 from fedmedbench.losses import build_loss
-from fedmedbench.metrics import METERS
+from fedmedbench.metrics import METERS, cohort_flag_texts
 from fedmedbench.runconfig import RunConfig
 
 # The engine's logger: a flagged selected model is a line of the training's log, filtered as before.
@@ -121,6 +121,12 @@ def final_test(selection: Selection, clients, cfg: RunConfig, device: torch.devi
 def evaluate_ensemble(models: list[torch.nn.Module], split, cfg: RunConfig, device: torch.device) -> dict[str, float]:
     """Scores of the ensemble that averages the models' softmax probabilities (its "logits" are the
     log of the mean probabilities, so argmax and softmax are the ensemble's)."""
+    return ensemble_meter(models, split, cfg, device).compute()
+
+
+@torch.no_grad()
+def ensemble_meter(models: list[torch.nn.Module], split, cfg: RunConfig, device: torch.device):
+    """:func:`evaluate_ensemble`'s metric accumulator: its scores and what the ensemble predicted."""
     for model in models:
         model.eval()
     meter = METERS[cfg.kind](cfg.model.num_classes)
@@ -133,7 +139,7 @@ def evaluate_ensemble(models: list[torch.nn.Module], split, cfg: RunConfig, devi
                 probs.append(torch.softmax(model(x).float(), dim=1))
         logits = torch.stack(probs).mean(0).clamp_min(1e-12).log()
         meter.update(logits, y, groups, float(loss_fn(logits, y)))
-    return meter.compute()
+    return meter
 
 
 @torch.no_grad()
@@ -149,17 +155,35 @@ def ood_test(selection: Selection, clients, cohorts: dict, cfg: RunConfig, devic
         model = client.eval_model()
         model.load_state_dict(selected[client.name])
         models[client.name] = model
-    return {cohort: score_cohort(models, split, cfg, device) for cohort, split in cohorts.items()}
+    scores = {cohort: score_cohort(models, split, cfg, device) for cohort, split in cohorts.items()}
+    warn_cohort_flags(scores)
+    return scores
 
 
 @torch.no_grad()
 def score_cohort(models: dict[str, torch.nn.Module], split, cfg: RunConfig, device: torch.device) -> dict[str, dict]:
     """One test-only cohort scored with ``models`` ({client: its selected model}, in client order):
     {"mean", "ensemble", "per_model"} as ``ood_test`` reports it. A federated cohort's own site calls
-    it with the models the server sends it (``fl.transport.Cohort``)."""
-    per_model = {name: evaluate(model, split, cfg, device) for name, model in models.items()}
+    it with the models the server sends it (``fl.transport.Cohort``). The collapse check of the
+    test clients covers the cohort too: ``flags`` (only when one is raised) holds
+    ``{"ensemble": {kind: why}, "per_model": {client: {kind: why}}}`` (``metrics.degenerate_flags``)."""
+    meters = {name: evaluate_meter(model, split, cfg, device) for name, model in models.items()}
+    per_model = {name: meter.compute() for name, meter in meters.items()}
     mean = {k: float(np.mean([s[k] for s in per_model.values()])) for k in next(iter(per_model.values()))}
-    return {"mean": mean, "ensemble": evaluate_ensemble(list(models.values()), split, cfg, device), "per_model": per_model}
+    ensemble = ensemble_meter(list(models.values()), split, cfg, device)
+    out = {"mean": mean, "ensemble": ensemble.compute(), "per_model": per_model}
+    flags = {"ensemble": ensemble.flags(), "per_model": {name: meter.flags() for name, meter in meters.items() if meter.flags()}}
+    flags = {k: v for k, v in flags.items() if v}
+    if flags:
+        out["flags"] = flags
+    return out
+
+
+def warn_cohort_flags(ood: dict) -> None:
+    """A WARNING line per flagged test-only cohort, as ``final_test`` writes one per flagged client."""
+    for cohort, scores in ood.items():
+        for what, text in cohort_flag_texts(scores.get("flags") or {}).items():
+            log.warning("test-only cohort %s: %s: %s; its scores are flagged in final.json, the tables, the figures and the report", cohort, what.replace("_", " "), text)
 
 
 def curve_every(cfg: RunConfig) -> int:

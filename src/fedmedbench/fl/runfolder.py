@@ -24,7 +24,7 @@ from fedmedbench.files import atomic_file, atomic_write_text
 from fedmedbench.fl import state as ckpt_io
 from fedmedbench.fl.seeding import global_rng_state, set_global_rng_state
 from fedmedbench.fl.selection import Selection
-from fedmedbench.metrics import METRIC_DESCRIPTIONS
+from fedmedbench.metrics import METRIC_DESCRIPTIONS, cohort_flag_texts
 from fedmedbench.runconfig import RunConfig
 
 # The engine's logger: resuming, or ignoring a checkpoint, is a line of the training's log, as before.
@@ -203,8 +203,10 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
         "test": test,
         "val": selection.merged("val"),
         "metric_descriptions": {m: METRIC_DESCRIPTIONS[m] for m in next(iter(test.values()))},
-        # {client: {"collapsed" | "no_foreground": why}}: test scores that measure no model (empty: none)
-        "flags": {n: flags[n] for n in names if n in (flags or {})},
+        # {client: {"collapsed" | "no_foreground": why}}: test scores that measure no model (empty: none),
+        # then each test-only cohort's, naming which of its scores (the ensemble, a client's model)
+        "flags": {**{n: flags[n] for n in names if n in (flags or {})},
+                  **{c: cohort_flag_texts(o["flags"]) for c, o in (ood or {}).items() if o.get("flags")}},
         # {client: {"samples", "predicted", "truth"}}: pixels (segmentation) or samples per class on test
         "test_class_counts": {n: class_counts[n] for n in names if n in (class_counts or {})},
         "config": cfg.to_dict(),

@@ -33,7 +33,7 @@ import torch
 
 from fedmedbench.errors import FedmedbenchError
 from fedmedbench.fl import runfolder
-from fedmedbench.fl.evaluation import check_finite, curve_every, evaluate, evaluate_meter, local_epoch_probe, predict_samples, score_cohort
+from fedmedbench.fl.evaluation import check_finite, curve_every, evaluate, evaluate_meter, local_epoch_probe, predict_samples, score_cohort, warn_cohort_flags
 from fedmedbench.fl.selection import Selection, selection_open
 
 
@@ -389,6 +389,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
             raise SiteError(f"ood: site(s) {', '.join(withheld)} sent no model; test-only cohort(s) {', '.join(cfg.ood_clients)} cannot score it")
         ood = transport.ood({name: finals[name]["model"] for name in names})
     return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
+        warn_cohort_flags(ood)  # the cohorts' collapse check, as the engine's ood_test says it
 
 
 def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
