@@ -17,14 +17,17 @@ label == 2; ``disc_cup`` returns DoFE's two overlapping channels [cup, disc] fro
 
 Resize to 384 x 384 (protocols ``fedlwr`` and ``fedlwr_bilinear_masks``):
 
-* images: bilinear with OpenCV ``INTER_LINEAR`` semantics (half-pixel centres, 2 x 2 taps, no
-  antialiasing), re-implemented in numpy (``resize_bilinear``), because that is what Fed-LWR's
-  ``cv2.resize`` call does; results can differ from OpenCV by one grey level (OpenCV rounds its
-  fixed-point weights);
+* images, ``fedlwr``: bilinear with OpenCV ``INTER_LINEAR`` semantics (half-pixel centres, 2 x 2
+  taps, no antialiasing), in floating point (``resize_bilinear``); it can differ from OpenCV by one
+  grey level (OpenCV rounds fixed-point weights);
 * masks, ``fedlwr``: nearest neighbour on the class map (our choice: no new values are invented);
-* masks, ``fedlwr_bilinear_masks``: the official code's behaviour. Its ``cv2.resize(mask, (384,
-  384), cv2.INTER_CUBIC)`` passes INTER_CUBIC as ``dst``, so the grey mask is resized bilinearly,
-  then mapped with ``2 - uint8(grey / 127)`` (grey < 127 -> cup, < 254 -> rim, else background).
+* ``fedlwr_bilinear_masks``: the official ``preproces_rif.py`` (``prepare_fundus``) exactly. It maps
+  the grey mask to classes first, ``2 - uint8(grey / 127)`` (grey < 127 -> cup, < 254 -> rim, else
+  background), then calls ``cv2.resize(mask, (384, 384), cv2.INTER_NEAREST)``, whose third positional
+  argument is ``dst``: the class map is resized **bilinearly** (uint8, OpenCV's fixed-point rounding),
+  so a pixel between background (0) and cup (2) can become rim (1). Its image call
+  ``cv2.resize(img, (384, 384), cv2.INTER_CUBIC)`` is bilinear for the same reason. Both go through
+  ``opencv_resize.resize_linear_u8``, OpenCV's 8-bit ``INTER_LINEAR`` bit for bit.
 
 File lists are sorted by name (the official loader's unsorted ``glob`` is filesystem-dependent).
 Mask paths are built from path components, not by replacing the substring ``image`` (which breaks
@@ -45,6 +48,7 @@ import pandas as pd
 
 from .. import check_protocol
 from .download import ARCHIVE, DOWNLOAD, DOWNLOADS, DRIVE_ID  # noqa: F401
+from .opencv_resize import resize_linear_u8  # noqa: F401
 from .raw import (  # noqa: F401
     BACKGROUND,
     BACKGROUND_ABOVE,

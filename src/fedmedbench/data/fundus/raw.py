@@ -15,6 +15,7 @@ import pandas as pd
 from ..images import read_mask
 from ..store import atomic_write_text, staged_dir, write_client
 from .download import ARCHIVE
+from .opencv_resize import resize_linear_u8
 from .sites import DOMAIN_SOURCES, DOMAINS, EXPECTED_COUNTS, FundusDataError
 
 MASK_RESAMPLE = {"fedlwr": "nearest", "fedlwr_bilinear_masks": "bilinear"}
@@ -215,7 +216,9 @@ def check_mask_encoding(grey: np.ndarray, mask_path: Path) -> int:
 
 
 def load_pair(image_path: Path, mask_path: Path, size: int, mask_resample: str = "nearest") -> tuple[np.ndarray, np.ndarray, dict]:
-    """One image (RGB, bilinear) and its class map (nearest, or Fed-LWR's bilinear + formula)."""
+    """One image (RGB, bilinear) and its class map: ``nearest`` = DoFE's classes resized by nearest
+    neighbour; ``bilinear`` = Fed-LWR's code exactly (classes by its formula, then OpenCV's bilinear resize
+    of the class map and of the image, bit for bit)."""
     # Masks through the shared reader: convert("L") would clip a 16-bit mask (rim 32896 -> 255).
     image, grey = _read(image_path, "RGB"), read_mask(mask_path, error=FundusDataError)
     if image.shape[:2] != grey.shape:
@@ -223,12 +226,13 @@ def load_pair(image_path: Path, mask_path: Path, size: int, mask_resample: str =
                               f"{grey.shape[1]}x{grey.shape[0]}")
     info = {"orig_height": grey.shape[0], "orig_width": grey.shape[1], "mask_off_level_px": check_mask_encoding(grey, mask_path)}
     if mask_resample == "nearest":
-        labels = resize_nearest(mask_to_classes(grey), size)
-    elif mask_resample == "bilinear":
-        labels = fedlwr_code_mask_to_classes(resize_bilinear(grey, size))
-    else:
-        raise ValueError(f"mask_resample must be 'nearest' or 'bilinear', got {mask_resample!r}")
-    return resize_bilinear(image, size), labels, info
+        return resize_bilinear(image, size), resize_nearest(mask_to_classes(grey), size), info
+    if mask_resample == "bilinear":
+        # Fed-LWR's preproces_rif.py, line for line: the grey mask mapped to classes first, then the class
+        # map and the image through cv2.resize, whose third positional argument is `dst`: INTER_LINEAR.
+        labels = resize_linear_u8(fedlwr_code_mask_to_classes(grey), size, size)
+        return resize_linear_u8(image, size, size), labels, info
+    raise ValueError(f"mask_resample must be 'nearest' or 'bilinear', got {mask_resample!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -299,12 +303,17 @@ def preprocess_fedlwr(
             "classes": list(CLASSES),
             "label_encoding": "uint8 class map: 0 background, 1 rim (disc without cup), 2 cup; DoFE disc = label >= 1, cup = label == 2",
             "mask_thresholds": (
-                "grey < 127 cup, < 254 rim, else background (Fed-LWR's 2 - uint8(grey/127))"
+                "grey < 127 cup, < 254 rim, else background (Fed-LWR's 2 - uint8(grey/127)), on the original "
+                "mask, before the class map is resized bilinearly"
                 if mask_resample == "bilinear"
                 else f"grey <= {CUP_MAX} cup, <= {BACKGROUND_ABOVE} rim, else background (DoFE)"
             ),
             "size": size,
-            "image_resample": "bilinear (OpenCV INTER_LINEAR semantics)",
+            "image_resample": (
+                "cv2.resize INTER_LINEAR, OpenCV's 8-bit fixed point (bit-exact)"
+                if mask_resample == "bilinear"
+                else "bilinear (OpenCV INTER_LINEAR semantics)"
+            ),
             "mask_resample": mask_resample,
         }
         atomic_write_text(Path(tmp_store) / "info.json", json.dumps(info, indent=2) + "\n")
