@@ -1,4 +1,4 @@
-"""Where a no-op Snakemake call spends its time (issue: a no-op rerun of the demo must stay <= 5 s).
+"""Where a no-op Snakemake call spends its time (a no-op rerun of the demo must stay <= 5 s).
 
 Measures, in one run on this machine:
 - the config: load + validate (schema, every method parameter and variant, references), and the

@@ -192,7 +192,7 @@ def test_empty_target_folder_is_replaced(tmp_path):
     assert (target / "a.txt").read_bytes() == b"A" and (target / COMPLETE_MARKER).is_file()
 
 
-# --- damaged or malformed archives: one line naming the archive, nothing extracted (issue 8, item 5) ---
+# --- damaged or malformed archives: one line naming the archive, nothing extracted ---
 def _bad_crc_zip(path):
     _zip(path, [("data/a.txt", b"A" * 1000)])
     raw = bytearray(path.read_bytes())
@@ -241,7 +241,7 @@ def _tree(folder):
     ids=["bad-crc", "truncated-tar-gz", "file-and-folder", "file-and-folder-entry", "foreign-target"],
 )
 def test_a_damaged_archive_is_one_clear_error_and_leaves_nothing(tmp_path, make, name, message):
-    """Issue 8: these printed tracebacks (BadZipFile, EOFError, FileExistsError in the staging folder)."""
+    """One line, not a traceback (BadZipFile, EOFError, FileExistsError in the staging folder)."""
     archive = make(tmp_path / name)
     before = _tree(tmp_path)
     with pytest.raises(DataError, match=message):
@@ -264,7 +264,7 @@ def test_a_failed_extraction_removes_the_folders_it_created(tmp_path):
 
 
 def test_extracted_folders_and_stores_follow_the_umask(tmp_path):
-    """Issue 8: outputs had the 0600/0700 modes of temporary files; group members could not read them."""
+    """Outputs get the usual file modes, not the 0600/0700 of temporary files: group members can read them."""
     import numpy as np
     import pandas as pd
 

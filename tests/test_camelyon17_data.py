@@ -174,7 +174,7 @@ def test_synthetic_twin_round_trip(synthetic_store, tmp_path):
     assert (tmp_path / C.ARCHIVE).read_bytes() == (root / "synthetic" / C.ARCHIVE).read_bytes()
 
 
-# --- Where the twin's signals live (issue 16 §3) -------------------------------------------------
+# --- Where the twin's signals live (label in tissue, site in stain) -------------------------------------------------
 # Real tumour patches differ from normal ones in structure (nuclear density, size, arrangement:
 # Fourier phase) and hospitals differ in stain and scanner (colour, contrast, blur: Fourier
 # amplitude). HarmoFL's full AmpNorm (paper Eq. 4) gives every image the same amplitude spectrum, so
@@ -290,7 +290,7 @@ def test_slide_level_split_keeps_slides_whole(synthetic_store, tmp_path):
 
 
 def test_split_errors_show_plain_values_not_numpy_reprs():
-    """Issue 8: a message said "np.str_('patient_004_node_4')" instead of 'patient_004_node_4'."""
+    """A message names a patient as written ('patient_004_node_4'), not as numpy's repr (np.str_(...))."""
     ids = np.array(["a", "b", "c", "d"])
     groups = np.array(["patient_004_node_4"] * 2 + ["patient_009_node_1"] * 2)
     with pytest.raises(C.CamelyonDataError) as err:
@@ -299,7 +299,7 @@ def test_split_errors_show_plain_values_not_numpy_reprs():
 
 
 def test_preprocessing_logs_plain_progress_lines_not_a_bar(tmp_path, capsys, caplog):
-    """Issue 8: the tqdm bar filled job logs with carriage-return fragments. Off a terminal (a job
+    """The tqdm bar does not fill job logs with carriage-return fragments. Off a terminal (a job
     log, here pytest's captured stderr) progress is plain log lines."""
     release = write_fixture(tmp_path / "raw")
     with caplog.at_level("INFO", logger="fedmedbench"):

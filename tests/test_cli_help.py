@@ -1,4 +1,4 @@
-"""`fedmedbench --help` for people (issue 25): the commands a person types listed apart from the
+"""`fedmedbench --help` for people: the commands a person types listed apart from the
 pipeline's internal steps, a help line for every subcommand and option, plain text (no reST)."""
 
 import contextlib

@@ -1,4 +1,4 @@
-"""A result follows everything it depends on (issue 21): every file a user's option names is in
+"""A result follows everything it depends on: every file a user's option names is in
 Snakemake's view of the job that reads it, so an edit re-runs exactly the jobs that depend on it
 and an unrelated edit re-runs nothing.
 

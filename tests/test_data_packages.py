@@ -1,4 +1,4 @@
-"""Each built-in dataset family is a package whose files show its parts (issue 17), behind one registry."""
+"""Each built-in dataset family is a package whose files show its parts, behind one registry."""
 
 import ast
 import subprocess

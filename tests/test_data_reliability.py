@@ -1,4 +1,4 @@
-"""Robust by construction, data layer (issue 15): masks are read at their real bit depth by one
+"""Robust by construction, data layer: masks are read at their real bit depth by one
 reader, a zip with mis-flagged member names is one clear error, a killed extract / preprocess /
 download leaves nothing behind once it runs again, and a kill at any member gives, after a rerun,
 exactly the uninterrupted result."""

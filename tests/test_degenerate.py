@@ -1,4 +1,4 @@
-"""A degenerate model is never a score (issue 21): a model that predicts one class on a whole test
+"""A degenerate model is never a score: a model that predicts one class on a whole test
 split, or a test split without foreground, is flagged in the training log, final.json, every table
 cell that uses it (with a footnote) and the report; methods equal on every site get a note; every
 caption names its metric in words; a report on a user's own data is no reproduction report."""

@@ -161,7 +161,7 @@ def test_gdrive_goes_through_gdown_and_the_same_checks(tmp_path, monkeypatch):
 
 
 def test_a_failed_fetch_leaves_no_empty_folders(tmp_path, source):
-    """Issue 8: nothing half-written, not even the folders made for the download."""
+    """Nothing half-written, not even the folders made for the download."""
     dest = tmp_path / "results" / "data" / "prostate" / "raw" / "a.zip"
     with pytest.raises(DownloadError, match="expected"):
         fetch(str(source), dest, sha256="0" * 64, log=lambda m: None)

@@ -1,4 +1,4 @@
-"""q-FedAvg, CGSV and CFFL as working baselines (issue 16 §4): each moves the model on FedAvg's scale,
+"""q-FedAvg, CGSV and CFFL as working baselines: each moves the model on FedAvg's scale,
 reputations start at 0 as the reference codes, and CFFL's reputations separate a bad participant.
 
 "FedAvg's step" is ||w^1 - w^0|| of FedAvg's global model after one round from the same

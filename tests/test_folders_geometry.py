@@ -1,4 +1,4 @@
-"""Geometry and values of a user's own data (``family: folders``) are checked, not assumed (issue 21):
+"""Geometry and values of a user's own data (``family: folders``) are checked, not assumed:
 NIfTI image/mask grids, image sizes against the model (DAG time and before training), contiguous
 ``mask_values``, a visible ``nifti_axis``, robust scaling of deep images, and classification images
 that ``labels.csv`` does not list."""

@@ -283,7 +283,7 @@ def test_unknown_protocol():
         F.preprocess({}, "x", "dofe")
 
 
-# --- masks in an unexpected encoding (issue 8, item 6) --------------------------------------------
+# --- masks in an unexpected encoding: refused in one line --------------------------------------------
 REAL_ROOT = realdata_dir() / "rif_fundus" / "data" / "Fundus"
 
 

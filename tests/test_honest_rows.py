@@ -1,4 +1,4 @@
-"""Rows that say which rule made them (issue 22): the PRR-FL official flow under the tables' selection
+"""Rows that say which rule made them: the PRR-FL official flow under the tables' selection
 rule, the FedNova = FedAvg sentence (computed, never assumed), one spread across clients per table,
 and titles that claim no count the demo's data do not have."""
 

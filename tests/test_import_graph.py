@@ -1,4 +1,4 @@
-"""The package's import graph: no circle, and imports point down the layers (issue 25).
+"""The package's import graph: no circle, and imports point down the layers.
 
 cli -> engine (fl/, federation/) / report / data -> ops / models -> util. In particular the data
 layer knows nothing of training (no import of fl/, methods/, federation/ or the method registry), the

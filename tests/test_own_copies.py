@@ -1,7 +1,7 @@
 """Every site works on its own copy of what it is sent, in the engine as over Flower's wire: a method
 that edits its received package in place, or a server that sums the replies into the first one,
 changes nothing but its own copy. So the engine's numbers are the Flower runtime's, whatever a
-method does with its tensors (issue "Your data as a clinician splits it").
+method does with its tensors.
 
 The method here is a user's plug-in (a module on PYTHONPATH named by ``method_module``). Its
 ``copy_first`` twin copies everything before editing it: what each site with its own copy computes.

@@ -1,5 +1,5 @@
 """Progress in a job log: rounds per second when fast, seconds per round once a round takes more than
-a second (issue 25). A fake clock makes each round last exactly what the test says, no sleeping."""
+a second. A fake clock makes each round last exactly what the test says, no sleeping."""
 
 import io
 import logging

@@ -376,7 +376,7 @@ def test_synthetic_release_is_deterministic(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Damaged volumes (issue 8, item 3)
+# Damaged volumes: one line naming the file, nothing half-written
 # ---------------------------------------------------------------------------
 def test_a_cut_short_volume_stops_preprocessing_naming_the_file(release, tmp_path):
     """SimpleITK reads a truncated .nii.gz as zeros; preprocessing must refuse it, naming the file."""

@@ -196,7 +196,7 @@ def test_unknown_protocol():
 
 
 def test_a_split_error_names_the_client(tmp_path):
-    """Issue 8: "2 case(s) are too few" did not say which client."""
+    """Too few cases: the message names the client ("2 case(s) are too few" alone would not)."""
     for client in P.FEDLWR_CLIENTS:
         n = 2 if client == "Site4" else 6
         meta = pd.DataFrame({"id": [f"{client}/s{i}" for i in range(n)], "group": [f"{client}/Case{i:02d}" for i in range(n)], "source": "x"})
@@ -207,7 +207,7 @@ def test_a_split_error_names_the_client(tmp_path):
 
 
 def test_a_missing_site_is_named(tmp_path):
-    """Issue 8: the layout error listed what it expected and found, not the missing site."""
+    """A layout error names the missing site, not only what was expected and found."""
     for site in P.RELEASE_SITES:
         if site != "HK":
             (tmp_path / "release" / site).mkdir(parents=True)

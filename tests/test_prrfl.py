@@ -161,7 +161,7 @@ def test_det_stage_follows_phi_and_resets_only_when_asked(skin_task, monkeypatch
 
 
 def test_det_stage_resets_to_recover_each_round_by_default(skin_task, monkeypatch):
-    """Issue 16 §2b: the default (paper and official rows) starts every round in Recover, even when
+    """The default (paper and official rows) starts every round in Recover, even when
     the deputy scores as well as p; carry-over is only the switch."""
     assert prrfl.DEFAULTS["reset_stage_each_round"] is True
     store, split = skin_task
@@ -201,7 +201,7 @@ def test_prrfl_sends_each_client_its_own_pfa_result_keeps_bn_local_and_averages_
 
 @pytest.mark.parametrize("upload", ["personalized", "deputy"])
 def test_prrfl_uploads_p_by_default_and_the_deputy_when_asked(skin_task, upload):
-    """Issue 16 §2a: ``upload: deputy`` (official) sends d, and every deputy then receives PFA of the
+    """``upload: deputy`` (official) sends d, and every deputy then receives PFA of the
     deputies; ``personalized`` (paper) sends p. p is never overwritten after round 0 either way."""
     from fedmedbench.ops.fourier import fourier_aggregate
 
@@ -366,7 +366,9 @@ def test_ood_cohort_is_scored_per_model_as_their_mean_and_as_an_ensemble(tmp_pat
     cfg = skin_config(store, split, "fedbn", rounds=2, local_epochs=1, batch_size=8, ood_clients=["OOD"], selection_window=0.5, selection_scope="pooled")
     final = run_training(cfg, tmp_path / "run", progress=False)
     ood = final["ood"]["OOD"]
-    assert set(ood) == {"mean", "ensemble", "per_model"} and set(ood["per_model"]) == {"A", "B", "C"}
+    assert set(ood) - {"flags"} == {"mean", "ensemble", "per_model"} and set(ood["per_model"]) == {"A", "B", "C"}
+    # a collapsed score of the cohort is flagged there and in final.json's flags (tests/test_flags_everywhere.py)
+    assert ("OOD" in final["flags"]) == ("flags" in ood)
     for metric in ("accuracy", "f1_macro", "auc_macro"):
         assert ood["mean"][metric] == pytest.approx(np.mean([s[metric] for s in ood["per_model"].values()]))
         assert 0.0 <= ood["ensemble"][metric] <= 1.0

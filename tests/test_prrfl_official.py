@@ -1,4 +1,4 @@
-"""Issue 16 §5: the ``prrfl-official`` row against an independent transcription of the official code.
+"""The ``prrfl-official`` row against an independent transcription of the official code.
 
 The transcription below is written from the official repository's behaviour as
 ``shared/specs/official_code.md`` §2.3-2.5 describes it (CityU-AIM-Group/PRR-FL @ 0a215247:

@@ -1,4 +1,4 @@
-"""Names and paths a user controls (issue 21): a name that would lead an output outside the results
+"""Names and paths a user controls: a name that would lead an output outside the results
 folder is refused when the config is validated; HTML in a site or run name is text in every Markdown
 and LaTeX output; a config asking Snakemake to run Python (`__use_yte__`) is refused by our entry
 points; `new-method` refuses a name that would replace or shadow a package, and its test survives a

@@ -16,7 +16,7 @@ from .download import ARCHIVE
 from .raw import patch_relpath
 from .sites import CENTER_TO_CLIENT, PATCH_SIZE
 
-# What the twin must show (issue 16): as in real Camelyon17, the label lives in the tissue's
+# What the twin must show: as in real Camelyon17, the label lives in the tissue's
 # STRUCTURE and the hospital in its STAIN and scanner. Normal = pale stroma and fat with sparse,
 # small, very dark nuclei (a few isolated dark spots: strongly negative grey-level skewness);
 # tumour = a confluent sheet of large overlapping nuclei (a dense texture: skewness near 0). Where
