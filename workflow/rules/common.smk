@@ -94,7 +94,12 @@ def user_data_listing(wildcards):
     if not user_data(wildcards.dataset):
         return ""
     from fedmedbench.data.digest import listing_digest
+    from fedmedbench.data.skipped import mark_results
 
+    # Results written inside the data root are marked before it is listed: neither the listing nor
+    # preprocessing takes them for data (fedmedbench.data.skipped).
+    for folder in (Path(ROOT).parent, ROOT):
+        mark_results(folder)
     section = config["data"][wildcards.dataset]
     listing = listing_digest(
         section["root"],

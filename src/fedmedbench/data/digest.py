@@ -2,7 +2,9 @@
 of them re-runs exactly the jobs that read it, and nothing else.
 
 - ``listing_digest(root)``: the relative name, size and content of every file under a user's data
-  root (``family: folders``), folders behind symbolic links followed as preprocessing follows them.
+  root (``family: folders``), folders behind symbolic links followed as preprocessing follows them,
+  leaving out exactly what the reader leaves out (``skipped``: hidden files and folders such as
+  ``.DS_Store`` and ``.git/``, ``__MACOSX/``, the pipeline's own results folder).
   Content, not modification times: files unpacked from one archive share one time, and swapping two
   same-size masks (fixing swapped labels) keeps every name, size and time. Each file's content hash
   is kept in a cache file beside the results, keyed by the file's identity (device, inode, size,
@@ -21,6 +23,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from stat import S_ISREG
+
+from .skipped import skipped
 
 # A file whose modification or change time is this close to the moment it was hashed is not kept in
 # the cache: the file system stamps times from a coarse clock, so a second edit within the same tick
@@ -86,6 +90,13 @@ class _HashCache:
             pass
 
 
+def _encoded(line: str) -> bytes:
+    """A listing line as bytes; a file name that is not valid UTF-8 (undecodable bytes kept by
+    ``os.fsdecode`` as surrogates) goes in as its raw bytes instead of failing the DAG build. The
+    reader names such a file when it reads it."""
+    return line.encode("utf-8", "surrogateescape")
+
+
 def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple[int, int]], digest, cache: _HashCache) -> None:
     """Files first (sorted), then each sub-folder (sorted, depth first): the order of ``os.walk``
     with sorted names."""
@@ -98,6 +109,8 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
         raise FoldersDataError(f"{folder}: cannot list the folder ({err.strerror})") from None
     folders = []
     for entry in entries:
+        if skipped(entry.path):  # what the reader skips (hidden, __MACOSX, the run's results) changes no job
+            continue
         try:
             is_folder = entry.is_dir()  # follows a link, as preprocessing does
         except OSError:
@@ -110,12 +123,12 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
             stat = os.stat(entry.path)
         except OSError:  # a broken link: its target is part of what preprocessing would see
             target = os.readlink(entry.path) if os.path.islink(entry.path) else "unreadable"
-            digest.update(f"{name}\0broken link\0{target}\n".encode())
+            digest.update(_encoded(f"{name}\0broken link\0{target}\n"))
             continue
         if (stat.st_dev, stat.st_ino) in skip:
             continue
         if not S_ISREG(stat.st_mode):  # a pipe or a device: reading it could block; preprocessing reads none
-            digest.update(f"{name}\0not a file\0{stat.st_mode:o}\n".encode())
+            digest.update(_encoded(f"{name}\0not a file\0{stat.st_mode:o}\n"))
             continue
         try:
             content = cache.content(name, entry.path, stat)
@@ -123,7 +136,7 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
             from .folders.options import FoldersDataError
 
             raise FoldersDataError(f"{entry.path}: cannot read the file ({err.strerror})") from None
-        digest.update(f"{name}\0{stat.st_size}\0{content}\n".encode())
+        digest.update(_encoded(f"{name}\0{stat.st_size}\0{content}\n"))
     for entry in folders:
         real = os.path.realpath(entry.path)
         if real in ancestors:

@@ -388,8 +388,8 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
         if withheld:
             raise SiteError(f"ood: site(s) {', '.join(withheld)} sent no model; test-only cohort(s) {', '.join(cfg.ood_clients)} cannot score it")
         ood = transport.ood({name: finals[name]["model"] for name in names})
-    return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
         warn_cohort_flags(ood)  # the cohorts' collapse check, as the engine's ood_test says it
+    return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
 
 
 def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:

@@ -40,9 +40,6 @@ GROUPS_CSV_COLUMNS = ("site", "image", "group")
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
 
 
-_IGNORED_FILES = {"thumbs.db", "desktop.ini"}  # written by file browsers, never data
-
-
 _SEGMENTATION_ONLY = ("mask_values", "nifti_axis", "stack", "mask_suffix")
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from ...errors import closest
 from ..images import apply_orientation, deep_rawmode, exif_orientation, open_image, read_mask
 from ..nifti import check_nifti_complete
+from ..skipped import skipped
 from .options import (
     IMAGE_SUFFIXES,
     KINDS,
@@ -21,7 +22,6 @@ from .options import (
     LABEL_COLUMNS,
     NIFTI_SUFFIXES,
     OPTIONAL_LABEL_COLUMNS,
-    _IGNORED_FILES,
     _THREADS,
     FoldersDataError,
     FoldersOptions,
@@ -33,6 +33,22 @@ def _check_root(root: str | os.PathLike) -> Path:
     if not root.is_dir():
         raise FoldersDataError(f"{root}: the data root does not exist or is not a folder")
     return root
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as it can be printed and written to a CSV: bytes that are not valid UTF-8 (kept by
+    ``os.fsdecode`` as surrogates, which no UTF-8 log or CSV accepts) shown as ``\\xff`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def check_name(path: Path) -> None:
+    """Refuse a file or folder name that is not valid UTF-8 (written on another system, or copied
+    from an old archive): the store, its CSVs and the logs are UTF-8 text. One line naming it, escaped."""
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FoldersDataError(f"{shown_path(path)}: the name is not valid UTF-8 text (the bytes shown as \\x..); "
+                               "rename it with UTF-8 characters only") from None
 
 
 def _check_site_name(site: str, where: str) -> None:
@@ -56,8 +72,9 @@ def _files_by_stem(folder: Path) -> dict[str, Path]:
     file the user meant as data is skipped silently."""
     found: dict[str, Path] = {}
     for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") or path.name.lower() in _IGNORED_FILES:
-            continue  # .DS_Store, macOS ._ files, Thumbs.db
+        if skipped(path):
+            continue  # .DS_Store, macOS ._ files, Thumbs.db (the listing digest skips them too)
+        check_name(path)
         parsed = _stem_and_format(path) if path.is_file() else None
         if parsed is None:
             raise FoldersDataError(f"{path}: not a supported file (expected {', '.join(IMAGE_SUFFIXES + NIFTI_SUFFIXES)})")
@@ -81,8 +98,9 @@ def discover_sites(root: str | os.PathLike, kind: str | None = None) -> list[str
         raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
     sites = []
     for path in sorted(root.iterdir()):
-        if not path.is_dir() or path.name.startswith(".") or path.name == "__MACOSX":
-            continue
+        if not path.is_dir() or skipped(path):
+            continue  # hidden folders, __MACOSX, the pipeline's own results (the listing digest skips them too)
+        check_name(path)
         # Every folder is a site: a folder without images/ (a typo such as Images/) is an error, not skipped.
         if not (path / "images").is_dir():
             raise FoldersDataError(f"{path}: site folder without an images/ folder (expected {path}/images/ and "
@@ -472,14 +490,15 @@ def _label_index(label: str, classes: tuple[str, ...], where: str) -> int:
 
 
 def _unlisted_images(root: Path, listed: set[str]) -> list[str]:
-    """Image files under ``root`` (a supported suffix, not hidden, not in ``__MACOSX``) whose path
-    relative to the root is not in ``listed``, sorted."""
+    """Image files under ``root`` (a supported suffix, not ``skipped``: not hidden, not in
+    ``__MACOSX`` or the pipeline's results) whose path relative to the root is not in ``listed``, sorted."""
     found = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__MACOSX")
+        dirs[:] = sorted(d for d in dirs if not skipped(os.path.join(folder, d)))
         for name in sorted(files):
-            if name.startswith(".") or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
+            if skipped(name) or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
                 continue
+            check_name(Path(folder, name))
             relative = Path(folder, name).relative_to(root).as_posix()
             if relative not in listed:
                 found.append(relative)
@@ -506,6 +525,14 @@ def _unlisted_message(root: Path, table: pd.DataFrame) -> str | None:
             f"{unlisted[0]}; list them in {LABELS_FILE} or move them out of the data root")
 
 
+def _parents(path: Path, root: Path) -> list[Path]:
+    """``path`` and each folder between it and ``root`` (``root`` excluded), by name."""
+    found = [path]
+    while found[-1].parent != root and found[-1].parent != found[-1]:
+        found.append(found[-1].parent)
+    return found
+
+
 def _labelled_images(root: Path, options: FoldersOptions) -> pd.DataFrame:
     """labels.csv with each row's ``label_index``, image ``path`` and ``group`` ("" when none),
     checked row by row (labels, files inside the root and present)."""
@@ -521,6 +548,10 @@ def _labelled_images(root: Path, options: FoldersOptions) -> pd.DataFrame:
         path = root / relative
         if not path.is_file():
             raise FoldersDataError(f"{where}: image {path} does not exist")
+        hidden = next((part for part in _parents(path, root) if skipped(part)), None)
+        if hidden is not None:  # the listing digest leaves it out: an edit of it would re-run nothing
+            raise FoldersDataError(f"{where}: image {row.image} lies in {_relative(hidden, root)}, which fedmedbench "
+                                   "skips (a hidden name, __MACOSX or the pipeline's results); move it to a plain folder")
         paths.append(path)
     table["label_index"], table["path"] = indices, paths
     if "group" not in table.columns:
