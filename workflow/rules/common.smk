@@ -361,14 +361,28 @@ def experiments_json(wildcards=None):
     return json.dumps(experiments)  # config order = report order
 
 
+# The rules that draw an experiment of each kind (the others: `<kind>_figure`).
+KIND_RULES = {"table": ("table", "convergence_figure"), "ood_table": ("ood_table",)}
+
+
+def products(rule, **wildcards):
+    """Every file a job of `rule` declares, its wildcards filled in. Snakemake re-runs a job for a
+    missing output only when some job (or `all`) asks for that very file: `all` asks for every
+    output of the training, evaluation and report jobs, so a deleted model_best.pt or figure CSV
+    is made again."""
+    return [expand(pattern, **wildcards)[0] for pattern in getattr(rules, rule).output]
+
+
 def all_targets():
+    # The data jobs' records (a download's .sha256, preprocessing's counts.json) are not asked
+    # for: remaking one would redo a download or a store, and so every training job after it.
     targets = [f"{ROOT}/report.md"] + prepared_datasets()
     for exp in SELECTED:
-        png = experiment_figure(exp)
-        targets += [png, png.replace(".png", ".pdf")]
-        if fmb.experiment_kind(config, exp) == "table":
-            targets += [f"{ROOT}/tables/{exp}.{ext}" for ext in ("csv", "md", "tex")]
-            targets.append(f"{ROOT}/eval/{exp}/metrics.csv")
-        if fmb.experiment_kind(config, exp) == "ood_table":
-            targets += [f"{ROOT}/tables/{exp}.{ext}" for ext in ("csv", "md", "tex")]
-    return targets
+        kind = fmb.experiment_kind(config, exp)
+        for rule in KIND_RULES.get(kind, (f"{kind}_figure",)):
+            targets += products(rule, experiment=exp)
+        if kind == "table":
+            targets += products("collect_metrics", experiment=exp)
+        for task, run, seed in fmb.experiment_runs(config, exp):
+            targets += products("train", task=task, run=run, seed=seed)
+    return list(dict.fromkeys(targets))
