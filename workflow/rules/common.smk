@@ -365,12 +365,12 @@ def experiments_json(wildcards=None):
 KIND_RULES = {"table": ("table", "convergence_figure"), "ood_table": ("ood_table",)}
 
 
-def products(rule, **wildcards):
-    """Every file a job of `rule` declares, its wildcards filled in. Snakemake re-runs a job for a
+def products(name, **wildcards):
+    """Every file a job of rule `name` declares, its wildcards filled in. Snakemake re-runs a job for a
     missing output only when some job (or `all`) asks for that very file: `all` asks for every
     output of the training, evaluation and report jobs, so a deleted model_best.pt or figure CSV
     is made again."""
-    return [expand(pattern, **wildcards)[0] for pattern in getattr(rules, rule).output]
+    return [expand(pattern, **wildcards)[0] for pattern in getattr(rules, name).output]
 
 
 def all_targets():
@@ -379,8 +379,8 @@ def all_targets():
     targets = [f"{ROOT}/report.md"] + prepared_datasets()
     for exp in SELECTED:
         kind = fmb.experiment_kind(config, exp)
-        for rule in KIND_RULES.get(kind, (f"{kind}_figure",)):
-            targets += products(rule, experiment=exp)
+        for name in KIND_RULES.get(kind, (f"{kind}_figure",)):
+            targets += products(name, experiment=exp)
         if kind == "table":
             targets += products("collect_metrics", experiment=exp)
         for task, run, seed in fmb.experiment_runs(config, exp):
