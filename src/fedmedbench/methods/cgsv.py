@@ -18,7 +18,8 @@ Each agent is evaluated with its own model (``PERSONALIZED``).
 **Γ** (``gamma``) is the server's step length: ||u_N|| <= Γ. The reference fixes it per dataset
 (utils/arguments.py: 0.5 MNIST and 0.15 CIFAR-10, trained with SGD; 1 for the text models SST and MR,
 trained with Adam) and no source gives it for a UNet, whose Adam round updates are ~η·steps per
-coordinate (||Δ|| ~ 23 at Fed-LWR's size, so Γ = 1 made the step 0.043 of FedAvg's). ``gamma: null``
+coordinate (||Δ|| ~ 23 **estimated** at Fed-LWR's size, so Γ = 1 would make the step about 0.043 of
+FedAvg's; not measured on the demo). ``gamma: null``
 (default, **our adaptation**) sets Γ_t = Σ_i w_i ||Δ_i|| each round, the aggregation-weighted mean
 length of this round's updates: normalisation still removes the magnitude differences between agents
 (a large update buys no influence, CGSV's point), and when the agents' updates are equally long

@@ -26,8 +26,10 @@ How δ is measured (step 3) — the paper and the official code differ, and both
   + 1e-4), and +1e-9 in Eq. 5's denominator: ``official_numerics: true`` (which selects that
   estimator, whatever ``hsic`` and ``gram`` say), ``similarity_data: val``, ``passes: 5``. Not
   reproduced: the official RIF loader ignores the index it is given (every pass resamples the split
-  with replacement; we pass over it in order) and crashes on a last minibatch of < 4 samples (we
-  merge it into the previous one, ``cka_batches``); ``num_batches_tracked`` is truncated from a
+  with replacement; we pass over it in order), and its unbiased HSIC fails on a minibatch of n < 4
+  (n = 2 raises ZeroDivisionError, n = 1 and 3 give inf/NaN), which a last partial minibatch can be (we
+  merge it into the previous one, ``cka_batches``; a task ``batch_size`` < 4 is refused before training,
+  ``check_minibatch_size``); ``num_batches_tracked`` is truncated from a
   weighted mean there (max here; unused by eval-mode BN with a momentum). Equal to the official code
   up to that code's own float32 noise, not bit for bit: the uncentred float32 Grams round differently
   with another summation order (an audit of the official code as is: per-layer δ up to 3.5e-2 apart;
@@ -58,10 +60,19 @@ import logging
 
 import numpy as np
 
+from fedmedbench.errors import ConfigError
 from fedmedbench.fl import client, server
 from fedmedbench.fl.data import to_tensors
 from fedmedbench.ops.aggregate import aggregation_weights, layer_of_keys, layerwise_weighted_average, weighted_average
-from fedmedbench.ops.cka import cka_batches, cka_from_grams, dataset_grams, hooked_layers, layerwise_cka_weights, layerwise_similarity
+from fedmedbench.ops.cka import (
+    MIN_SAMPLES,
+    cka_batches,
+    cka_from_grams,
+    dataset_grams,
+    hooked_layers,
+    layerwise_cka_weights,
+    layerwise_similarity,
+)
 
 log = logging.getLogger("fedmedbench.fedlwr")
 
@@ -106,6 +117,19 @@ def compared_layers(model, params: dict) -> list[str]:
     if params["scope"] != "layerwise":
         raise ValueError(f"fedlwr: scope must be 'layerwise' or 'last_layer', got {params['scope']!r}")
     return hooked_layers(model)
+
+
+def check_minibatch_size(params: dict, batch_size: int, task: str) -> None:
+    """Refuse, before any training, a minibatch CKA whose minibatches are too small to define it.
+
+    The unbiased HSIC divides by n(n - 3) and n - 2: in the official code a minibatch of n = 2 raises
+    ZeroDivisionError and n = 1 or 3 gives inf/NaN. Ours would leave every such minibatch out of the
+    sum (all but a merged last one), so δ would rest on almost no data; a task batch of >= 4 is needed."""
+    minibatch = params["measure"] == "cka" and (params["official_numerics"] or params["gram"] == "minibatch")
+    if minibatch and batch_size < MIN_SAMPLES:
+        estimator = "official_numerics: true" if params["official_numerics"] else "gram: minibatch"
+        raise ConfigError(f"tasks.{task}.batch_size: fedlwr's minibatch CKA ({estimator}) needs batches of at least "
+                          f"{MIN_SAMPLES} samples (the unbiased HSIC divides by n(n-3) and n-2), got {batch_size}")
 
 
 def unbiased_hsic(params: dict) -> bool:
@@ -176,6 +200,7 @@ class Client(client.Client):
 class Server(server.Server):
     def __init__(self, cfg, model, num_clients):
         super().__init__(cfg, model, num_clients)
+        check_minibatch_size(self.params, cfg.batch_size, cfg.task)
         self.layers = compared_layers(model, self.params)
         self.layer_of_key = layer_of_keys(self.global_state)
         self.last_log: dict[int, dict[str, float]] = {}

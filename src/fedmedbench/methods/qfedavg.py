@@ -1,7 +1,11 @@
 """q-FedAvg (Li, Sanjabi, Beirami, Smith, ICLR 2020 "Fair Resource Allocation in FL").
 
-Client k, round t: F_k = its task loss of the received w^t on its **whole train split**, before
-training, in eval mode (+1e-10 as the reference code), then ordinary local training to w̄_k.
+Client k, round t: F_k = the task loss of the received w^t over its train split, before training, in
+eval mode (+1e-10 as the reference code): the mean of the per-batch losses of its evaluation batches
+(``eval_batch_size``), each weighted by its sample count. fair_flearn evaluates the loss of the whole
+split in one call; the two are equal for a per-sample mean loss (cross-entropy) and for a split that fits
+one evaluation batch, not for a batch-pooled soft Dice over several batches. Then ordinary local
+training to w̄_k.
 Server, on trainable parameters, in float64:
 
     Δw_k = L (w^t - w̄_k),   Δ_k = F_k^q Δw_k,   h_k = q F_k^(q-1) ||Δw_k||² + L F_k^q,
@@ -16,8 +20,9 @@ Buffers (BN running statistics) are averaged with the run's weights, num_batches
 - ``inverse_lr``: L = 1/η, the reference's value (the ``qfedavg-official`` row). It reads the
   local update as one plain-SGD step of length 1/L, so Δw_k = L(w^t - w̄_k) stands for ∇F_k(w^t).
   With Adam every coordinate moves ~η per step, Δw_k is far larger than any gradient, the
-  q F^(q-1)||Δw||² term exceeds L F^q by ~1e5 at paper size and the global model moves ~1e-5 of
-  FedAvg's step at paper size (docs/reviewers/fedlwr.md).
+  q F^(q-1)||Δw||² term exceeds L F^q by ~1e5 and the global model moves ~1e-5 of FedAvg's step,
+  both **estimated** at paper size; measured on the demo's tiny tasks: ~1e4 and ~1e-4
+  (docs/reviewers/fedlwr.md).
 - ``smoothness_cap`` (default, **our adaptation**; the ``qfedavg`` row):
   L = min(1/η, min_k 2 F_k / ||w^t - w̄_k||²). The reference's own model bounds its gradient
   estimate: for a loss F >= 0 with L-Lipschitz gradient, ||∇F||² <= 2 L F, i.e.
@@ -60,7 +65,8 @@ class Client(client.Client):
 
     @torch.no_grad()
     def train_loss(self) -> float:
-        """Mean task loss over the whole train split (sample-weighted), eval mode."""
+        """F_k: the per-batch task losses over the train split's evaluation batches, averaged with their
+        sample counts, eval mode (not one loss of the whole split: see the module docstring)."""
         was_training = self.model.training
         self.model.eval()
         total, count = 0.0, 0
