@@ -441,7 +441,7 @@ def cmd_fairness_bars(args) -> None:
 
 def cmd_ood_table(args) -> None:
     """PRR-FL Table 3: an OOD cohort's scores per method (table csv/md/tex + a bar figure)."""
-    from fedmedbench.report.prrfl import ood_columns, ood_figure, ood_summary
+    from fedmedbench.report.prrfl import ood_columns, ood_figure, ood_flags, ood_summary
     from fedmedbench.report.tables import write_table
 
     from fedmedbench.report.inputs import is_synthetic
@@ -451,8 +451,9 @@ def cmd_ood_table(args) -> None:
     summary = ood_summary(finals, exp.cohort)
     rows = [(run, exp.label(run)) for run in exp.runs]
     synthetic = is_synthetic(exp.task_specs, finals)
-    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, columns=ood_columns(), synthetic=synthetic)
-    ood_figure(summary, exp.runs, Path(args.figure_prefix), exp.title, labels=exp.labels, synthetic=synthetic)
+    flags = ood_flags(finals, exp.cohort, dict(rows))  # a collapsed ensemble or model is marked as in every table
+    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, columns=ood_columns(), synthetic=synthetic, flags=flags)
+    ood_figure(summary, exp.runs, Path(args.figure_prefix), exp.title, labels=exp.labels, synthetic=synthetic, flags=flags)
 
 
 def cmd_retrogress_figure(args) -> None:
@@ -545,7 +546,10 @@ def cmd_report(args) -> None:
                 "averaged probabilities (`(ensemble)`, compared with the same published number)"
             )
             if exp.paper_table and picked:
+                from fedmedbench.report.prrfl import ood_flags
+
                 section["comparison"] = _ood_comparison(exp, picked, args.paper_tables)
+                section["flags"] = ood_flags(picked, exp.cohort, {run: exp.label(run) for run in exp.runs}, prefix=f"{exp.cohort} ")
         sections.append(section)
     synthetic = any(f.get("synthetic", False) for f in finals)
     write_report(sections, Path(args.out), synthetic=synthetic, run_info={"seeds": sorted(seeds), "rounds": sorted(rounds)})

@@ -233,7 +233,8 @@ def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, titl
         for k, client in enumerate(clients):
             if marks[k]:  # the table's flag mark, above the bar
                 ax.annotate(marks[k], (x[k], values[k]), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7, color="0.1")
-            source.add(name, client, values[k], kind="bar", low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan, error=error, n=int(seeds[k]), n_of="seeds", style=style_key(style))
+            why = "; ".join(text for kind, text in flags.get((run, client), ()) if kind == "collapsed")  # the CSV says it too
+            source.add(name, client, values[k], kind="bar", low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan, error=error, n=int(seeds[k]), n_of="seeds", style=style_key(style), collapsed=why)
     ax.set_xticks(range(len(clients)))
     ax.set_xticklabels(clients)
     ax.set_ylabel(f"test {metric_label(metric)} (%)")

@@ -46,7 +46,7 @@ def png_title(png: Path) -> str:
         return str(image.info.get("Title", ""))
 
 
-TEXT_COLUMNS = ("panel", "series", "kind", "x", "error", "n_of", "style")
+TEXT_COLUMNS = ("panel", "series", "kind", "x", "error", "n_of", "style", "collapsed")
 
 
 def read_source(csv: Path) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 
 from fedmedbench.data.store import atomic_write_text  # noqa: E402
 from fedmedbench.files import atomic_path  # noqa: E402
+from fedmedbench.report.flags import MARKS, collapsed_note, collapsed_sites, collapsed_texts  # noqa: E402
 from fedmedbench.report.metric_names import metric_label, score_range  # noqa: E402
 from fedmedbench.report.tables import AVG, SYNTHETIC_NOTE, seed_summary, std_over_seeds  # noqa: E402
 
@@ -246,7 +247,7 @@ def set_title(fig, title: str, fontsize=None, **kwargs):
 # Source data and the synthetic mark
 # ------------------------------------------------------------------------------------------------
 
-SOURCE_COLUMNS = ("panel", "series", "kind", "x", "y", "low", "high", "error", "n", "n_of", "style", "y_min", "y_max", "synthetic")
+SOURCE_COLUMNS = ("panel", "series", "kind", "x", "y", "low", "high", "error", "n", "n_of", "style", "y_min", "y_max", "collapsed", "synthetic")
 
 
 class SourceData:
@@ -258,16 +259,17 @@ class SourceData:
     definition of low-high, one per figure; an end equal to ``y_min`` or ``y_max`` was clipped),
     ``n`` and ``n_of`` (what y averages: seeds, clients, test images, pairs), ``style`` (how the
     series is drawn, :func:`style_key`), ``y_min``/``y_max`` (the quantity's feasible range; empty
-    when unbounded) and ``synthetic``."""
+    when unbounded), ``collapsed`` (where y is the score of a collapsed model: which run, site and
+    seed, as the table's footnote; empty otherwise) and ``synthetic``."""
 
     def __init__(self, y_range=(None, None)):
         self.rows: list[dict] = []
         self.y_range = y_range
 
-    def add(self, series, x, y, *, kind="point", low=np.nan, high=np.nan, error="", n=np.nan, n_of="", style="", panel="", y_range=None):
+    def add(self, series, x, y, *, kind="point", low=np.nan, high=np.nan, error="", n=np.nan, n_of="", style="", panel="", y_range=None, collapsed=""):
         lo, hi = self.y_range if y_range is None else y_range
         self.rows.append(dict(panel=panel, series=str(series), kind=kind, x=x, y=_num(y), low=_num(low), high=_num(high), error=error if np.isfinite(_num(low)) or np.isfinite(_num(high)) else "",
-                              n=n, n_of=n_of, style=style, y_min=np.nan if lo is None else lo, y_max=np.nan if hi is None else hi))  # fmt: skip
+                              n=n, n_of=n_of, style=style, y_min=np.nan if lo is None else lo, y_max=np.nan if hi is None else hi, collapsed=collapsed))  # fmt: skip
 
     def write(self, out_prefix: Path | str, synthetic: bool) -> Path:
         frame = pd.DataFrame(self.rows, columns=SOURCE_COLUMNS)
@@ -413,8 +415,12 @@ def convergence(
     clipped_any = False
     source = SourceData(bounds)
     styles = series_styles(curves, labels)
+    # A run whose selected model collapsed says so: a mark on its label, a line on the face, the CSV's column.
+    collapsed = {run: collapsed_sites(finals.get(run) or []) for run in curves}
+    texts = {run: "; ".join(collapsed_texts(finals.get(run) or [], labels)) for run in curves}
     for i, (run, (x, y, s)) in enumerate(curves.items()):
         style, label = styles[run]
+        label += f" {MARKS['collapsed']}" if collapsed[run] else ""
         y, s = y * scale, s * scale
         ax.plot(x, y, linewidth=1.6, label=label if seeds_note(n_seeds) else label + f" ({n_seeds[run]} seed{'s' if n_seeds[run] != 1 else ''})", markevery=mark_every(len(x), i), **style)
         low, high, clipped = clip_band(y, s, bounds)
@@ -428,13 +434,15 @@ def convergence(
             # kind "curve": a model's score per round, whose selected round the figure marks
             source.add(label, int(x[k]), y[k], kind="curve", low=low[k] if shown else np.nan, high=high[k] if shown else np.nan, error=spread, n=int(counts[k]), n_of="seeds", style=style_key(style))
         if finals.get(run):
-            _mark_selected(ax, source, finals[run], metric, split, x, y, style, label)
+            _mark_selected(ax, source, finals[run], metric, split, x, y, style, label, texts[run])
     if any(finals.get(run) for run in curves):
         ax.plot([], [], marker="*", color="0.2", markersize=9, linestyle="none", label=SELECTED_LABEL)
 
     if clipped_any:
         spread += f", clipped to {bounds[0]:g}-{bounds[1]:g}{' %' if percent else ''}"
     note = seeds_note(n_seeds, spread)
+    face = collapsed_note({styles[run][1]: sites for run, sites in collapsed.items()})
+    note = "\n".join(filter(None, [note, face])) or None
     unit = " (%)" if percent else ""
     ax.set_xlabel("Communication round")
     ax.set_ylabel(f"{split} {metric_label(metric)}{unit},\nmean over clients")
@@ -446,7 +454,7 @@ def convergence(
     return finish(fig, out_prefix, source, synthetic)
 
 
-def _mark_selected(ax, source: SourceData, finals: list[dict], metric: str, split: str, x, y, style: dict, label: str) -> None:
+def _mark_selected(ax, source: SourceData, finals: list[dict], metric: str, split: str, x, y, style: dict, label: str, collapsed: str = "") -> None:
     """The table's Avg of a run (its finals' selected models) at the round(s) selected: a star on
     the curve when there is one round, else ticks on the curve at each selected round and a dashed
     segment at the table's Avg across them."""
@@ -464,7 +472,7 @@ def _mark_selected(ax, source: SourceData, finals: list[dict], metric: str, spli
         ax.plot([distinct[-1]], [avg], marker="*", markersize=11, color=colour, markeredgecolor="black", markeredgewidth=0.6, linestyle="none", zorder=6, label="_selected")
     per = "client and seed" if any(isinstance(f["selection"]["best_round"], dict) for f in finals) else "seed"
     for r in distinct:
-        source.add(label, r, avg, kind="selected", n=rounds.count(r), n_of=f"selections (one per {per}) at this round; y: the table's Avg", style=style_key(style))
+        source.add(label, r, avg, kind="selected", n=rounds.count(r), n_of=f"selections (one per {per}) at this round; y: the table's Avg", style=style_key(style), collapsed=collapsed)
 
 
 def save_figure(fig, out_prefix: Path | str) -> list[Path]:

@@ -154,3 +154,24 @@ def collapsed_texts(finals: Iterable[Mapping], names: Mapping[str, str] | None =
     # The test clients' flags only: a test-only cohort's score is no point of a convergence curve.
     own = [{**f, "flags": {c: v for c, v in (f.get("flags") or {}).items() if c in (f.get("clients") or [])}} for f in finals]
     return [text for entries in collect_flags(own, names).values() for kind, text in entries if kind == "collapsed"]
+
+
+def collapsed_sites(finals: Iterable[Mapping]) -> list[str]:
+    """"<site> seed <k>" of each collapsed test client of ``finals`` (one run's seeds), in order:
+    what a figure's face lists beside the mark."""
+    out = []
+    for final in finals:
+        own = {**final, "flags": {c: v for c, v in (final.get("flags") or {}).items() if c in (final.get("clients") or [])}}
+        out += [f"{site} seed {final.get('seed')}" for kind, site, _ in run_flags(own) if kind == "collapsed"]
+    return list(dict.fromkeys(out))
+
+
+def collapsed_note(collapsed: Mapping[str, Sequence[str]]) -> str | None:
+    """The line a figure's face carries under its legend: {series label: its collapsed sites}
+    (:func:`collapsed_sites`); None when no series is marked."""
+    marked = {name: sites for name, sites in collapsed.items() if sites}
+    if not marked:
+        return None
+    listed = "; ".join(f"{name}: {', '.join(sites)}" for name, sites in marked.items())
+    return f"{MARKS['collapsed']} selected model collapsed (one class on a whole test split): {listed}"
+

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from fedmedbench.report.figures import PALETTE, SourceData, clip_band, contrast_colour, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key
+from fedmedbench.report.flags import KINDS, MARKS, MEANING, Flags
 from fedmedbench.report.metric_names import metric_label
 from fedmedbench.report.tables import SUMMARY_COLUMNS, ReportInputError
 
@@ -49,6 +50,33 @@ def ood_summary(finals: list[dict], cohort: str, metrics: dict[str, str] = OOD_M
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
+def ood_flags(finals: list[dict], cohort: str, names: dict | None = None, prefix: str = "", metrics: dict[str, str] = OOD_METRICS, scorings: dict[str, str] = OOD_SCORINGS) -> Flags:
+    """The flags of the cohort's cells (``report.flags.Flags``, keyed by (run, ``prefix`` + column)):
+    an ``(ensemble)`` column carries the ensemble's flags, a mean-of-the-models column those of every
+    client's model it averages (``ood.<cohort>.flags``, ``fl.evaluation.score_cohort``)."""
+    names = names or {}
+    out: Flags = {}
+    for final in finals:
+        run = str(final.get("run") or final.get("method"))
+        flags = ((final.get("ood") or {}).get(cohort) or {}).get("flags") or {}
+        where = f"{names.get(run, run)}, cohort {cohort}, seed {final.get('seed')}"
+        found = {"ensemble": {k: f"the ensemble {why}" for k, why in (flags.get("ensemble") or {}).items()}, "mean": {}}
+        for client, kinds in (flags.get("per_model") or {}).items():
+            for kind, why in kinds.items():
+                found["mean"][kind] = "; ".join(filter(None, [found["mean"].get(kind), f"client {client}'s model {why}"]))
+        for scoring, suffix in scorings.items():
+            for kind in KINDS:
+                if kind not in found.get(scoring, {}):
+                    continue
+                what = "the mean of the models averages a flagged one: " if scoring == "mean" else ""
+                entry = (kind, f"{where}: {what}{found[scoring][kind]} ({MEANING[kind]}).")
+                for name in metrics.values():
+                    cell = out.setdefault((run, prefix + name + suffix), [])
+                    if entry not in cell:
+                        cell.append(entry)
+    return out
+
+
 def ood_columns(metrics: dict[str, str] = OOD_METRICS, scorings: dict[str, str] = OOD_SCORINGS) -> list[str]:
     return [name + suffix for suffix in scorings.values() for name in metrics.values()]
 
@@ -63,10 +91,12 @@ def ood_comparison_summary(summary: pd.DataFrame, label: str, cohort_label: str 
 PERCENT_RANGE = (0.0, 100.0)
 
 
-def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, labels: dict | None = None, synthetic: bool = False) -> list[Path]:
+def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, labels: dict | None = None, synthetic: bool = False, flags: Flags | None = None) -> list[Path]:
     """Bars per method: OOD F1 and AUC, mean of the clients' models (solid) and ensemble (hatched);
-    error bars (std over seeds) clipped to 0-100 %."""
+    error bars (std over seeds) clipped to 0-100 %. ``flags`` (:func:`ood_flags`): a bar whose score
+    is a collapsed model's carries the table's mark above it, and its row of the CSV says which."""
     labels = labels or {}
+    flags = flags or {}
     columns = ood_columns()
     source = SourceData(PERCENT_RANGE)
     clipped_any = False
@@ -89,8 +119,12 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
         clipped_any |= bool(clipped and shown.any())
         key = style_key({"color": color, "hatch": "//" if ensemble else None})
         for k, run in enumerate(runs):
+            marks = "".join(MARKS[kind] for kind in KINDS if any(kind == f for f, _ in flags.get((run, column), ())))
+            if marks and np.isfinite(means[k]):  # the table's flag mark, above the bar
+                ax.annotate(marks, (xj[k], means[k]), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7, color="0.1")
+            why = "; ".join(text for kind, text in flags.get((run, column), ()) if kind == "collapsed")
             source.add(column, labels.get(run, run), means[k], kind="bar", low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan,
-                       error="std over seeds", n=seeds[k], n_of="seeds", style=key)  # fmt: skip
+                       error="std over seeds", n=seeds[k], n_of="seeds", style=key, collapsed=why)  # fmt: skip
     ax.set_xticks(x, [labels.get(r, r) for r in runs], rotation=20, ha="right")
     ax.set_ylabel("OOD cohort score (%)")
     ax.set_ylim(bottom=0)  # bars start at 0: their heights compare
@@ -98,6 +132,8 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
     n_seeds = int(summary["n_seeds"].max()) if len(summary) else 0
     clip = ", clipped to 0-100 %" if clipped_any else ""
     note = f"mean of {n_seeds} seeds; error bars: std over seeds{clip}" if n_seeds > 1 else "1 seed"
+    if any(kind == "collapsed" for run in runs for column in columns for kind, _ in flags.get((run, column), ())):
+        note += f"\n{MARKS['collapsed']}: collapsed model (one class for every cohort sample)"
     place_legend(ax, outside=True, fontsize=7, title=note, title_fontsize=7)
     return finish(fig, out_prefix, source, synthetic)
 
