@@ -1,0 +1,104 @@
+"""No number with a unit in the README or docs/ that a run produced, unless a generated block holds it.
+
+A measurement goes stale the day the code changes, so the pages quote one only inside a generated block
+(``<!-- generated:NAME -->``, written from its result file by ``scripts/docs_numbers.py`` and checked by
+``tests/test_docs.py``). This test scans README.md and docs/**/*.md for numbers with a unit (s, min, GB,
+×, %, h) outside those blocks and outside code, and fails on any not in ``ALLOWED``: constants that no
+run of ours produces (paper values, defaults, upstream sizes and timeouts), each with its reason.
+
+The benchmark records (``benchmarks/results/*.md``) are not scanned: each is the dated source of record of
+its measurements (machine, commit and command on its first lines, ``tests/test_docs.py`` checks that), so a
+number there is the measurement itself, not a copy of one. The pages quote them only through generated
+blocks, whose values come from the records' CSV files.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GENERATED = re.compile(r"<!-- generated:[a-z0-9-]+ -->\n.*?<!-- /generated -->", re.S)
+FENCE = re.compile(r"^[ \t]*(```|~~~)[^\n]*\n.*?^[ \t]*\1[ \t]*$", re.M | re.S)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+NUMBER = re.compile(
+    r"(?<![\w.])(?:~|≈|about |under |up to |< ?)?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?(?:min|GB|s|h|×|%)(?!\w)")
+
+# (page, the number as written, why it may stay). Keep it short: a number a run produced is generated or removed.
+ALLOWED: list[tuple[str, str, str]] = [
+    ("README.md", "0.2 GB", "PyTorch's published CPU wheels"),
+    ("README.md", "0.7 GB", "PyTorch's published CPU wheels, installed"),
+    ("README.md", "about 3 GB", "PyTorch's published CUDA wheels"),
+    ("README.md", "24 GB", "the SLURM profile's memory request (a default)"),
+    ("README.md", "~35 GB", "Camelyon17's archive, extraction and store (docs/data/camelyon17.md: sizes, not timings)"),
+    ("README.md", "~10 GB", "HAM10000 and ISIC 2017 archives' published sizes"),
+    ("README.md", "~1–2 GB", "the other datasets' archives and stores (sizes)"),
+    ("docs/cost.md", "up to 3.5 s", "Flower 1.42's fixed waits (its source)"),
+    ("docs/cost.md", "3 s", "Flower 1.42's SuperNode sleep (its source)"),
+    ("docs/cost.md", "0.1 s", "the benchmark patch's wait (a setting)"),
+    ("docs/data/camelyon17.md", "about 10.7 GB", "WILDS' published archive size"),
+    ("docs/data/camelyon17.md", "10.7 GB", "WILDS' published archive size"),
+    ("docs/data/camelyon17.md", "455,954 ×", "the store's shape (arithmetic)"),
+    ("docs/data/camelyon17.md", "96 ×", "the store's shape (arithmetic)"),
+    ("docs/data/camelyon17.md", "12.6 GB", "455,954 × 96 × 96 × 3 bytes (arithmetic)"),
+    ("docs/data/camelyon17.md", "35 GB", "archive + extraction + store (sizes)"),
+    ("docs/data/fundus.md", "≈0.8 GB", "the store's shape at 384 px (arithmetic)"),
+    ("docs/data/fundus.md", "25 %", "MAX_OFF_LEVEL_FRACTION (a default)"),
+    ("docs/data/fundus.md", "3–6 %", "off-level pixels of the seeded synthetic twin's masks (deterministic, not a timing)"),
+    ("docs/data/fundus.md", "under 1 %", "off-level pixels at 384 px (deterministic)"),
+    ("docs/data/fundus.md", "1 %", "the alternative threshold discussed"),
+    ("docs/data/skin.md", "≈1.3 GB", "the archive's published size"),
+    ("docs/data/skin.md", "≈1.4 GB", "the archive's published size"),
+    ("docs/data.md", "~10 GB", "Camelyon17's published download size"),
+    ("docs/data/nuclei.md", "0.5–1.3×", "MoNuSAC's image sizes against the default 256 px (data property)"),
+    ("docs/engineering.md", "2×", "a test's growth factor"),
+    ("docs/engineering.md", "4×", "a test's growth factor"),
+    ("docs/engineering.md", "2 s", "the hashing guard's window (a constant)"),
+    ("docs/engineering.md", "0.1 s", "the ServerApp's polling bound (a constant)"),
+    ("docs/engineering.md", "3 s", "Flower's Grid.send_and_receive wait (its source)"),
+    ("docs/extending.md", "~30 %", "Dice incl. background of an all-background model (arithmetic of the metric)"),
+    ("docs/federation.md", "30 s", "Flower's heartbeat interval (its default)"),
+    ("docs/reviewers/fedlwr.md", "10 %", "CFFL's θ_u = 0.1 (a default)"),
+    ("docs/reviewers/fedlwr.md", "0.3–0.5×", "the movement test's thresholds (constants of the test)"),
+    ("docs/troubleshooting.md", "up to 10 s", "the SLURM plugin's timeout (its default)"),
+]
+# Paper values: the papers' split fractions (20 % test, 80/20 train/validation, the last 20 % of rounds).
+PAPER_PERCENT = {"20 %", "20%", "80 %"}
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def numbers_with_units(text: str) -> list[str]:
+    """The numbers with a unit of ``text`` outside generated blocks, fenced code and inline code."""
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    text = INLINE_CODE.sub("``", FENCE.sub(blank, GENERATED.sub(blank, text)))
+    return [m.group(0) for m in NUMBER.finditer(text)]
+
+
+def test_the_scanner_finds_numbers_with_units_and_skips_generated_blocks_and_code():
+    page = ("A round takes 4.7 s, 2 min, 6.7 GB, 1.15×, 12 % and 3 h.\n<!-- generated:x -->\n| 9.9 s |\n"
+            "<!-- /generated -->\n```bash\nsleep 5 s\n```\nSee `--wait 3 s`.\n")
+    assert numbers_with_units(page) == ["4.7 s", "2 min", "6.7 GB", "1.15×", "12 %", "3 h"]
+    assert numbers_with_units("python 3.11 and 455,954 images, 1e-4, model 5.3") == []
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_page_quotes_a_measured_number_outside_a_generated_block(page):
+    rel = page.relative_to(ROOT).as_posix()
+    allowed = {re.sub(r"\s+", " ", number) for where, number, _ in ALLOWED if where == rel} | PAPER_PERCENT
+    found = [n for n in numbers_with_units(page.read_text(encoding="utf-8")) if re.sub(r"\s+", " ", n) not in allowed]
+    assert not found, (
+        f"{rel}: numbers with units outside generated blocks: {found}. A number a run produced goes in a "
+        "generated block (scripts/docs_numbers.py) or goes; a constant goes in ALLOWED with its reason")
+
+
+def test_every_allowed_number_is_still_on_its_page():
+    """The allow-list stays small: an entry whose number left its page is removed."""
+    stale = [f"{where}: {number}" for where, number, _ in ALLOWED
+             if re.sub(r"\s+", " ", number) not in {re.sub(r"\s+", " ", n) for n in numbers_with_units((ROOT / where).read_text(encoding="utf-8"))}]
+    assert not stale, f"ALLOWED entries no longer on their page: {stale}"
