@@ -97,7 +97,8 @@ def test_in_place_edits_reach_no_other_site_in_the_engine(tmp_path, tiny_task, e
 def test_the_server_state_is_not_the_clients_and_a_package_is_not_the_servers(tmp_path, tiny_task, editing_plugin):
     """Direct look at the tensors: after a round of the engine's transport, no client's model
     shares memory with the server's global state, and a package a site received is its own."""
-    from fedmedbench.fl.transport import InProcessTransport, in_process_sites
+    from fedmedbench.fl.transport import InProcessTransport
+    from tests.in_process import in_process_sites
     from fedmedbench.registry import load_method, merge_params
     from fedmedbench.runconfig import RunConfig
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedmedbench.fl.engine import run_training
-from fedmedbench.fl.transport import InProcessTransport, SiteError, in_process_cohorts, in_process_sites, serve
+from fedmedbench.fl.transport import InProcessTransport, SiteError, serve
+from tests.in_process import in_process_cohorts, in_process_sites
 from fedmedbench.registry import merge_params
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import tiny_run_config
