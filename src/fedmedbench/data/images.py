@@ -11,7 +11,10 @@ blindly. What is accepted, and how:
 * 8-bit RGB/RGBA, grey+alpha, palette (looked up through the palette, which is lossless): the grey
   value when the colour channels are equal (real RIF masks are grey saved as RGB); alpha is ignored,
   as before. Colour masks are refused unless the caller asks for ``colour="max"`` (nuclei: any
-  non-zero channel is foreground);
+  non-zero channel is foreground). With ``palette="index"`` (a user's own data) a palette mask is
+  its indices instead: the index is the label, whatever colour the palette shows it in;
+* a MinIsWhite TIFF (0 is white) as a viewer shows it, inverted (Pillow does so for 1 and 8 bits,
+  this module for 16);
 * everything else (float, 32-bit or signed integers, 16-bit colour, CMYK, ...) is refused.
 
 Every refusal is one ``DataError`` (the caller's subclass) naming the file and what was found; so is
@@ -106,29 +109,40 @@ def _values(array: np.ndarray, limit: int = 6) -> str:
 
 
 def read_mask(path: str | os.PathLike, *, error: type[DataError] = DataError, colour: str = "refuse",
-              upright: bool = False) -> np.ndarray:
+              upright: bool = False, page: int = 0, palette: str = "colours") -> np.ndarray:
     """The mask at ``path`` as a uint8 H x W array of grey values, never clipped or rounded.
 
     ``colour="refuse"``: a mask whose colour channels differ is an error (a grey mask is expected);
     ``colour="max"``: the largest of R, G, B per pixel (for masks read as "any value > 0").
     ``upright``: turned upright by the file's EXIF Orientation tag, if it has one.
+    ``page``: the page (frame) of a multi-page file to read; the caller checks that it exists.
+    ``palette="colours"``: a palette mask is read through its palette (the colours a viewer shows);
+    ``palette="index"``: as its indices (the index is the label, whatever colour shows it).
     """
-    grey, orientation = _read_grey(Path(path), error, colour)
+    grey, orientation = _read_grey(Path(path), error, colour, page, palette)
     return apply_orientation(grey, orientation) if upright else grey
 
 
-def _read_grey(path: Path, error: type[DataError], colour: str) -> tuple[np.ndarray, int]:
+def _read_grey(path: Path, error: type[DataError], colour: str, page: int = 0, palette: str = "colours") -> tuple[np.ndarray, int]:
     """The mask's grey values as stored, and its EXIF Orientation."""
     from PIL import UnidentifiedImageError
 
     if colour not in ("refuse", "max"):
         raise ValueError(f"colour must be 'refuse' or 'max', got {colour!r}")
+    if palette not in ("colours", "index"):
+        raise ValueError(f"palette must be 'colours' or 'index', got {palette!r}")
     try:
         with open_image(path, error) as img:
+            if page:
+                img.seek(page)
             rawmodes = _rawmodes(img)
             img.load()
             orientation = exif_orientation(img)
             mode = img.mode
+            white = img.format == "TIFF" and img.tag_v2.get(262) == 0  # MinIsWhite
+            bits = img.tag_v2.get(258, (16,))[0] if img.format == "TIFF" else 16
+            if mode in ("P", "PA") and palette == "index":
+                return np.ascontiguousarray(np.asarray(img)[..., 0] if mode == "PA" else np.asarray(img), np.uint8), orientation
             if mode in ("P", "PA"):
                 img = img.convert("RGBA")  # the palette entries, exactly
             array = np.asarray(img)
@@ -144,6 +158,8 @@ def _read_grey(path: Path, error: type[DataError], colour: str) -> tuple[np.ndar
         return array.astype(np.uint8) * 255, orientation
     if mode in _SIXTEEN_BIT:
         array = array.astype(np.uint16)
+        if white:  # Pillow inverts 1- and 8-bit MinIsWhite TIFFs (as a viewer shows them), not 16-bit ones
+            array = ((1 << int(bits)) - 1 - array.astype(np.int64)).astype(np.uint16)
         if (array % 257).any():
             raise error(
                 f"{path}: 16-bit mask with values that are not 8-bit levels scaled by 257 (found {_values(array)}); "

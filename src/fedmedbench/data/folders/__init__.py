@@ -101,6 +101,7 @@ from .reading import (  # noqa: F401
     _volume_samples,
     discover_sites,
     list_pairs,
+    multipage_warning,
     native_size,
     read_image,
 )
@@ -128,9 +129,10 @@ PROTOCOLS: dict[str, list[str]] = {}  # the sites are found on disk (discover_si
 def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_check: _SizeCheck, groups: dict[str, str] | None):
     pairs = list_pairs(root, site, options.mask_suffix)
     loaded = _pool_map(lambda p: (_volume_samples if p[3] == "nifti" else _image_samples)(p[1], p[2], options), pairs)
-    images, labels, rows, channels = [], [], [], []
+    images, labels, rows, channels, multipage = [], [], [], [], []
     for (stem, image_path, mask_path, fmt), samples in zip(pairs, loaded):
         channels.append((image_path, samples[0][2].get("channels", 1)))  # a volume is grey
+        multipage += samples[0][2].get("multipage", [])
         for image, mask, info in samples:
             size_check(image, image_path)
             if options.image_size is not None:
@@ -151,12 +153,12 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_chec
     volumes = sum(fmt == "nifti" for *_, fmt in pairs)
     what = f"{len(pairs)} files" if not volumes else f"{volumes} NIfTI volumes" + (
         f" and {len(pairs) - volumes} 2-D images" if volumes < len(pairs) else "")
-    return np.stack(images), np.stack(labels), pd.DataFrame(rows), what
+    return np.stack(images), np.stack(labels), pd.DataFrame(rows), what, multipage_warning(site, multipage, root, options.tiff_page)
 
 
 def _classification_site(root: Path, site: str, table: pd.DataFrame, options: FoldersOptions, size_check: _SizeCheck,
                          groups: dict[str, str] | None):
-    loaded = _pool_map(read_image, list(table["path"]))
+    loaded = _pool_map(lambda path: read_image(path, options.tiff_page), list(table["path"]))
     images, channels, native = [], [], []
     for path, (image, n_channels, _) in zip(table["path"], loaded):
         size_check(image, path)
@@ -182,7 +184,9 @@ def _classification_site(root: Path, site: str, table: pd.DataFrame, options: Fo
     })
     per_class = np.bincount(table["label_index"], minlength=len(options.classes))
     what = ", ".join(f"{name} {n}" for name, n in zip(options.classes, per_class.tolist()))
-    return np.stack(images), table["label_index"].to_numpy(np.int64), meta, what
+    multipage = [(path, scaling["pages"]) for path, (*_, scaling) in zip(table["path"], loaded) if scaling["pages"] > 1]
+    warning = multipage_warning(site, multipage, root, options.tiff_page)
+    return np.stack(images), table["label_index"].to_numpy(np.int64), meta, what, warning
 
 
 def _span(values) -> str:
@@ -295,9 +299,9 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
     with staged_dir(store_dir) as tmp_store:
         for site in sites:
             if options.kind == "segmentation":
-                images, labels, meta, what = _segmentation_site(root, site, options, size_check, groups.get(site))
+                images, labels, meta, what, warning = _segmentation_site(root, site, options, size_check, groups.get(site))
             else:
-                images, labels, meta, what = _classification_site(root, site, tables[site], options, size_check, groups.get(site))
+                images, labels, meta, what, warning = _classification_site(root, site, tables[site], options, size_check, groups.get(site))
             write_client(tmp_store, site, images, labels, meta)
             counts[site] = len(meta)
             turned = int((_per_file(meta)["orientation"] != 1).sum())
@@ -305,7 +309,7 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
             log(f"folders {site}: {len(meta)} images ({what}), {images.shape[2]}x{images.shape[1]}{upright}; "
                 "train/val/test come with the split")
             metas[site] = meta
-            for line in site_notes(site, meta):
+            for line in site_notes(site, meta) + ([warning] if warning else []):
                 log(line)
         for line in geometry_warnings(metas):
             log(line)

@@ -77,6 +77,7 @@ class FoldersOptions:
     group_pattern: str | None = None  # re.search on the image's path under its site folder; capture 1 = the group
     groups_csv: str | None = None  # columns site, image, group
     mask_suffix: str = ""  # the mask of images/<stem>.<ext> is masks/<stem><mask_suffix>.<ext>
+    tiff_page: int = 0  # the page of a multi-page or pyramidal TIFF that is read (0: the first, full resolution)
 
     @property
     def num_classes(self) -> int:
@@ -205,10 +206,14 @@ class FoldersOptions:
         mask_suffix = d.get("mask_suffix", "")
         if not isinstance(mask_suffix, str) or "/" in mask_suffix or "\\" in mask_suffix:
             raise bad("mask_suffix", "the text a mask's name adds to its image's name, e.g. '_Segmentation'")
+        tiff_page = d.get("tiff_page", 0)
+        if not _is_int(tiff_page) or tiff_page < 0:
+            raise bad("tiff_page", "a page number 0, 1, ... (0: the first page of a multi-page TIFF, its full resolution)")
         return cls(
             root=os.fspath(root), kind=kind, mask_values=mask_values, classes=classes,
             fractions=tuple(float(f) for f in fractions), split_csv=None if split_csv is None else os.fspath(split_csv),
             seed=int(seed), nifti_axis=int(nifti_axis), stack=int(stack),
             image_size=None if image_size is None else int(image_size), group_pattern=group_pattern,
             groups_csv=None if groups_csv is None else os.fspath(groups_csv), mask_suffix=mask_suffix,
+            tiff_page=int(tiff_page),
         )

@@ -13,8 +13,9 @@ import pandas as pd
 
 from ...errors import closest
 from ..images import apply_orientation, deep_rawmode, exif_orientation, open_image, read_mask
-from ..nifti import check_nifti_complete
+from ..nifti import check_nifti_complete, non_finite_message
 from ..skipped import skipped
+from .tiff import check_page, read_tiff
 from .options import (
     IMAGE_SUFFIXES,
     KINDS,
@@ -253,8 +254,9 @@ def _to_uint8(array: np.ndarray, path: Path) -> tuple[np.ndarray, dict]:
     if array.dtype.kind not in "iuf":
         raise FoldersDataError(f"{path}: unsupported pixel type {array.dtype}")
     values = array.astype(np.float64)
-    if not np.isfinite(values).all():
-        raise FoldersDataError(f"{path}: the image holds NaN or infinite values")
+    not_finite = int(np.count_nonzero(~np.isfinite(values)))
+    if not_finite:  # the same rule as a NIfTI volume's (check_nifti_complete)
+        raise FoldersDataError(non_finite_message(path, not_finite, values.size, "pixel"))
     real_low, real_high = float(values.min()), float(values.max())
     low, high = (float(v) for v in np.percentile(values, ROBUST_PERCENTILES))
     how = f"p{ROBUST_PERCENTILES[0]:g}..p{ROBUST_PERCENTILES[1]:g}"
@@ -278,30 +280,32 @@ def _tiff_orientation(tif) -> int:
     return int(value) if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def _decode(path: Path) -> tuple[np.ndarray, int]:
-    """The pixels of a 2-D image file as stored, at their real bit depth (H x W, or H x W x C with C = 2,
-    3 or 4), and the file's EXIF (TIFF) Orientation: 1 upright, 2..8 to be applied."""
+def is_tiff(path: Path) -> bool:
+    return path.suffix.lower() in (".tif", ".tiff")
+
+
+def _decode(path: Path, page: int = 0) -> tuple[np.ndarray, int, int]:
+    """The pixels of a 2-D image file as a viewer shows them, at their real bit depth (H x W, or
+    H x W x C with C = 2, 3 or 4), the file's EXIF (TIFF) Orientation: 1 upright, 2..8 to be
+    applied, and its page count (a TIFF is read at ``page``; other formats have one)."""
     from PIL import UnidentifiedImageError
 
     errors = []
-    if path.suffix.lower() in (".tif", ".tiff"):
-        # tifffile reads 16-bit colour and float TIFFs that Pillow cannot (or reads truncated to 8 bits).
+    if is_tiff(path):
+        # tifffile reads 16-bit colour and float TIFFs that Pillow cannot (or reads truncated to 8 bits);
+        # the samples are then shown through the page's photometric interpretation (.tiff).
         try:
-            import tifffile
-
-            with tifffile.TiffFile(path) as tif:
-                if not tif.pages or not tif.series:  # a cut file without its image directory reads as shape (0,)
-                    raise ValueError("no image directory in the file")
-                array, orientation = np.asarray(tif.asarray()), _tiff_orientation(tif)
-            if array.size == 0:
-                raise ValueError("no pixels in the file")
-            if array.ndim == 3 and array.shape[0] in (3, 4) and array.shape[-1] not in (3, 4):
-                array = np.moveaxis(array, 0, -1)  # planar configuration
-            return array, orientation
+            return read_tiff(path, page)
+        except FoldersDataError:
+            raise
         except Exception as exc:  # tifffile raises many types (codec missing, bad tags, truncated strips)
             errors.append(f"tifffile: {exc}")
     try:
         with open_image(path, FoldersDataError) as img:
+            pages = getattr(img, "n_frames", 1) if is_tiff(path) else 1
+            if page and is_tiff(path):
+                check_page(path, page, pages)
+                img.seek(page)
             deep = deep_rawmode(img)
             img.load()
             orientation = exif_orientation(img)
@@ -316,7 +320,7 @@ def _decode(path: Path) -> tuple[np.ndarray, int]:
                 img = img.convert("RGB")
             elif mode not in ("1", "L", "LA", "RGB", "RGBA", "I", "F") and not mode.startswith("I;16"):
                 raise FoldersDataError(f"{path}: unsupported Pillow mode {mode}")
-            return np.asarray(img), orientation
+            return np.asarray(img), orientation, pages
     except FoldersDataError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
@@ -324,12 +328,13 @@ def _decode(path: Path) -> tuple[np.ndarray, int]:
     raise FoldersDataError(f"{path}: cannot read the image ({'; '.join(errors)}); {DAMAGED_HINT}")
 
 
-def read_image(path: str | os.PathLike) -> tuple[np.ndarray, int, dict]:
+def read_image(path: str | os.PathLike, page: int = 0) -> tuple[np.ndarray, int, dict]:
     """A 2-D image as (uint8 H x W x 3 upright as a viewer shows it, its colour channels: 1 grey or
-    3 colour, its scaling: the store's ``intensity`` columns, see ``_to_uint8``, and ``orientation``,
-    the EXIF Orientation applied, 1 for none)."""
+    3 colour, its scaling: the store's ``intensity`` columns, see ``_to_uint8``, ``orientation``,
+    the EXIF Orientation applied, 1 for none, and ``pages``, the file's page count: a multi-page
+    TIFF is read at ``page``, the option ``tiff_page``)."""
     path = Path(path)
-    array, orientation = _decode(path)
+    array, orientation, pages = _decode(path, page)
     array = apply_orientation(array, orientation)  # the masks are drawn on the upright view
     if array.ndim == 3 and array.shape[-1] in (1, 2):
         array = array[..., 0]  # grey (+ alpha)
@@ -342,7 +347,18 @@ def read_image(path: str | os.PathLike) -> tuple[np.ndarray, int, dict]:
     pixels, scaling = _to_uint8(array, path)
     if channels == 1:
         pixels = np.repeat(pixels[..., None], 3, axis=-1)
-    return np.ascontiguousarray(pixels), channels, {**scaling, "orientation": orientation}
+    return np.ascontiguousarray(pixels), channels, {**scaling, "orientation": orientation, "pages": pages}
+
+
+def multipage_warning(site: str, files: list[tuple[Path, int]], root: Path, page: int) -> str | None:
+    """The log's one warning line about a site's multi-page TIFF files (``files``: path, page count),
+    read at page ``page``; None without any."""
+    if not files:
+        return None
+    shown = ", ".join(f"{_relative(p, root)} ({n} pages)" for p, n in files[:3]) + (", ..." if len(files) > 3 else "")
+    which = "the first, the full resolution of a pyramid" if page == 0 else f"tiff_page {page}"
+    return (f"folders {site}: warning: {len(files)} multi-page TIFF file(s) read at page {page} ({which}): {shown}; "
+            "set tiff_page to read another page")
 
 
 def _map_mask(values: np.ndarray, mapping: dict[int, int], path: Path) -> np.ndarray:
@@ -370,7 +386,8 @@ def _read_volume(path: Path, nifti_axis: int) -> tuple[np.ndarray, dict]:
     and its geometry (SimpleITK's direction, origin and spacing, in (i, j, k) order)."""
     import SimpleITK as sitk  # imported here: only preprocessing needs it
 
-    check_nifti_complete(path, FoldersDataError)  # SimpleITK reads a cut-short .nii.gz as zeros without complaint
+    # SimpleITK reads a cut-short .nii.gz, and NaN or infinite voxels, as zeros without complaint
+    check_nifti_complete(path, FoldersDataError, finite=True)
     try:
         image = sitk.ReadImage(str(path))
         array = sitk.GetArrayFromImage(image)
@@ -426,13 +443,32 @@ def _volume_samples(image_path: Path, mask_path: Path, options: FoldersOptions) 
     return samples
 
 
+def read_folders_mask(path: Path, page: int = 0) -> tuple[np.ndarray, int]:
+    """A user's 2-D mask as (uint8 H x W values, the file's page count), through the project's one
+    mask reader (``images.read_mask``: real bit depth, never clipped), upright by its EXIF
+    Orientation. A palette mask gives its indices: the index is the label, whatever colour the
+    palette shows it in. A multi-page TIFF is read at ``page`` (``tiff_page``), as its image is."""
+    pages = 1
+    if is_tiff(path):
+        try:
+            with open_image(path, FoldersDataError) as img:
+                pages = getattr(img, "n_frames", 1)
+        except Exception:  # noqa: BLE001 (read_mask names what is wrong with the file)
+            pages = 1
+        check_page(path, page, pages)
+    mask = read_mask(path, error=FoldersDataError, upright=True, page=page if is_tiff(path) else 0, palette="index")
+    return mask, pages
+
+
 def _image_samples(image_path: Path, mask_path: Path, options: FoldersOptions) -> list[tuple[np.ndarray, np.ndarray, dict]]:
-    image, channels, scaling = read_image(image_path)
-    grey = read_mask(mask_path, error=FoldersDataError, upright=True)
+    image, channels, scaling = read_image(image_path, options.tiff_page)
+    grey, mask_pages = read_folders_mask(mask_path, options.tiff_page)
     if grey.shape != image.shape[:2]:
         raise FoldersDataError(f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
                                f"{grey.shape[1]}x{grey.shape[0]}")
-    info = {"slice": -1, **scaling, "native_height": image.shape[0], "native_width": image.shape[1], "channels": channels}
+    multipage = [(p, n) for p, n in ((image_path, scaling.pop("pages")), (mask_path, mask_pages)) if n > 1]
+    info = {"slice": -1, **scaling, "native_height": image.shape[0], "native_width": image.shape[1], "channels": channels,
+            "multipage": multipage}
     return [(image, _map_mask(grey, options.class_of_value, mask_path), info)]
 
 
