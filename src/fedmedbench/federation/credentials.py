@@ -61,14 +61,22 @@ def _subject_alt_names(hosts) -> list:
     return names
 
 
-def make_tls_files(folder, hosts=("127.0.0.1", "localhost"), days: float | None = None) -> TlsFiles:
+# Flower 1.42's SuperLink starts its own SuperExec, which dials the SuperLink at 127.0.0.1:<port>
+# over the same TLS: a certificate without these names fails that handshake (only superlink.log says
+# so) and no ServerApp ever starts. Every certificate made here names them besides the given hosts.
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def make_tls_files(folder, hosts=LOOPBACK, days: float | None = None) -> TlsFiles:
     """A CA and a server certificate for ``hosts`` (IP addresses or DNS names: each address the
-    SuperLink is dialled at must be one of them, or the TLS handshake fails), written into ``folder``."""
+    SuperLink is dialled at must be one of them, or the TLS handshake fails) and for ``LOOPBACK``
+    (the SuperLink's own SuperExec dials 127.0.0.1), written into ``folder``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hosts = list(hosts)
     if not hosts:
         raise ValueError("make_tls_files: name at least one host the SuperLink is reached at")
+    hosts += [host for host in LOOPBACK if host not in hosts]
     validity = VALIDITY if days is None else datetime.timedelta(days=days)
     # Back-dated a few minutes so a node whose clock is slightly behind still accepts it.
     now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)

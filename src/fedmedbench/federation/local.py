@@ -39,6 +39,24 @@ from fedmedbench.federation.processes import process_guard, spawn
 
 APP_DIR = Path(__file__).resolve().parents[3] / "flower-app"
 CONNECTION = "fedmedbench-local"
+# What the ServerApp's log says first (Flower 1.42's flwr-serverapp), and how long `flwr run` may go
+# without it: a SuperLink whose own SuperExec cannot reach it (a server certificate that does not name
+# 127.0.0.1) queues the run and starts nothing, and Flower's CLI waits without a word.
+SERVERAPP_STARTED = "flwr-serverapp"
+SERVERAPP_START_TIMEOUT = 180.0
+
+
+def superlink_cause(log: Path) -> str:
+    """Why a SuperLink started no ServerApp, from its log: its SuperExec's failed TLS handshake in
+    words, else the log's last error line."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    for line in reversed(text.splitlines()):
+        if "CERTIFICATE_VERIFY_FAILED" in line:
+            return (f"its own SuperExec cannot connect to it over TLS ({line.strip()[-200:]}): the server certificate must name 127.0.0.1 and localhost "
+                    "besides the address the sites dial (make_tls_files names them)")  # fmt: skip
+    return last_error(log)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -84,30 +102,67 @@ class LocalFederation:
 
     def run(self, run_config: dict, app_dir: Path = APP_DIR, timeout: float = 600.0) -> subprocess.CompletedProcess:
         """``flwr run`` of the app with ``run_config`` (e.g. {"run-config": "...", "out": "..."});
-        returns when the run has ended (``--stream`` follows its log to the end)."""
-        overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
-        return self.flwr("run", str(app_dir), CONNECTION, "--run-config", overrides, "--stream", timeout=timeout)
+        returns when the run has ended (``--stream`` follows its log to the end): the CLI's output in
+        ``stdout``. ``subprocess.TimeoutExpired`` after ``timeout`` seconds; ``FedmedbenchError`` when
+        the SuperLink starts no ServerApp within ``SERVERAPP_START_TIMEOUT``."""
+        log = self.workdir / "flwr-run.log"
+        code, output = self._follow(run_config, log, None, app_dir, timeout)
+        return subprocess.CompletedProcess(["flwr", "run"], code, stdout=output, stderr="")
 
     def stream(self, run_config: dict, log: Path, echo=None, app_dir: Path = APP_DIR) -> int:
         """``flwr run --stream`` of the app, its output (the ServerApp's log) written to ``log`` and,
         line by line as it comes, to ``echo`` (a text stream); returns the CLI's exit status."""
+        return self._follow(run_config, log, echo, app_dir, None)[0]
+
+    def _follow(self, run_config: dict, log: Path, echo, app_dir: Path, timeout: float | None) -> tuple[int, str]:
+        """The CLI's run, its lines to ``log`` (and ``echo``) as they come: (exit status, output).
+        A run whose ServerApp has not started ``SERVERAPP_START_TIMEOUT`` seconds after the CLI
+        started is ended with one line naming the SuperLink's log and what it says (Flower's CLI
+        would wait forever: a SuperLink whose own SuperExec cannot reach it starts no ServerApp)."""
+        import threading
+
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
         command = [str(Path(sys.executable).with_name("flwr")), "run", str(app_dir), CONNECTION, "--run-config", overrides, "--stream"]
+        started, fired, expired, lines = threading.Event(), threading.Event(), threading.Event(), []
         with log.open("w") as sink:
             process = spawn(command, env=self.env, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+            def give_up(event: threading.Event) -> None:
+                if not started.is_set() or event is expired:
+                    event.set()
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+
+            timers = [threading.Timer(SERVERAPP_START_TIMEOUT, give_up, (fired,))]
+            if timeout is not None:
+                timers.append(threading.Timer(timeout, give_up, (expired,)))
+            for timer in timers:
+                timer.daemon = True
+                timer.start()
             try:
                 for line in process.stdout:
+                    if SERVERAPP_STARTED in line:
+                        started.set()
+                    lines.append(line)
                     sink.write(line)
                     if echo is not None:
                         echo.write(line)
                         echo.flush()
-                return process.wait()
+                code = process.wait()
             except BaseException:  # a signal's exception: the CLI goes first (the guard ends the rest)
                 process.kill()
                 process.wait()
                 raise
             finally:
+                for timer in timers:
+                    timer.cancel()
                 process.stdout.close()
+        if expired.is_set():
+            raise subprocess.TimeoutExpired(command, timeout, output="".join(lines))
+        if fired.is_set():
+            superlink_log = self.workdir / "superlink.log"
+            raise FedmedbenchError(f"the SuperLink started no ServerApp within {SERVERAPP_START_TIMEOUT:.0f} s of flwr run: {superlink_cause(superlink_log)}; its log: {superlink_log}")
+        return code, "".join(lines)
 
     def register(self, keys: dict[str, Path]) -> None:
         """``flwr supernode register`` of each site's public key ({site: public key file}): with
@@ -272,6 +327,8 @@ def _federation(sites: dict[str, dict], workdir: Path, env: dict, tls: bool, sup
         yield federation
     finally:
         _stop_all(list(reversed(federation.processes)))
+        if warm:
+            warm_apps.remove_socket(federation.processes[0] if federation.processes else None)
 
 
 # --- `python -m fedmedbench federation local`: the one-machine quick start ---------------------------
@@ -330,6 +387,7 @@ def add_subcommand(subparsers) -> None:
                    help="results folder, as the config's results_dir (default: the config's, else results): the data goes to "
                         "DIR/<run_name>/data/ as the pipeline's, the run to DIR/<run_name>/federation/<task>/<run>/seed<k>/")  # fmt: skip
     p.add_argument("--cold", action="store_true", help="start a fresh Python process for every message, as Flower does by default (seconds slower per message)")
+    p.add_argument("--restart", action="store_true", help="train a finished run again from round 1 (its results are replaced); without it a finished run only says where its results are")
     p.set_defaults(func=run_local)
 
 
@@ -348,7 +406,7 @@ def _run_local(args) -> None:
     import importlib.util
 
     from fedmedbench import config as cfgmod
-    from fedmedbench.fl.runfolder import write_run_config
+    from fedmedbench.fl.runlock import run_folder_lock
     from fedmedbench.registry import merge_params
     from fedmedbench.runconfig import RunConfig
 
@@ -379,12 +437,27 @@ def _run_local(args) -> None:
     root = cfgmod.results_root(config)
     out = root / "federation" / args.task / args.run / f"seed{args.seed}"
     workdir = out.with_name(out.name + "-flower")  # Flower's side: logs, the sites' state, the CLI's connection
-    workdir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    # One writer per run folder, as for `train`: a second command for this run stops here, naming the
+    # process that holds it, before it touches the data, the logs or the sites' state.
+    with run_folder_lock(out, holder=f"federation local {args.task}/{args.run}/seed{args.seed}"):
+        if (out / "final.json").is_file() and not args.restart:
+            print(f"{args.task}/{args.run}/seed{args.seed}: this run has finished already; nothing to do (--restart trains it again)")
+            summary(args, out, workdir)
+            return
+        workdir.mkdir(parents=True, exist_ok=True)
+        federate(args, run, out, workdir, config)
+    summary(args, out, workdir)
+
+
+def federate(args, run, out: Path, workdir: Path, config: dict) -> None:
+    """The data prepared, the run config written, the federation started and the run streamed; under
+    the run folder's lock, which the ServerApp writes under (``lock-owner``)."""
+    from fedmedbench.fl.runfolder import write_run_config
 
     store, split = Path(run.data.store), Path(run.data.split)
     print(f"data: {split.parent} (the pipeline's rules prepare it, or find it up to date)", flush=True)
     prepare_data(args.config, config.get("results_dir", "results"), [split], workdir / "snakemake.log")
-    out.mkdir(parents=True, exist_ok=True)
     write_run_config(run, out)
     members = [*run.clients, *run.ood_clients]  # a test-only cohort is a SuperNode of its own
     node_configs = {name: {"store": str(store.resolve()), "split": str(split.resolve())} for name in members}
@@ -392,7 +465,12 @@ def _run_local(args) -> None:
     print(f"starting a SuperLink and {len(members)} SuperNodes ({', '.join(members)}) on 127.0.0.1, insecure, this machine only ({mode})", flush=True)
     with local_federation(node_configs, workdir, warm=not args.cold) as federation:
         print(f"SuperLink on {federation.address}: {args.task}/{args.run}/seed{args.seed}, {run.rounds} round(s)", flush=True)
-        federation.stream({"run-config": str((out / "run_config.json").resolve()), "out": str(out.resolve())}, workdir / "flwr-run.log", echo=sys.stdout)
+        settings = {"run-config": str((out / "run_config.json").resolve()), "out": str(out.resolve()), "lock-owner": os.getpid(), "restart": bool(args.restart)}
+        federation.stream(settings, workdir / "flwr-run.log", echo=sys.stdout)
+
+
+def summary(args, out: Path, workdir: Path) -> None:
+    """The run's mean test score and where its files are; one line if it did not finish."""
     final_path = out / "final.json"
     if not final_path.is_file():
         raise FedmedbenchError(f"federation local: the run ended without {final_path}: {last_error(workdir / 'flwr-run.log')}; logs: {workdir}")
@@ -426,7 +504,21 @@ def prepare_data(configfiles: list[str], results_dir: str, targets: list[Path], 
 
 
 def last_error(log: Path) -> str:
-    """The line of ``log`` that says what went wrong: the last naming an error, else its last line."""
+    """The line of ``log`` that says what went wrong: the last naming an error, else its last line.
+    A Rich box (Flower's CLI frames its errors: ``╭─ Error ─╮``, ``│ text │``, ``╰──╯``) counts as
+    one line, its title and its text, never its border."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
-    errors = [line for line in lines if "Error" in line or "error" in line]
-    return (errors or lines or ["(no output)"])[-1][:500]
+    flat, box = [], None
+    for line in lines:
+        if line.startswith("╭"):
+            box = [line.strip("╭╮─ ")]
+        elif box is not None and line.startswith("│"):
+            box.append(line.strip("│ "))
+        elif box is not None and line.startswith("╰"):
+            title, text = box[0], " ".join(part for part in box[1:] if part)
+            flat.append(f"{title}: {text}" if title else text)
+            box = None
+        else:
+            flat.append(line)
+    errors = [line for line in flat if "Error" in line or "error" in line]
+    return (errors or flat or ["(no output)"])[-1][:500]

@@ -10,10 +10,17 @@ as the engine writes them), ``nodes-timeout`` (seconds to wait for every site's 
 (default true: a restarted server continues after the run folder's checkpoint, the sites going back
 to their state of that round; false: start afresh); ``kill-at`` is a test hook (``faults.py``:
 e.g. ``round_end:2`` kills this server after round 2's checkpoint).
+
+One writer per run folder: the ServerApp holds ``out``'s run lock (``fl/runlock.py``, as ``train``
+does) while it runs, so a second run into the same folder (an operator's retry beside a queued
+``flwr run`` that started by itself) is refused in one line naming both Flower run ids. A finished
+run folder (``final.json``) is left as it is unless the run config says ``restart=true``.
+``lock-owner``: the pid of ``federation local``, which holds the lock for the ServerApp it starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -98,6 +105,8 @@ class FlowerTransport:
         self.pending_keep: dict[str, int] = {}
         self.bytes_sent = self.bytes_received = 0  # payload bytes (records), each way
         self.messages_sent = 0  # Flower messages pushed (federation.json)
+        self.out = None  # the run folder (main sets it): the counts of each checkpointed round go there
+        self.resumed_after: list[int] = []  # rounds after which this run was resumed (federation.json)
         self.node = self._find_sites(nodes_timeout)
 
     # --- messaging ------------------------------------------------------------------------------
@@ -111,13 +120,18 @@ class FlowerTransport:
         messages = [Message(pack(value, fingerprint=self.fingerprint, **config, **per_node.get(node, {})), node, message_type, group_id=step) for node, value in payloads.items()]
         self.bytes_sent += sum(payload_bytes(m.content) for m in messages)
         self.messages_sent += len(messages)
-        replies = {m.metadata.src_node_id: m for m in send_and_receive(self.grid, messages, wait)}
+        received = send_and_receive(self.grid, messages, wait)
+        # A reply is filed by the message it answers, not by its source: the SuperLink answers for a
+        # node it has lost (Flower's "node unavailable" error) under its own node id.
+        node_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+        replies = {node_of_message.get(m.metadata.reply_to_message_id, m.metadata.src_node_id): m for m in received}
         site_of = {node: name for name, node in [*getattr(self, "node", {}).items(), *self.cohort_node.items()]}
         # Every silent site is named, not only the first in client order: a slow site beside a dead
         # one must not hide the dead one from the site's IT team.
         silent = [site_of.get(node, f"node {node}") for node in payloads if node not in replies]
         if silent:
-            raise SiteError(f"{step}: site {', '.join(silent)}: no reply within {wait} s (the SuperNode stopped or lost its connection)")
+            within = f"within {wait} s" if wait is not None else "before the SuperLink gave up on it"
+            raise SiteError(f"{step}: site {', '.join(silent)}: no reply {within} (the SuperNode stopped or lost its connection)")
         out = {}
         for node in payloads:
             where = f"{step}: site {site_of.get(node, f'node {node}')}"
@@ -189,6 +203,8 @@ class FlowerTransport:
 
     # --- the transport ------------------------------------------------------------------------
     def start(self, packages):
+        if self.out is not None:  # a fresh start: an earlier run's counts are not this one's
+            traffic_file(self.out).unlink(missing_ok=True)
         self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
         self._exchange("query.setup", dict(zip(self._nodes(), packages)), "setup", wait=self.nodes_timeout, cfg=self.cfg_json, train_rows=self.train_rows)
 
@@ -197,6 +213,15 @@ class FlowerTransport:
         """The server checkpointed ``round_index``: said on the next message (no extra round trip);
         until then each site's state file is still that round's end (clientapp.take_snapshot)."""
         self.snapshot_round = round_index
+        if self.out is not None:  # the counts so far, for a resumed run's federation.json
+            path = traffic_file(self.out)
+            saved = json.loads(path.read_text()) if path.is_file() else {}
+            saved = {k: v for k, v in saved.items() if k.isdigit() and int(k) < round_index}  # the checkpoint's .prev stays
+            keep = sorted(saved, key=int)[-2:]
+            saved = {**{k: saved[k] for k in keep}, str(round_index): {"counts": {key: getattr(self, key) for key in TRAFFIC}, "resumed_after": self.resumed_after}}
+            from fedmedbench.files import atomic_write_text
+
+            atomic_write_text(path, json.dumps(saved))
 
     def resume(self, round_index, packages, kept=None):
         """A restarted server: every site goes back to its state at the end of ``round_index``; a site
@@ -207,6 +232,14 @@ class FlowerTransport:
         end may lack it (a snapshot of the round always has it)."""
         self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
         self.pending_keep = {}
+        # federation.json counts the whole run: what was sent up to the checkpoint, then this server's.
+        path = traffic_file(self.out) if self.out is not None else None
+        saved = (json.loads(path.read_text()) if path.is_file() else {}).get(str(round_index)) if path is not None else None
+        if saved:
+            for key in TRAFFIC:
+                setattr(self, key, getattr(self, key) + int(saved["counts"][key]))
+            self.resumed_after = [*saved["resumed_after"]]
+        self.resumed_after.append(round_index)
         covered = {self.node[name]: {"keep": round_index} for name, kept_round in (kept or {}).items() if kept_round == round_index}
         self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", wait=self.nodes_timeout, per_node=covered, round=round_index, cfg=self.cfg_json)
 
@@ -303,9 +336,82 @@ def read_run_config(path: str):
     return cfg.replace(method_params=merge_params(cfg.method, cfg.method_params, f"run config {path}: method_params", cfg.method_module))
 
 
+def show_progress() -> None:
+    """The run's own lines (one per round, "resuming from round k") on the ServerApp's output, which
+    Flower mirrors to ``flwr run --stream``: Flower configures only its own logger, so without a
+    handler of ours the terminal stayed silent for the whole run. Not where a handler exists already
+    (the simulation route runs this ServerApp inside a job that logs)."""
+    import logging
+    import sys
+
+    log = logging.getLogger("fedmedbench")
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def finished_by(out: Path) -> str:
+    """Who finished run folder ``out``: "Flower run <id>" (its federation.json), else "another run"."""
+    try:
+        run_id = json.loads((out / "federation.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        run_id = None
+    return f"Flower run {run_id}" if run_id is not None else "another run (no Flower run id in federation.json)"
+
+
+# What a finished run folder holds; restart=true removes them first (final.json first: it marks the
+# folder complete), so an interrupted restart never leaves the old run's final.json beside new files.
+FINISHED_OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz", "federation.json")
+
+
+def claim(out: Path, run_id: int, restart: bool) -> None:
+    """Under the run lock: a finished run folder is another run's result and stays as it is, unless
+    ``restart``; then its outputs go before anything is trained."""
+    from fedmedbench.fl.runlock import RunFolderBusy
+
+    if (out / "final.json").is_file():
+        if not restart:
+            raise RunFolderBusy(
+                f"{out}: {finished_by(out)} finished this run folder (final.json); Flower run {run_id} leaves it as it is: "
+                "give another out, or restart=true in --run-config to train it again"
+            )
+        for name in FINISHED_OUTPUTS:
+            (out / name).unlink(missing_ok=True)
+
+
+TRAFFIC = ("bytes_sent", "bytes_received", "messages_sent")
+
+
+def traffic_file(out: Path) -> Path:
+    """The transport's counts at each checkpointed round (``FlowerTransport.snapshot``), so a resumed
+    run's federation.json counts the whole run; removed once federation.json is written."""
+    return out / "federation-traffic.json"
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    from fedmedbench.fl.runlock import RunFolderBusy, run_folder_lock
+
     settings = context.run_config
+    show_progress()
+    out = Path(str(settings["out"]))
+    out.mkdir(parents=True, exist_ok=True)
+    restart = bool(settings.get("restart", False))
+    owner = int(settings.get("lock-owner", 0)) or None
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(run_folder_lock(out, holder=f"Flower run {context.run_id} (ServerApp)", owner=owner))
+        except RunFolderBusy as err:  # the holder's line names its run id; this one adds ours
+            raise RunFolderBusy(f"Flower run {context.run_id}: {err}") from None
+        claim(out, context.run_id, restart)
+        run(grid, context, settings, out, resume=bool(settings.get("resume", True)) and not restart)
+
+
+def run(grid: Grid, context: Context, settings, out: Path, resume: bool) -> None:
+    """The run itself, under ``out``'s lock."""
     # The server's own arithmetic (aggregation, CGSV's reputations, FedCE's coefficients) on as many
     # CPU threads as the engine run it should equal (`train --threads`; the sites: node setting
     # `threads`): torch's default, one per core, sums in another order (the last digits differ).
@@ -314,14 +420,19 @@ def main(grid: Grid, context: Context) -> None:
     reply_timeout = float(settings.get("reply-timeout", 0)) or None
     expected = json.loads(str(settings.get("site-digests", "") or "{}"))  # {site: data digest}, optional
     transport = FlowerTransport(grid, cfg, float(settings.get("nodes-timeout", 300)), reply_timeout, expected)
+    transport.out = out
     if str(settings.get("kill-at", "")):  # a test hook: the engine's FEDMEDBENCH_KILL_AT (faults.py) for this server
         from fedmedbench import faults
 
         os.environ[faults.KILL_AT_ENV] = str(settings["kill-at"])
-    serve(cfg, Path(str(settings["out"])), transport, progress=True, checkpoint_every=int(settings.get("checkpoint-every", 1)),
-          checkpoint_every_seconds=float(settings.get("checkpoint-every-seconds", 0)), resume=bool(settings.get("resume", True)))  # fmt: skip
-    traffic = {"bytes_sent": transport.bytes_sent, "bytes_received": transport.bytes_received, "messages_sent": transport.messages_sent, "rounds": cfg.rounds, "sites": len(transport.names),
+    serve(cfg, out, transport, progress=True, checkpoint_every=int(settings.get("checkpoint-every", 1)),
+          checkpoint_every_seconds=float(settings.get("checkpoint-every-seconds", 0)), resume=resume)  # fmt: skip
+    traffic = {**{key: getattr(transport, key) for key in TRAFFIC}, "rounds": cfg.rounds, "sites": len(transport.names),
                # what each site reads (its data digest, as the engine's checkpoints digest it) and what a
                # site kept to itself (node config share-model / share-predictions = false)
-               "data_digests": transport.site_digests, "withheld": transport.withheld}  # fmt: skip
-    (Path(str(settings["out"])) / "federation.json").write_text(json.dumps(traffic, indent=2) + "\n")
+               "data_digests": transport.site_digests, "withheld": transport.withheld,
+               # the Flower run that finished this folder (a later run into it names it), and the
+               # rounds after which a restarted server resumed (the counts above are the whole run's)
+               "run_id": context.run_id, "resumed_after": transport.resumed_after}  # fmt: skip
+    (out / "federation.json").write_text(json.dumps(traffic, indent=2) + "\n")
+    traffic_file(out).unlink(missing_ok=True)

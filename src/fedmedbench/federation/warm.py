@@ -18,6 +18,7 @@ deployment keeps Flower's own process isolation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -79,7 +80,19 @@ def start(workdir: Path, env: dict) -> tuple[subprocess.Popen, Path]:
             process.kill()
             raise FedmedbenchError(f"the warm app server did not start (exit {process.poll()}); its log: {log}\n{log.read_text()[-2000:]}")
         time.sleep(0.1)
+    process.socket_path = socket_path  # removed once the federation has ended (local._federation)
     return process, write_launchers(workdir / "warm-bin", socket_path)
+
+
+def remove_socket(process) -> None:
+    """The server's socket (and its temporary folder, for a long work folder's path) once it has ended:
+    nothing of a stopped federation stays in its folder."""
+    path = getattr(process, "socket_path", None)
+    if path is not None:
+        path.unlink(missing_ok=True)
+        if path.parent.name.startswith("fmb-warm-"):
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
 
 
 def preload() -> None:
@@ -109,6 +122,7 @@ def run_child(connection: socket.socket, request: dict) -> None:
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler (serve) is not the app's
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -151,6 +165,12 @@ def serve(socket_path: Path) -> None:
     if socket_path.exists():
         socket_path.unlink()
     listener.bind(str(socket_path))
+
+    def end(signum, frame):  # SIGTERM (the federation's end, or its watchdog's): no socket left behind
+        socket_path.unlink(missing_ok=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
     listener.listen(64)
     print(f"warm app server ready on {socket_path}", flush=True)
     while True:

@@ -351,6 +351,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
         history_log.reset()
         transport.start(packages)
     else:
+        log.info("%s/%s/seed%d: resuming from round %d (the checkpoint after round %d in %s)", cfg.task, cfg.run, cfg.seed, last_round + 1, last_round, checkpoint_path)
         # Every site back to its state at the checkpointed round, with the round each one's model was kept at.
         kept = {name: entry["round"] for entry in selection.best.values() for name in entry["val"]}
         transport.resume(last_round, packages, kept)
