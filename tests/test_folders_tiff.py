@@ -285,3 +285,20 @@ def test_real_ham10000_jpegs_read_as_pillow_shows_them(tmp_path):
     for path in sorted((REAL / "ham10000").rglob("*.jpg"))[:3]:
         with Image.open(path) as img:
             np.testing.assert_array_equal(read_image(path)[0], np.asarray(ImageOps.exif_transpose(img).convert("RGB")))
+
+
+def test_palette_mask_indices_meet_mask_values(tmp_path):
+    """mask_values written for the palette's colours (or grey levels) do not fit: the indices are
+    named, and mapping the indices reads the mask."""
+    root = tmp_path / "data"
+    for folder in ("images", "masks"):
+        (root / "site" / folder).mkdir(parents=True)
+    Image.fromarray(RGB).save(root / "site" / "images" / "a.png")
+    labels = np.zeros((H, W), np.uint8)
+    labels[:2], labels[-2:] = 1, 2
+    palette_mask(root / "site" / "masks" / "a.png", labels)
+    options = {"root": str(root), "mask_values": {0: 0, 255: 1}}
+    with pytest.raises(FoldersDataError, match=re.escape("a.png: mask value(s) 1, 2 not in mask_values {0: 0, 255: 1}")):
+        preprocess({}, tmp_path / "store", options=options, log=lambda line: None)
+    preprocess({}, tmp_path / "store", options={**options, "mask_values": {0: 0, 1: 1, 2: 1}}, log=lambda line: None)
+    np.testing.assert_array_equal(open_client(tmp_path / "store", "site").labels[0], labels > 0)

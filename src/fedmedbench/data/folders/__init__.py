@@ -6,8 +6,9 @@ Segmentation layout (``kind: segmentation``)::
     <root>/<site>/masks/<stem>.<ext>     the mask of the image with the same stem (any supported suffix);
                                          <stem><mask_suffix>.<ext> with ``mask_suffix`` (e.g. _Segmentation)
 
-Every non-hidden sub-folder of ``root`` is a site (``__MACOSX`` and names starting with ``.`` are
-skipped). Masks are read with the project's one mask reader (``images.read_mask``: real bit depth,
+Every sub-folder of ``root`` is a site; what ``fedmedbench.data.skipped`` names (hidden names,
+``__MACOSX``, the pipeline's marked results folder) is skipped here and by the listing digest alike.
+Masks are read with the project's one mask reader (``images.read_mask``: real bit depth,
 never clipped) or, for NIfTI, with SimpleITK, then every pixel value is mapped to a class index with
 ``mask_values`` (its class indices must be exactly 0 .. n-1, no gaps); a value that is not in it
 stops preprocessing, naming the value and the file. Without ``mask_values`` the masks must already hold class indices ``0 .. num_classes - 1``
@@ -35,6 +36,11 @@ darken the rest), and the range is kept in the store's ``meta.csv`` (columns ``i
 resize) and summarised per site in the log. All images must have one size unless ``image_size``
 is set (then every image is resized to a square: bilinear images, nearest-neighbour masks). One
 site's images must all be grey or all colour.
+
+A TIFF is read as a viewer shows it, through its photometric interpretation (``tiff``), at page
+``tiff_page`` of a multi-page or pyramidal file (the first by default, with a warning in the log); a
+palette mask is read as its indices, the label. NaN or infinite values are refused, in a float
+image or a NIfTI volume alike.
 
 2-D images and masks are turned upright by their own EXIF Orientation tag (a JPEG stored sideways
 is shown upright by viewers, and its mask was drawn on that view); ``meta.csv``'s ``orientation``
