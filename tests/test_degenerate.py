@@ -17,6 +17,7 @@ import torch
 from fedmedbench import cli
 from fedmedbench.data import folders as F
 from fedmedbench.data.store import open_client, write_client, write_split_csv
+from fedmedbench.finals import write_final
 from fedmedbench.metrics import ClassificationMeter, SegmentationMeter
 from fedmedbench.report.flags import collect_flags
 from fedmedbench.report.metric_names import metric_label
@@ -196,7 +197,7 @@ def test_the_table_command_marks_a_collapsed_run_read_from_final_json(tmp_path):
     for final in (final_json("fedavg", 0, [0.9, 0.0, 0.7], COLLAPSED), final_json("fedavg", 1, [0.9, 0.2, 0.7])):
         paths.append(tmp_path / f"seed{final['seed']}" / "final.json")
         paths[-1].parent.mkdir()
-        paths[-1].write_text(json.dumps(final))
+        write_final(paths[-1], final)
     experiment = {"title": "Mine", "task": "mysites", "runs": ["fedavg"], "labels": {"fedavg": "FedAvg"}, "seeds": [0, 1], "metric": "dice_fg"}
     assert cli.main(["table", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "tab"), *map(str, paths)]) == 0
     md = (tmp_path / "tab.md").read_text()
@@ -242,7 +243,7 @@ def write_finals(tmp_path: Path, finals: list[dict]) -> list[str]:
     for final in finals:
         path = tmp_path / final["run"] / f"seed{final['seed']}" / "final.json"
         path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(final))
+        write_final(path, final)
         paths.append(str(path))
     return paths
 

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
 from fedmedbench import cli
+from fedmedbench.finals import write_final
 from fedmedbench.report import fairness, figures, prrfl, sweeps
 from fedmedbench.report.metric_names import METRIC_LABELS, metric_label
 from fedmedbench.report.tables import AVG, STD, seed_summary
@@ -301,7 +302,7 @@ def test_axes_name_metrics_in_words(drawn, tmp_path, capsys):
         selection = {"split": "val", "metric": "dice_paper", "per_client": False, "best_round": 1, "rounds": 1}
         paths.append(tmp_path / "train" / "t" / f["run"] / "seed0" / "final.json")
         paths[-1].parent.mkdir(parents=True)
-        paths[-1].write_text(json.dumps({**f, "task": "t", "selection": selection, "val": f["test"], "config": {"rounds": 1}}))
+        write_final(paths[-1], {**f, "task": "t", "selection": selection, "val": f["test"], "config": {"rounds": 1}})
     experiment = {"kind": "sweep", "title": "T", "seeds": [0], "task": "t", "metric": "dice_paper", "series": {"FedAvg": {"1": "fedavg", "2": "fedavg-e2"}}, "x_label": "local epochs", "error": "clients_std"}
     assert cli.main(["sweep-figure", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "sw"), *map(str, paths)]) == 0
     assert len(drawn) == 5

@@ -16,6 +16,7 @@ import pytest
 
 from fedmedbench import cli
 from fedmedbench.errors import DataError
+from fedmedbench.finals import write_final
 from fedmedbench.report.compare import load_paper_table
 from fedmedbench.report.inputs import expected_rounds, read_final, read_history
 
@@ -56,7 +57,7 @@ def write_run(root: Path, run="fedavg", seed=0, rounds=10, curve_every=0, local_
         "test": scores, "val": scores, "metric_descriptions": {"dice_paper": "Dice", "dice_fg": "foreground Dice"},
         "config": {"rounds": rounds, "curve_every": curve_every, "local_epoch_curve": local_epoch_curve, "local_epochs": 2},
     }  # fmt: skip
-    (folder / "final.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    write_final(folder / "final.json", final)  # as fedmedbench train writes it
     return folder
 
 

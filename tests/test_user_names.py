@@ -21,6 +21,7 @@ import yaml
 from fedmedbench import cli
 from fedmedbench import config as fmb
 from fedmedbench.errors import ConfigError
+from fedmedbench.finals import write_final
 from fedmedbench.registry import forget
 from fedmedbench.report import escape
 from fedmedbench.report.compare import compare, empty_paper_table, write_report
@@ -190,7 +191,7 @@ def test_a_site_folder_named_with_html_reaches_the_table_as_text(tmp_path, capsy
     final = finals_with([XSS, "siteB"])[0]
     final.update(synthetic=True, primary_metric="dice_paper", val=final["test"], metric_descriptions={"dice_paper": "Dice"},
                  selection={"split": "val", "metric": "dice_paper", "per_client": False, "best_round": 2, "rounds": 2})  # fmt: skip
-    (run / "final.json").write_text(json.dumps(final))
+    write_final(run / "final.json", final)
     experiment = {"title": "T", "seeds": [0], "task": "t", "runs": ["fedavg"], "metric": "dice_paper"}
     assert cli.main(["table", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "tab"), str(run / "final.json")]) == 0
     md = (tmp_path / "tab.md").read_text()

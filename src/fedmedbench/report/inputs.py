@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedmedbench.errors import DataError, plain
+from fedmedbench.finals import check_digest
 
 # What the report layer reads from every final.json (the engine always writes them).
 FINAL_KEYS = ("task", "run", "seed", "clients", "selection", "test", "val")
@@ -46,6 +47,7 @@ def read_final(path: Path | str) -> dict:
     rounds = final["selection"].get("rounds") if isinstance(final["selection"], dict) else None
     if type(rounds) is not int or rounds < 1:
         raise DataError(f"{path}: selection.rounds is {rounds!r}; expected the run's number of rounds")
+    check_digest(path, final)  # a score edited by hand never reaches a table
     return final
 
 
