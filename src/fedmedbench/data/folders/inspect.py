@@ -47,7 +47,7 @@ from .reading import (
     discover_sites,
     list_pairs,
 )
-from .splits import _read_user_split, _seeded_split
+from .splits import _read_user_split, _seeded_split, class_notes
 
 __all__ = ["DataReport", "SiteReport", "builtin_line", "image_header", "inspect_folders"]
 
@@ -77,6 +77,8 @@ class SiteReport:
     class_images: list[int] | None = None  # images per class index (classification)
     upright: int = 0  # files turned upright by their EXIF Orientation tag
     group_splits: dict[str, list[tuple[str, int]]] | None = None  # split -> (group, samples), when groups hold several files
+    # split -> (samples, groups, per class: its images (classification) or the samples holding it (segmentation))
+    split_classes: dict[str, tuple[int, int, list[int]]] | None = None
 
     @property
     def class_fractions(self) -> list[float]:
@@ -138,11 +140,28 @@ class DataReport:
             lines.append("  pixels per class: " + ", ".join(shares + ([f"not in mask_values {_percent(unmapped / total)}"] if unmapped else [])))
         if s.class_images is not None:
             lines.append("  images per class: " + ", ".join(f"{n} {c}" for n, c in zip(names, s.class_images)))
+        if s.split_classes:
+            lines += self._split_lines(s, unit)
         if s.group_splits:
             shown = "; ".join(f"{name} " + ", ".join(f"{g} ({n})" for g, n in groups[:GROUPS_SHOWN])
                               + (f", ... ({len(groups)} groups)" if len(groups) > GROUPS_SHOWN else "")
                               for name, groups in s.group_splits.items() if groups)
             lines.append(f"  groups ({groups_source(self.options)}; {unit}s per group): {shown}")
+        return lines
+
+
+    def _split_lines(self, s: SiteReport, unit: str) -> list[str]:
+        """One line per split: samples, groups and per class its count; a class the site has that
+        train or test lacks is marked (a model never trained on it, or a score never measured)."""
+        names, kind = self.class_names, self.options.kind
+        in_site = [sum(s.split_classes[split][2][k] for split in SPLITS) > 0 for k in range(len(names))]
+        lines = []
+        for split in SPLITS:
+            samples, groups, counts = s.split_classes[split]
+            marked = [f"{name} {n}" + (" (missing)" if not n and in_site[k] and split != "val" else "")
+                      for k, (name, n) in enumerate(zip(names, counts))]
+            what = "images per class" if kind == "classification" else f"{unit}s holding each class"
+            lines.append(f"  {split}: {_count(samples, unit)}, {_count(groups, 'group')}; {what}: {', '.join(marked)}")
         return lines
 
 
@@ -243,6 +262,7 @@ class _Pair:
     channels: str | None = None
     values: dict[int, int] = field(default_factory=dict)  # mask value -> pixels
     foreground: list[int] = field(default_factory=list)  # per row: pixels of classes >= 1
+    present: list[tuple[int, ...]] = field(default_factory=list)  # per row: the classes its mask holds
     orientation: int = 1
     problem: str | None = None
 
@@ -278,6 +298,7 @@ def _read_pair(pair: tuple, options: FoldersOptions) -> _Pair:
             _map_mask(found, mapping, mask_path)  # raises preprocessing's own message
         background = [v for v, c in mapping.items() if c == 0]
         out.foreground = (mask.reshape(len(mask), -1).shape[1] - np.isin(mask, background).reshape(len(mask), -1).sum(1)).tolist()
+        out.present = [tuple(sorted({mapping[v] for v in np.unique(m).tolist()})) for m in mask]
     except FoldersDataError as exc:
         out.problem = str(exc)
     return out
@@ -355,11 +376,13 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: D
             if index is not None and index < len(rep.class_pixels):
                 rep.class_pixels[index] += n
         foreground = got.foreground if len(got.foreground) == got.slices else [np.nan] * got.slices
+        present = got.present if len(got.present) == got.slices else [()] * got.slices
         # As folders._segmentation_site builds the store: one row per image or slice, a volume one group.
-        rows += [{"group": f"{site}/{stem}", "source": _relative(image_path, root), "foreground": fg} for fg in foreground]
+        rows += [{"group": f"{site}/{stem}", "source": _relative(image_path, root), "foreground": fg, "classes": cs}
+                 for fg, cs in zip(foreground, present)]
     _file_problems(report, site, problems)
     _check_channels(report, rep, kinds)
-    meta = pd.DataFrame(rows, columns=["group", "source", "foreground"])
+    meta = pd.DataFrame(rows, columns=["group", "source", "foreground", "classes"])
     rep.samples, rep.groups = len(meta), meta["group"].nunique()
     return meta
 
@@ -400,7 +423,8 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
         sources = [_relative(p, root) for p in table["path"]]
         # As folders._classification_site builds the store: an image without a group is its own group.
         groups = [f"{site}/{g}" if g else f"{site}/{s}" for g, s in zip(table["group"], sources)]
-        metas[site] = pd.DataFrame({"group": groups, "source": sources, "foreground": np.nan})
+        metas[site] = pd.DataFrame({"group": groups, "source": sources, "foreground": np.nan,
+                                    "label": [options.classes[k] for k in table["label_index"]]})
         rep.samples, rep.groups = len(table), len(set(groups))
     return metas
 
@@ -457,10 +481,13 @@ def _split(report: DataReport, metas: dict[str, pd.DataFrame | None]) -> None:
                 chosen[site] = _seeded_split(site, meta, options, "seeded", options.seed)
             except FoldersDataError as exc:
                 report.problems.append(str(exc))
+    user = Path(options.split_csv).name if options.split_csv is not None else None
     for site, (rows, names) in chosen.items():
         rep = report.site(site)
         rep.split = {s: int((names == s).sum()) for s in SPLITS}
         groups = metas[site]["group"].to_numpy(str)[rows]
+        rep.split_classes = _split_classes(metas[site], rows, names, report.class_names)
+        report.warnings += [f"site {site}: {note}" for note in class_notes(metas[site], rows, names, options, user)]
         if len(set(groups)) < metas[site]["source"].nunique():  # some group holds several files: show them
             rep.group_splits = {s: sorted(Counter(g.split("/", 1)[1] for g in groups[names == s]).items()) for s in SPLITS}
         foreground = metas[site]["foreground"].to_numpy(np.float64)[rows]
@@ -468,6 +495,26 @@ def _split(report: DataReport, metas: dict[str, pd.DataFrame | None]) -> None:
         if options.kind == "segmentation" and len(test) and not np.isnan(test).any() and test.sum() == 0:
             report.warnings.append(f"site {site}: no foreground pixel (class >= 1) in the test split: "
                                    "its foreground Dice is undefined")
+
+
+def _split_classes(meta: pd.DataFrame, rows: np.ndarray, names: np.ndarray, classes: Sequence[str]) -> dict:
+    """Per split: its samples, its groups, and per class the images of that class (classification:
+    the ``label`` column) or the samples whose mask holds it (segmentation: the ``classes`` column)."""
+    groups = meta["group"].to_numpy(str)[rows]
+    if "label" in meta.columns:
+        index = {name: k for k, name in enumerate(classes)}
+        held = [(index[str(v)],) for v in meta["label"].to_numpy()[rows]]
+    else:
+        held = list(meta["classes"].to_numpy()[rows])
+    out = {}
+    for name in SPLITS:
+        counts = [0] * len(classes)
+        for present, chosen in zip(held, names == name):
+            if chosen:
+                for k in present:
+                    counts[k] += 1
+        out[name] = (int((names == name).sum()), len(set(groups[names == name])), counts)
+    return out
 
 
 def _check_sizes(report: DataReport, size_problem: Callable[[int, int], str | None] | None) -> None:

@@ -1,5 +1,10 @@
 """The split: each site's groups (image stem, NIfTI volume, classification ``group``) cut into
-train/val/test from a seeded permutation, or the user's ``split_csv`` followed."""
+train/val/test from a seeded permutation, or the user's ``split_csv`` followed.
+
+A classification site is cut stratified by class within groups (``stratified_split_groups``): the
+splits hold as many groups as without classes, and each class is spread over them, train first, so
+a rare class is not left out of training by chance. A class that cannot be in every split is logged
+with the reason (``class_notes``)."""
 
 from __future__ import annotations
 
@@ -34,15 +39,114 @@ def _cut(site: str, fractions: Sequence[float], n_rows: int) -> Callable[[int], 
     return cut
 
 
+def group_classes(groups: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted unique groups, each row's index into them, each group's class): a group's class is its
+    most frequent label, the lower class index on a tie (a patient with two lesions of two classes)."""
+    unique, inverse = np.unique(np.asarray(groups).astype(str), return_inverse=True)
+    labels = np.asarray(labels, np.int64)
+    counts = np.zeros((len(unique), int(labels.max()) + 1 if len(labels) else 1), np.int64)
+    np.add.at(counts, (inverse, labels), 1)
+    return unique, inverse, counts.argmax(1)
+
+
+def stratified_split_groups(groups: np.ndarray, labels: np.ndarray, rng: np.random.Generator | None,
+                            cut: Callable[[int], tuple[int, int]]) -> np.ndarray:
+    """The split name of every row, every group in one split, the splits holding as many groups as
+    ``cut(number of groups)`` gives them (the unstratified rule, so the sizes do not depend on the
+    labels), and each class spread over them by its groups (a group's class: ``group_classes``).
+
+    First each class gets one group in train, then one in test, then one in val, while it has groups
+    left and the split has room (classes with at least one group per split first, then the larger
+    ones; ``rng`` orders classes of one size and each class's groups, ``None`` keeps them sorted).
+    Then each remaining place goes to the class furthest below its share of that split. So a class
+    with as many groups as splits is in every split unless a split holds fewer groups than there
+    are such classes, and any class is in train before it is in test or val."""
+    unique, inverse, group_class = group_classes(groups, labels)
+    train_end, val_end = cut(len(unique))
+    room = {"train": train_end, "val": val_end - train_end, "test": len(unique) - val_end}
+    share = {s: room[s] / len(unique) for s in SPLITS}
+    classes = np.unique(group_class)
+    members = {int(c): list(np.flatnonzero(group_class == c)) for c in classes}
+    tie = {int(c): k for k, c in enumerate(classes if rng is None else rng.permutation(classes))}
+    if rng is not None:
+        members = {c: [m[k] for k in rng.permutation(len(m))] for c, m in members.items()}
+    size = {c: len(m) for c, m in members.items()}
+    order = sorted(members, key=lambda c: (size[c] < len(SPLITS), -size[c], tie[c]))
+    split_of = np.empty(len(unique), dtype=object)
+    placed = {s: dict.fromkeys(members, 0) for s in SPLITS}
+
+    def place(c: int, s: str) -> None:
+        split_of[members[c].pop(0)] = s
+        room[s] -= 1
+        placed[s][c] += 1
+
+    for s in ("train", "test", "val"):  # one group of each class per split, train first
+        for c in order:
+            if members[c] and room[s]:
+                place(c, s)
+    while any(members.values()):  # the rest: the (split, class) furthest below the class's share of the split
+        s, c = max(((s, c) for s in SPLITS if room[s] for c in order if members[c]),
+                   key=lambda sc: (share[sc[0]] * size[sc[1]] - placed[sc[0]][sc[1]], -SPLITS.index(sc[0]), -order.index(sc[1])))
+        place(c, s)
+    return split_of[inverse].astype(str)
+
+
+def _label_indices(meta: pd.DataFrame, options: FoldersOptions) -> np.ndarray | None:
+    """Each row's class index for a classification store (its ``label`` column holds class names),
+    None for segmentation (its split is not stratified)."""
+    if options.kind != "classification" or "label" not in meta.columns:
+        return None
+    index = {name: k for k, name in enumerate(options.classes)}
+    return np.array([index[str(v)] if str(v) in index else int(v) for v in meta["label"]], np.int64)
+
+
 def _seeded_split(site: str, meta: pd.DataFrame, options: FoldersOptions, permutation: str, seed: int):
+    """(rows, split name per row) of one site: its groups cut by ``options.fractions``; for a
+    classification task the classes are spread over the splits (``stratified_split_groups``)."""
     groups = meta["group"].to_numpy(str)
     cut = _cut(site, options.fractions, len(meta))
+    labels = _label_indices(meta, options)
     if permutation == "seeded":
-        return grouped_split(groups, client_rng(seed, site), cut)
-    names = split_groups(groups, None, cut)  # sorted groups, rows in store order
+        if labels is None:
+            return grouped_split(groups, client_rng(seed, site), cut)
+        rng = client_rng(seed, site)
+        names = stratified_split_groups(groups, labels, rng, cut)
+        rows = rng.permutation(len(names)).astype(np.int64)  # as grouped_split: rows in random order
+        return rows, names[rows]
+    names = split_groups(groups, None, cut) if labels is None else stratified_split_groups(groups, labels, None, cut)
     rank = {name: k for k, name in enumerate(SPLITS)}
     rows = np.argsort([rank[n] for n in names], kind="stable").astype(np.int64)
     return rows, names[rows]
+
+
+def class_notes(meta: pd.DataFrame, rows: np.ndarray, names: np.ndarray, options: FoldersOptions,
+                user_split: str | None = None) -> list[str]:
+    """One line per class of a classification site that is not in every split, and why: it has fewer
+    groups than splits, a split holds fewer groups than the site has classes, or ``user_split`` (the
+    user's split file) puts it so. Empty for segmentation."""
+    labels = _label_indices(meta, options)
+    if labels is None or not len(rows):
+        return []
+    labels, groups = labels[rows], meta["group"].to_numpy(str)[rows]
+    n_classes = len(np.unique(labels))
+    notes = []
+    for k in np.unique(labels):
+        present = [s for s in SPLITS if ((labels == k) & (names == s)).any()]
+        absent = [s for s in SPLITS if s not in present]
+        if not absent:
+            continue
+        n_groups = len(set(groups[labels == k]))
+        if user_split:
+            why = f"as {user_split} puts its images"
+        else:
+            parts = [f"its images are {n_groups} group(s), fewer than the {len(SPLITS)} splits"] if n_groups < len(SPLITS) else []
+            if len(present) < min(n_groups, len(SPLITS)):  # it had a group to spare: the split was full
+                held = {s: len(set(groups[names == s])) for s in absent}
+                parts.append(", ".join(f"{s} holds {n} group(s)" for s, n in held.items()) + f" for the site's {n_classes} classes")
+            why = "; ".join(parts)
+        notes.append(f"class {int(k)} {options.classes[k]!r} is in {' and '.join(present)} only, none in {' and '.join(absent)} "
+                     f"({why})")
+    return notes
 
 
 def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -130,6 +234,9 @@ def split(store_dir, out_csv, protocol: str = "", *, options: Mapping | FoldersO
         counts = "/".join(str(int((names == s).sum())) for s in SPLITS)
         source = Path(options.split_csv).name if options.split_csv else f"{permutation} seed {seed}"
         log(f"folders {site}: train/val/test = {counts} images, {meta['group'].nunique()} groups ({source})")
+        user = Path(options.split_csv).name if options.split_csv else None
+        for note in class_notes(meta, rows, names, options, user):
+            log(f"folders {site}: warning: {note}")
     table = pd.concat(tables, ignore_index=True)
     write_split_csv(table, out_csv)
     return table
