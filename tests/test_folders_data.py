@@ -499,7 +499,9 @@ CLASSIFICATION_CASES = {
                                   "['benign', 'malignant', 'normal'] (did you mean 'malignant'?)"),
     "label index out of range": (_edit_labels(_set(0, "label", "3")), "{root}/labels.csv line 2: label '3' is not one of the classes"),
     "image that does not exist": (_edit_labels(_set(5, "image", "siteA/nope.png")),
-                                  "{root}/labels.csv line 7: image {root}/siteA/nope.png does not exist"),
+                                  "{root}/labels.csv line 7: image siteA/nope.png does not exist: neither {root}/siteA/nope.png "
+                                  "(the path from the data root, as labels.csv takes it) nor {root}/siteA/siteA/nope.png "
+                                  "(from the site folder) is a file"),
     "image outside the root": (_edit_labels(_set(5, "image", "../x.png")), "{root}/labels.csv line 7: image ../x.png is outside the data root"),
     "image listed twice": (_edit_labels(_set(3, "image", "siteA/img_000.png")),
                            "{root}/labels.csv line 5: image siteA/img_000.png is listed twice (lines 2 and 5)"),

@@ -211,7 +211,9 @@ def _read_labels_csv(root: Path) -> pd.DataFrame:
     table = read_user_csv(path)
     known = LABEL_COLUMNS + OPTIONAL_LABEL_COLUMNS
     for column in table.columns:
-        if column not in known:
+        # Other columns are the user's metadata, kept and ignored; one spelt like group is a typo
+        # (a misspelt site, image or label is a missing column below).
+        if column not in known and closest(column, OPTIONAL_LABEL_COLUMNS):
             raise FoldersDataError(f"{path}: unknown column {column!r}{closest(column, known)}; "
                                    f"expected site, image, label and optionally group")
     missing = [c for c in LABEL_COLUMNS if c not in table.columns]
@@ -583,7 +585,13 @@ def _labelled_images(root: Path, options: FoldersOptions) -> pd.DataFrame:
             raise FoldersDataError(f"{where}: image {row.image} is outside the data root {root}")
         path = root / relative
         if not path.is_file():
-            raise FoldersDataError(f"{where}: image {path} does not exist")
+            in_site = root / row.site / relative
+            if in_site.is_file():
+                raise FoldersDataError(f"{where}: image {row.image} is not under the data root ({path} does not exist) but "
+                                       f"under site {row.site}'s folder ({in_site}); {LABELS_FILE} takes paths from the data "
+                                       f"root: write {row.site}/{Path(relative).as_posix()}")
+            raise FoldersDataError(f"{where}: image {row.image} does not exist: neither {path} (the path from the data root, "
+                                   f"as {LABELS_FILE} takes it) nor {in_site} (from the site folder) is a file")
         hidden = next((part for part in _parents(path, root) if skipped(part)), None)
         if hidden is not None:  # the listing digest leaves it out: an edit of it would re-run nothing
             raise FoldersDataError(f"{where}: image {row.image} lies in {_relative(hidden, root)}, which fedmedbench "
