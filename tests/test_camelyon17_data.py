@@ -50,7 +50,7 @@ def write_fixture(root: Path, top_folder: bool = False, size: int = 96) -> Path:
     lines = [",patient,node,x_coord,y_coord,tumor,slide,center,split"]
     for i, (p, n, x, y, t, s, c) in enumerate(FIXTURE_ROWS):
         lines.append(f"{i},{p},{n},{x},{y},{t},{s},{c},{i % 2}")
-        path = release / C.patch_relpath(p, n, x, y)
+        path = release / C.raw.patch_relpath(p, n, x, y)
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(_rgba(i, size), "RGBA").save(path)
     (release / "metadata.csv").write_text("\n".join(lines) + "\n")
@@ -59,31 +59,31 @@ def write_fixture(root: Path, top_folder: bool = False, size: int = 96) -> Path:
 
 def test_path_template_and_zero_padded_patient(tmp_path):
     assert (
-        C.patch_relpath("004", 4, 3328, 21792)
+        C.raw.patch_relpath("004", 4, 3328, 21792)
         == "patches/patient_004_node_4/patch_patient_004_node_4_x_3328_y_21792.png"
     )
     release = write_fixture(tmp_path)
-    meta = C.read_metadata(release / "metadata.csv")
+    meta = C.raw.read_metadata(release / "metadata.csv")
     assert meta["patient"].tolist()[:3] == ["004", "017", "020"]
     assert meta["wilds_index"].tolist() == list(range(len(FIXTURE_ROWS)))
     # A CSV re-saved by a tool that dropped the zeros is padded back.
     text = (release / "metadata.csv").read_text().replace(",004,", ",4,")
     (release / "metadata.csv").write_text(text)
-    assert C.read_metadata(release / "metadata.csv")["patient"].iloc[0] == "004"
+    assert C.raw.read_metadata(release / "metadata.csv")["patient"].iloc[0] == "004"
 
 
 def test_preprocess_fixture_drops_alpha_and_maps_centers(tmp_path):
     write_fixture(tmp_path / "raw")
-    counts = C.preprocess({C.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
-    assert counts == {client: 2 for client in C.CLIENTS}
-    assert list_clients(tmp_path / "store") == C.CLIENTS
+    counts = C.preprocess({C.download.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
+    assert counts == {client: 2 for client in C.sites.CLIENTS}
+    assert list_clients(tmp_path / "store") == C.sites.CLIENTS
     first = open_client(tmp_path / "store", "hospital1")
     assert first.images.shape == (2, 96, 96, 3) and first.images.dtype == np.uint8
     assert first.labels.dtype == np.int64
     # Rows sorted by patch id: patient 004 then 017.
     assert first.meta["id"].tolist() == ["patient_004_node_4_x_3328_y_21792", "patient_017_node_4_x_3040_y_23520"]
     assert first.meta["group"].tolist() == ["patient_004_node_4", "patient_017_node_4"]
-    assert first.meta["source"].iloc[0] == C.patch_relpath("004", 4, 3328, 21792)
+    assert first.meta["source"].iloc[0] == C.raw.patch_relpath("004", 4, 3328, 21792)
     assert first.labels.tolist() == [1, 0]
     np.testing.assert_array_equal(first.images[0], _rgba(0)[..., :3])  # alpha dropped, RGB untouched
     hospital3 = open_client(tmp_path / "store", "hospital3")  # center 2
@@ -92,11 +92,11 @@ def test_preprocess_fixture_drops_alpha_and_maps_centers(tmp_path):
 
 def test_top_folder_layout_through_a_tar_gz(tmp_path):
     write_fixture(tmp_path / "src", top_folder=True)
-    archive = tmp_path / C.ARCHIVE
+    archive = tmp_path / C.download.ARCHIVE
     with tarfile.open(archive, "w:gz") as tf:
         tf.add(tmp_path / "src" / "camelyon17_v1.0", arcname="camelyon17_v1.0")
     extracted = safe_extract(archive, tmp_path / "extracted")
-    counts = C.preprocess({C.ARCHIVE: str(extracted)}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
+    counts = C.preprocess({C.download.ARCHIVE: str(extracted)}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
     assert sum(counts.values()) == len(FIXTURE_ROWS)
     source = open_client(tmp_path / "store", "hospital1").meta["source"].iloc[0]
     assert source.startswith("camelyon17_v1.0/patches/patient_004_node_4/")
@@ -104,19 +104,19 @@ def test_top_folder_layout_through_a_tar_gz(tmp_path):
 
 def test_missing_patch_is_named_and_nothing_written(tmp_path):
     release = write_fixture(tmp_path / "raw")
-    victim = release / C.patch_relpath("046", 3, 15296, 3872)
+    victim = release / C.raw.patch_relpath("046", 3, 15296, 3872)
     victim.unlink()
-    with pytest.raises(C.CamelyonDataError, match="patch_patient_046_node_3_x_15296_y_3872.png"):
-        C.preprocess({C.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
+    with pytest.raises(C.sites.CamelyonDataError, match="patch_patient_046_node_3_x_15296_y_3872.png"):
+        C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
     assert not (tmp_path / "store").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".store")]
 
 
 def test_wrong_patch_size_fails_unless_resizing(tmp_path):
     release = write_fixture(tmp_path / "raw", size=64)
-    with pytest.raises(C.CamelyonDataError, match=r"64x64, expected 96x96"):
-        C.preprocess({C.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
-    C.preprocess({C.ARCHIVE: release}, tmp_path / "store", "harmofl", size=32, log=lambda s: None, progress=False)
+    with pytest.raises(C.sites.CamelyonDataError, match=r"64x64, expected 96x96"):
+        C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
+    C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", size=32, log=lambda s: None, progress=False)
     assert open_client(tmp_path / "store", "hospital5").images.shape == (2, 32, 32, 3)
 
 
@@ -126,20 +126,20 @@ def test_bad_metadata_names_the_file(tmp_path):
     df = pd.read_csv(csv, dtype={"patient": str}, index_col=0)
     df.loc[1, "tumor"] = 2
     df.to_csv(csv)
-    with pytest.raises(C.CamelyonDataError, match=r"metadata.csv.*'tumor' must be 0 or 1"):
-        C.read_metadata(csv)
+    with pytest.raises(C.sites.CamelyonDataError, match=r"metadata.csv.*'tumor' must be 0 or 1"):
+        C.raw.read_metadata(csv)
     df.drop(columns=["slide"]).to_csv(csv)
-    with pytest.raises(C.CamelyonDataError, match=r"metadata.csv: missing column\(s\) \['slide'\]"):
-        C.read_metadata(csv)
+    with pytest.raises(C.sites.CamelyonDataError, match=r"metadata.csv: missing column\(s\) \['slide'\]"):
+        C.raw.read_metadata(csv)
 
 
 def test_expect_real_counts_fails_loudly(tmp_path):
     release = write_fixture(tmp_path / "raw")
-    with pytest.raises(C.CamelyonDataError) as info:
-        C.preprocess({C.ARCHIVE: release}, tmp_path / "store", "harmofl", expect_real_counts=True, log=lambda s: None, progress=False)
+    with pytest.raises(C.sites.CamelyonDataError) as info:
+        C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", expect_real_counts=True, log=lambda s: None, progress=False)
     message = str(info.value)
-    for client, n in C.REAL_COUNTS.items():
-        assert f"{client} (center {C.CLIENTS.index(client)}): 2 patches, the real release has {n}" in message
+    for client, n in C.sites.REAL_COUNTS.items():
+        assert f"{client} (center {C.sites.CLIENTS.index(client)}): 2 patches, the real release has {n}" in message
     assert "total: 10 patches, the real release has 455954" in message
     assert "1 slides, the real release has 10" in message
     assert not (tmp_path / "store").exists()
@@ -149,20 +149,20 @@ def test_expect_real_counts_fails_loudly(tmp_path):
 def synthetic_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("camelyon_synthetic")
     info = C.write_synthetic(root / "synthetic", seed=3, patches_per_center=20, slides_per_center=4)
-    extracted = safe_extract(root / "synthetic" / C.ARCHIVE, root / "extracted")
-    counts = C.preprocess({C.ARCHIVE: extracted}, root / "store", "harmofl", log=lambda s: None, progress=False)
+    extracted = safe_extract(root / "synthetic" / C.download.ARCHIVE, root / "extracted")
+    counts = C.preprocess({C.download.ARCHIVE: extracted}, root / "store", "harmofl", log=lambda s: None, progress=False)
     return root, info, counts
 
 
 def test_synthetic_twin_round_trip(synthetic_store, tmp_path):
     root, info, counts = synthetic_store
-    assert counts == info["patches"] == {c: 20 for c in C.CLIENTS}
+    assert counts == info["patches"] == {c: 20 for c in C.sites.CLIENTS}
     text = (root / "extracted" / "metadata.csv").read_text()
     assert text.startswith(",patient,node,x_coord,y_coord,tumor,slide,center,split\n")
     assert "\n0,000,0," in text  # zero-padded patients in the file itself
     with Image.open(next((root / "extracted" / "patches").rglob("*.png"))) as img:
         assert img.mode == "RGBA" and img.size == (96, 96)
-    for client in C.CLIENTS:
+    for client in C.sites.CLIENTS:
         data = open_client(root / "store", client)
         assert int(data.labels.sum()) == info["tumor"][client]
         assert data.meta["group"].nunique() == 4
@@ -171,7 +171,7 @@ def test_synthetic_twin_round_trip(synthetic_store, tmp_path):
         assert brightness[data.labels == 1].max() + 10 < brightness[data.labels == 0].min()
     # Deterministic: the same seed gives the same bytes.
     C.write_synthetic(tmp_path, seed=3, patches_per_center=20, slides_per_center=4)
-    assert (tmp_path / C.ARCHIVE).read_bytes() == (root / "synthetic" / C.ARCHIVE).read_bytes()
+    assert (tmp_path / C.download.ARCHIVE).read_bytes() == (root / "synthetic" / C.download.ARCHIVE).read_bytes()
 
 
 # --- Where the twin's signals live (label in tissue, site in stain) -------------------------------------------------
@@ -206,10 +206,10 @@ def twin_by_hospital(request, tmp_path_factory):
     seed, patches, size = request.param
     root = tmp_path_factory.mktemp(f"camelyon_twin_{size}")
     C.write_synthetic(root / "synthetic", seed=seed, patches_per_center=patches, patch_size=size)
-    extracted = safe_extract(root / "synthetic" / C.ARCHIVE, root / "extracted")
-    C.preprocess({C.ARCHIVE: extracted}, root / "store", "harmofl", size=size, log=lambda s: None, progress=False)
+    extracted = safe_extract(root / "synthetic" / C.download.ARCHIVE, root / "extracted")
+    C.preprocess({C.download.ARCHIVE: extracted}, root / "store", "harmofl", size=size, log=lambda s: None, progress=False)
     out = {}
-    for client in C.CLIENTS:
+    for client in C.sites.CLIENTS:
         data = open_client(root / "store", client)
         images = torch.from_numpy(np.array(data.images)).permute(0, 3, 1, 2).float() / 255.0
         out[client] = (images, np.asarray(data.labels))
@@ -266,7 +266,7 @@ def test_image_level_split_is_disjoint_and_deterministic(synthetic_store, tmp_pa
     assert (tmp_path / "a.csv").read_bytes() != (tmp_path / "c.csv").read_bytes()
     read = read_split_csv(tmp_path / "a.csv")
     assert list(read.columns[:5]) == ["client", "split", "row", "id", "group"]
-    for client in C.CLIENTS:
+    for client in C.sites.CLIENTS:
         part = table[table.client == client]
         assert sorted(part.row) == list(range(20))  # every patch exactly once
         sizes = part.split.value_counts().to_dict()
@@ -278,7 +278,7 @@ def test_image_level_split_is_disjoint_and_deterministic(synthetic_store, tmp_pa
 def test_slide_level_split_keeps_slides_whole(synthetic_store, tmp_path):
     root, _, _ = synthetic_store
     table = C.split(root / "store", tmp_path / "s.csv", "harmofl", permutation="slide", seed=0)
-    for client in C.CLIENTS:
+    for client in C.sites.CLIENTS:
         part = table[table.client == client]
         assert sorted(part.row) == list(range(20))
         per_split = part.groupby("split")["group"].apply(set)
@@ -293,7 +293,7 @@ def test_split_errors_show_plain_values_not_numpy_reprs():
     """A message names a patient as written ('patient_004_node_4'), not as numpy's repr (np.str_(...))."""
     ids = np.array(["a", "b", "c", "d"])
     groups = np.array(["patient_004_node_4"] * 2 + ["patient_009_node_1"] * 2)
-    with pytest.raises(C.CamelyonDataError) as err:
+    with pytest.raises(C.sites.CamelyonDataError) as err:
         slide_level(ids, groups, np.random.default_rng(0))
     assert "['patient_004_node_4', 'patient_009_node_1']" in str(err.value) and "np." not in str(err.value)
 
@@ -303,6 +303,6 @@ def test_preprocessing_logs_plain_progress_lines_not_a_bar(tmp_path, capsys, cap
     log, here pytest's captured stderr) progress is plain log lines."""
     release = write_fixture(tmp_path / "raw")
     with caplog.at_level("INFO", logger="fedmedbench"):
-        C.preprocess({C.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=True)
+        C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=True)
     assert "\r" not in capsys.readouterr().err
     assert "camelyon17 hospital1: 2/2 patch" in caplog.text

@@ -12,12 +12,15 @@ from fedmedbench.data import FAMILIES, load_family
 DATA = Path(__file__).resolve().parents[1] / "src" / "fedmedbench" / "data"
 BUILT_IN = [f for f in FAMILIES if f != "folders"]
 PARTS = ("sites", "download", "raw", "splits", "synthetic")
+# A part's own helpers, each imported by that part only.
+HELPERS = {"fundus": ("opencv_resize",)}
+INTERFACE = {"DOWNLOADS", "PROTOCOLS", "write_synthetic", "preprocess", "split"}
 
 
 @pytest.mark.parametrize("family", BUILT_IN)
 def test_family_is_a_package_of_its_parts(family):
     files = sorted(p.stem for p in (DATA / family).glob("*.py"))
-    assert files == sorted(("__init__",) + PARTS)
+    assert files == sorted(("__init__",) + PARTS + HELPERS.get(family, ()))
     assert not (DATA / f"{family}.py").exists()
     module = load_family(family)
     assert module.__name__ == f"fedmedbench.data.{family}"
@@ -28,6 +31,16 @@ def test_family_is_a_package_of_its_parts(family):
     assert download.DOWNLOADS == module.DOWNLOADS and len(module.DOWNLOADS) >= 1
     sites = __import__(f"fedmedbench.data.{family}.sites", fromlist=["PROTOCOLS"])
     assert sites.PROTOCOLS is module.PROTOCOLS
+
+
+@pytest.mark.parametrize("family", BUILT_IN)
+def test_a_family_exports_its_interface_only(family):
+    """Everything else is reached through its part (``prostate.raw.read_volume``): one name, one place."""
+    tree = ast.parse((DATA / family / "__init__.py").read_text())
+    from_parts = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module for a in n.names}
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assert from_parts | defined | assigned <= INTERFACE
 
 
 @pytest.mark.parametrize("family", BUILT_IN)

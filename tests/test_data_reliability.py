@@ -105,13 +105,13 @@ def _check_16_bit_fundus_masks(tmp_path):
             grey8 = np.asarray(img)[..., 0] if img.mode == "RGB" else np.asarray(img)  # real RIF masks: grey as RGB
         mask16 = _save_16_bit(grey8, tmp_path / f"16bit_{name}")
         side = grey8.shape[0]  # native size: every pixel counted
-        _, labels8, info8 = F.load_pair(image, mask8, side)
-        _, labels16, info16 = F.load_pair(image, mask16, side)
+        _, labels8, info8 = F.raw.load_pair(image, mask8, side)
+        _, labels16, info16 = F.raw.load_pair(image, mask16, side)
         counts8 = np.bincount(labels8.ravel(), minlength=3)
         counts16 = np.bincount(labels16.ravel(), minlength=3)
         # before: convert("L") clipped rim 32896 -> 255, so the rim became background
         assert counts16.tolist() == counts8.tolist(), name
-        assert counts8[F.RIM] > 0 and counts8[F.CUP] > 0, name
+        assert counts8[F.raw.RIM] > 0 and counts8[F.raw.CUP] > 0, name
         assert info16 == info8, name
         np.testing.assert_array_equal(labels16, labels8)
 
@@ -123,9 +123,9 @@ def test_a_16_bit_mask_that_is_not_scaled_8_bit_is_refused_naming_the_file(tmp_p
     mask[mask == 128 * 257] = 32768  # a true 16-bit rim level: no exact 8-bit equivalent
     path = tmp_path / "mask16.png"
     Image.fromarray(mask).save(path)
-    with pytest.raises(F.FundusDataError, match=r"mask16\.png: 16-bit mask with values that are not 8-bit levels "
+    with pytest.raises(F.sites.FundusDataError, match=r"mask16\.png: 16-bit mask with values that are not 8-bit levels "
                                                  r"scaled by 257 \(found 0, 10280, 32768, 48830, 65535\)"):
-        F.load_pair(image, path, 16)
+        F.raw.load_pair(image, path, 16)
 
 
 def _write(tmp_path, name, array, mode=None):
@@ -154,8 +154,8 @@ def _write(tmp_path, name, array, mode=None):
 )
 def test_a_mask_that_cannot_be_read_exactly_is_refused_naming_the_file(tmp_path, make, message):
     path = make(tmp_path)
-    with pytest.raises(F.FundusDataError, match=message):
-        read_mask(path, error=F.FundusDataError)
+    with pytest.raises(F.sites.FundusDataError, match=message):
+        read_mask(path, error=F.sites.FundusDataError)
 
 
 @pytest.mark.parametrize(
@@ -179,37 +179,37 @@ def test_nuclei_masks_go_through_the_same_reader(tmp_path):
     gt = np.zeros((16, 16), np.uint8)
     gt[2:6, 3:8] = 255
     Image.fromarray(gt.astype(np.uint16) * 257).save(tmp_path / "gt16.png")
-    assert int(N.read_mask_png(tmp_path / "gt16.png").sum()) == 20  # 16-bit 0/65535: the same 20 pixels
+    assert int(N.raw.read_mask_png(tmp_path / "gt16.png").sum()) == 20  # 16-bit 0/65535: the same 20 pixels
     Image.fromarray((gt > 0).astype(np.uint16) * 1000).save(tmp_path / "gt16_other.png")
-    with pytest.raises(N.NucleiDataError, match=r"gt16_other\.png: 16-bit mask .* \(found 0, 1000\)"):
-        N.read_mask_png(tmp_path / "gt16_other.png")  # before: read as > 0 whatever the levels meant
+    with pytest.raises(N.sites.NucleiDataError, match=r"gt16_other\.png: 16-bit mask .* \(found 0, 1000\)"):
+        N.raw.read_mask_png(tmp_path / "gt16_other.png")  # before: read as > 0 whatever the levels meant
     Image.fromarray(gt.astype(np.float32)).save(tmp_path / "gt_float.tif")
-    with pytest.raises(N.NucleiDataError, match=r"gt_float\.tif: cannot read Pillow mode F"):
-        N.read_mask_png(tmp_path / "gt_float.tif")
+    with pytest.raises(N.sites.NucleiDataError, match=r"gt_float\.tif: cannot read Pillow mode F"):
+        N.raw.read_mask_png(tmp_path / "gt_float.tif")
     colour = np.zeros((16, 16, 3), np.uint8)
     colour[2:6, 3:8, 0] = 200  # colour-saved masks: any non-zero channel is a nucleus, as before
     Image.fromarray(colour).save(tmp_path / "gt_red.png")
-    assert int(N.read_mask_png(tmp_path / "gt_red.png").sum()) == 20
+    assert int(N.raw.read_mask_png(tmp_path / "gt_red.png").sum()) == 20
 
 
 def test_a_soft_prostate_segmentation_is_refused_naming_the_file(tmp_path):
     release = tmp_path / "raw" / "Processed_data_nii"
-    for k, site in enumerate(P.RELEASE_SITES):
+    for k, site in enumerate(P.sites.RELEASE_SITES):
         (release / site).mkdir(parents=True)
         seg = "_Segmentation" if site == "BMC" else "_segmentation"
-        for case in P.RELEASE_CASES[site][:3]:
+        for case in P.sites.RELEASE_CASES[site][:3]:
             image = np.random.default_rng(k).uniform(0, 400, (5, 12, 12)).astype(np.float32)
             label = np.zeros((5, 12, 12), np.float32)
             label[1:4, 3:9, 4:8] = 1
-            if site == "HK" and case == P.RELEASE_CASES[site][1]:
+            if site == "HK" and case == P.sites.RELEASE_CASES[site][1]:
                 label[2, 3:9, 4:8] = 0.5  # a soft (interpolated) mask
             sitk.WriteImage(sitk.GetImageFromArray(image), str(release / site / f"{case}.nii.gz"))
             sitk.WriteImage(sitk.GetImageFromArray(label), str(release / site / f"{case}{seg}.nii.gz"))
-    bad = f"HK/{P.RELEASE_CASES['HK'][1]}_segmentation.nii.gz"
+    bad = f"HK/{P.sites.RELEASE_CASES['HK'][1]}_segmentation.nii.gz"
     for protocol in ("fedlwr", "harmofl"):  # before: Fed-LWR took 0.5 as prostate silently
-        with pytest.raises(P.ProstateDataError, match=rf"{bad}: a segmentation must hold non-negative integer "
+        with pytest.raises(P.sites.ProstateDataError, match=rf"{bad}: a segmentation must hold non-negative integer "
                                                        r"classes; found float32 values 0, 0\.5, 1"):
-            P.preprocess({P.DOWNLOAD.filename: tmp_path / "raw"}, tmp_path / protocol, protocol, size=12, log=lambda m: None)
+            P.preprocess({P.download.DOWNLOAD.filename: tmp_path / "raw"}, tmp_path / protocol, protocol, size=12, log=lambda m: None)
         assert not (tmp_path / protocol).exists()
 
 
@@ -385,14 +385,14 @@ import sys
 from fedmedbench import faults
 from fedmedbench.data import fundus as F
 faults.arm()
-F.preprocess({F.ARCHIVE: sys.argv[1]}, sys.argv[2], "fedlwr", size=16, log=lambda m: None)
+F.preprocess({F.download.ARCHIVE: sys.argv[1]}, sys.argv[2], "fedlwr", size=16, log=lambda m: None)
 """
 
 
 def test_a_preprocessing_killed_mid_store_write_reruns_to_the_same_store(tmp_path):
     F.write_synthetic(tmp_path / "zip", seed=0, train_per_domain=2, test_per_domain=1, size=16)
-    raw = safe_extract(tmp_path / "zip" / F.ARCHIVE, tmp_path / "raw")
-    F.preprocess({F.ARCHIVE: raw}, tmp_path / "reference" / "store", "fedlwr", size=16, log=lambda m: None)
+    raw = safe_extract(tmp_path / "zip" / F.download.ARCHIVE, tmp_path / "raw")
+    F.preprocess({F.download.ARCHIVE: raw}, tmp_path / "reference" / "store", "fedlwr", size=16, log=lambda m: None)
     expected = _tree(tmp_path / "reference" / "store")
     assert len(expected) == 1 + 4 * 4  # info.json + 4 clients x (folder, images, labels, meta)
     out = tmp_path / "run"

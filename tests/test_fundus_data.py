@@ -61,7 +61,7 @@ def fixture(tmp_path_factory):
     base = tmp_path_factory.mktemp("fundus")
     truth = _write_fixture(base / "image_data" / "Fundus")
     logs = []
-    counts = F.preprocess({F.ARCHIVE: base / "image_data"}, base / "store", "fedlwr", size=32, log=logs.append)
+    counts = F.preprocess({F.download.ARCHIVE: base / "image_data"}, base / "store", "fedlwr", size=32, log=logs.append)
     return base, truth, counts, logs
 
 
@@ -73,21 +73,21 @@ def fixture(tmp_path_factory):
 def test_thresholds_map_anti_aliased_values():
     grey = np.array([0, 40, 50, 51, 60, 100, 128, 150, 192, 200, 201, 230, 255], np.uint8)
     expected = [2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]  # DoFE: <= 50 cup, <= 200 rim, > 200 background
-    assert F.mask_to_classes(grey).tolist() == expected
+    assert F.raw.mask_to_classes(grey).tolist() == expected
     # interpolated values (bilinear resampling) follow the same inequalities
-    assert F.mask_to_classes(np.array([50.0, 50.5, 127.3, 200.0, 200.5])).tolist() == [2, 1, 1, 1, 0]
+    assert F.raw.mask_to_classes(np.array([50.0, 50.5, 127.3, 200.0, 200.5])).tolist() == [2, 1, 1, 1, 0]
     # Fed-LWR's own formula 2 - uint8(grey / 127), used with the official bilinear masks
-    code = F.fedlwr_code_mask_to_classes(np.array([0, 60, 126, 127, 200, 253, 254, 255], np.uint8))
+    code = F.raw.fedlwr_code_mask_to_classes(np.array([0, 60, 126, 127, 200, 253, 254, 255], np.uint8))
     assert code.tolist() == [2, 2, 2, 1, 1, 1, 0, 0]
     with pytest.raises(ValueError):
-        F.mask_to_classes(grey, cup_max=200, background_above=100)
+        F.raw.mask_to_classes(grey, cup_max=200, background_above=100)
 
 
 def test_disc_cup_convention():
     labels = np.array([[0, 1, 2]], np.uint8)
-    cup, disc = F.disc_cup(labels)
+    cup, disc = F.raw.disc_cup(labels)
     assert cup.tolist() == [[False, False, True]] and disc.tolist() == [[False, True, True]]
-    assert F.disc_cup(np.zeros((5, 4, 4), np.uint8)).shape == (5, 2, 4, 4)
+    assert F.raw.disc_cup(np.zeros((5, 4, 4), np.uint8)).shape == (5, 2, 4, 4)
 
 
 # ---------------------------------------------------------------------------
@@ -100,20 +100,20 @@ def test_bilinear_matches_opencv_semantics():
     a = rng.integers(0, 256, (8, 8, 3)).astype(np.uint8)
     # halving: OpenCV's INTER_LINEAR samples at (2i + 0.5), i.e. the mean of each 2 x 2 block
     expected = np.floor(a.reshape(4, 2, 4, 2, 3).astype(float).mean(axis=(1, 3)) + 0.5)
-    np.testing.assert_array_equal(F.resize_bilinear(a, 4), expected.astype(np.uint8))
-    np.testing.assert_array_equal(F.resize_bilinear(a, 8), a)  # same size: unchanged
+    np.testing.assert_array_equal(F.raw.resize_bilinear(a, 4), expected.astype(np.uint8))
+    np.testing.assert_array_equal(F.raw.resize_bilinear(a, 8), a)  # same size: unchanged
     # doubling: edge pixels replicate, inner ones are 3:1 mixtures
     row = np.array([[0, 100]], np.uint8).repeat(2, 0)
-    assert F.resize_bilinear(row, 4)[0].tolist() == [0, 25, 75, 100]
+    assert F.raw.resize_bilinear(row, 4)[0].tolist() == [0, 25, 75, 100]
     grey = np.full((10, 10), 128, np.uint8)
-    assert (F.resize_bilinear(grey, 7) == 128).all()
+    assert (F.raw.resize_bilinear(grey, 7) == 128).all()
 
 
 def test_nearest_keeps_values():
     labels = np.array([[0, 1], [2, 1]], np.uint8)
-    assert F.resize_nearest(labels, 4).tolist() == [[0, 0, 1, 1], [0, 0, 1, 1], [2, 2, 1, 1], [2, 2, 1, 1]]
+    assert F.raw.resize_nearest(labels, 4).tolist() == [[0, 0, 1, 1], [0, 0, 1, 1], [2, 2, 1, 1], [2, 2, 1, 1]]
     big = np.random.default_rng(1).integers(0, 3, (50, 50)).astype(np.uint8)
-    assert set(np.unique(F.resize_nearest(big, 23))) <= {0, 1, 2}
+    assert set(np.unique(F.raw.resize_nearest(big, 23))) <= {0, 1, 2}
 
 
 # ---------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def test_nearest_keeps_values():
 
 def test_fixture_counts_order_and_pairing(fixture):
     base, truth, counts, logs = fixture
-    assert counts == {d: 3 for d in F.DOMAINS} and len(logs) == 4
+    assert counts == {d: 3 for d in F.sites.DOMAINS} and len(logs) == 4
     for domain, (train, test) in NAMES.items():
         data = open_client(base / "store", domain)
         assert list(data.meta["name"]) == sorted(train) + sorted(test)  # sorted, official train first
@@ -131,7 +131,7 @@ def test_fixture_counts_order_and_pairing(fixture):
         for k, row in data.meta.iterrows():
             image, mask = truth[row["id"]]
             np.testing.assert_array_equal(data.images[k], image)  # the image of this name
-            np.testing.assert_array_equal(data.labels[k], F.mask_to_classes(mask))  # and its own mask
+            np.testing.assert_array_equal(data.labels[k], F.raw.mask_to_classes(mask))  # and its own mask
             assert row["mask_off_level_px"] == 4
         # the root folder "image_data" is not rewritten (DoFE's replace('image', 'mask') would)
         assert list(data.meta["mask_source"]) == [s.replace("/ROIs/image/", "/ROIs/mask/") for s in data.meta["source"]]
@@ -150,7 +150,7 @@ def test_anti_aliased_pixel_classes(fixture):
 
 def test_resize_to_384_and_bilinear_mask_switch(fixture, tmp_path):
     base = fixture[0]
-    raw = {F.ARCHIVE: base / "image_data"}
+    raw = {F.download.ARCHIVE: base / "image_data"}
     counts = F.preprocess(raw, tmp_path / "near", "fedlwr", log=lambda m: None)  # default size 384
     F.preprocess(raw, tmp_path / "bil", "fedlwr_bilinear_masks", log=lambda m: None)
     near, bil = open_client(tmp_path / "near", "Domain3"), open_client(tmp_path / "bil", "Domain3")
@@ -160,39 +160,39 @@ def test_resize_to_384_and_bilinear_mask_switch(fixture, tmp_path):
     assert set(np.unique(near.labels)) == {0, 1, 2} and set(np.unique(bil.labels)) == {0, 1, 2}
     grey = np.asarray(Image.open(base / "image_data" / "Fundus" / "Domain3" / "train" / "ROIs" / "mask" / "g0001.png"))
     # the official order: classes first, then the class map resized bilinearly (tests/test_fundus_official_masks.py)
-    np.testing.assert_array_equal(bil.labels[0], F.resize_linear_u8(F.fedlwr_code_mask_to_classes(grey), 384, 384))
-    np.testing.assert_array_equal(near.labels[0], F.resize_nearest(F.mask_to_classes(grey), 384))
+    np.testing.assert_array_equal(bil.labels[0], F.opencv_resize.resize_linear_u8(F.raw.fedlwr_code_mask_to_classes(grey), 384, 384))
+    np.testing.assert_array_equal(near.labels[0], F.raw.resize_nearest(F.raw.mask_to_classes(grey), 384))
     # the official mapping widens the rim at the rim/background edge (grey 128..253 -> rim)
     assert (bil.labels[0] == 1).sum() > (near.labels[0] == 1).sum()
 
 
 def test_layout_errors(tmp_path):
     root = tmp_path / "Fundus"
-    with pytest.raises(F.FundusDataError, match="does not exist"):
-        F.find_fundus_root(tmp_path / "nothing")
-    for domain in F.DOMAINS[:3]:
+    with pytest.raises(F.sites.FundusDataError, match="does not exist"):
+        F.raw.find_fundus_root(tmp_path / "nothing")
+    for domain in F.sites.DOMAINS[:3]:
         (root / domain).mkdir(parents=True)
-    with pytest.raises(F.FundusDataError, match=r"Domain4.*Folders found"):
-        F.find_fundus_root(tmp_path)
+    with pytest.raises(F.sites.FundusDataError, match=r"Domain4.*Folders found"):
+        F.raw.find_fundus_root(tmp_path)
     (root / "Domain4" / "train" / "ROIs" / "image").mkdir(parents=True)
     (root / "Domain4" / "train" / "ROIs" / "mask").mkdir(parents=True)
-    assert F.find_fundus_root(tmp_path) == root
+    assert F.raw.find_fundus_root(tmp_path) == root
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / "Domain4" / "train" / "ROIs" / "image" / "V0001.png")
-    with pytest.raises(F.FundusDataError, match=r"1 image\(s\) have no mask.*V0001\.png"):
-        F.list_pairs(root, "Domain4", "train")
+    with pytest.raises(F.sites.FundusDataError, match=r"1 image\(s\) have no mask.*V0001\.png"):
+        F.raw.list_pairs(root, "Domain4", "train")
     Image.fromarray(np.zeros((4, 4), np.uint8)).save(root / "Domain4" / "train" / "ROIs" / "mask" / "V0001.png")
     Image.fromarray(np.zeros((4, 4), np.uint8)).save(root / "Domain4" / "train" / "ROIs" / "mask" / "V0009.png")
     logs = []
-    assert [p[0] for p in F.list_pairs(root, "Domain4", "train", logs.append)] == ["V0001.png"]
+    assert [p[0] for p in F.raw.list_pairs(root, "Domain4", "train", logs.append)] == ["V0001.png"]
     assert "V0009.png" in logs[0]
 
 
 def test_real_count_mismatch_lists_every_domain(fixture, tmp_path):
     base = fixture[0]
-    with pytest.raises(F.FundusDataError) as err:
-        F.preprocess({F.ARCHIVE: base / "image_data"}, tmp_path / "store", "fedlwr", expect_real_counts=True,
+    with pytest.raises(F.sites.FundusDataError) as err:
+        F.preprocess({F.download.ARCHIVE: base / "image_data"}, tmp_path / "store", "fedlwr", expect_real_counts=True,
                      log=lambda m: None)
-    for domain, (train, test) in F.EXPECTED_COUNTS.items():
+    for domain, (train, test) in F.sites.EXPECTED_COUNTS.items():
         assert f"{domain}: train/test = 2/1, expected {train}/{test}" in str(err.value)
     assert not (tmp_path / "store").exists()
 
@@ -203,7 +203,7 @@ def test_real_count_mismatch_lists_every_domain(fixture, tmp_path):
 
 
 def _fake_store(store_dir: Path) -> None:
-    for domain, (n_train, n_test) in F.EXPECTED_COUNTS.items():
+    for domain, (n_train, n_test) in F.sites.EXPECTED_COUNTS.items():
         names = [f"x{i:04d}.png" for i in range(n_train)] + [f"t{i:04d}.png" for i in range(n_test)]
         official = ["train"] * n_train + ["test"] * n_test
         meta = pd.DataFrame({"id": [f"{domain}/{s}/{n}" for s, n in zip(official, names)], "group": names,
@@ -219,10 +219,10 @@ def test_split_of_record_sizes_and_determinism(tmp_path):
     c = F.split(tmp_path / "store", tmp_path / "c.csv", "fedlwr", seed=1)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes() and not a.equals(c)
     split = read_split_csv(tmp_path / "a.csv")
-    for domain in F.DOMAINS:
+    for domain in F.sites.DOMAINS:
         meta = open_client(tmp_path / "store", domain).meta
         parts = {s: split_rows(split, domain, s) for s in ("train", "val", "test")}
-        assert tuple(len(parts[s]) for s in ("train", "val", "test")) == F.FEDLWR_SPLIT_COUNTS[domain]
+        assert tuple(len(parts[s]) for s in ("train", "val", "test")) == F.sites.FEDLWR_SPLIT_COUNTS[domain]
         assert set(meta["official_split"].to_numpy()[np.concatenate([parts["train"], parts["val"]])]) == {"train"}
         assert list(meta["name"].to_numpy()[parts["test"]]) == sorted(meta.loc[meta["official_split"] == "test", "name"])
     F.split(tmp_path / "store", tmp_path / "sorted.csv", "fedlwr", permutation="sorted")
@@ -232,9 +232,9 @@ def test_split_of_record_sizes_and_determinism(tmp_path):
 
 
 def test_manual_step_names_the_file_and_key(tmp_path):
-    spec = F.DOWNLOAD
-    assert spec.url == f"gdrive:{F.DRIVE_ID}"
-    assert "data.fundus.files.Fundus.zip.archive" in spec.manual_step and F.DRIVE_ID in spec.manual_step
+    spec = F.download.DOWNLOAD
+    assert spec.url == f"gdrive:{F.download.DRIVE_ID}"
+    assert "data.fundus.files.Fundus.zip.archive" in spec.manual_step and F.download.DRIVE_ID in spec.manual_step
     (tmp_path / "page.html").write_text("<!DOCTYPE html><html>quota exceeded</html>")
     with pytest.raises(DownloadError, match=r"data\.fundus\.files\.Fundus\.zip\.archive"):
         fetch_spec(spec, tmp_path / "Fundus.zip", source=str(tmp_path / "page.html"), log=lambda m: None)
@@ -248,17 +248,17 @@ def test_manual_step_names_the_file_and_key(tmp_path):
 
 def test_synthetic_round_trip(tmp_path):
     info = F.write_synthetic(tmp_path / "raw", seed=0, train_per_domain=5, test_per_domain=2, size=32)
-    assert [p.name for p in (tmp_path / "raw").iterdir()] == [F.ARCHIVE]
-    raw = {F.ARCHIVE: safe_extract(tmp_path / "raw" / F.ARCHIVE, tmp_path / "ex")}
-    root = F.find_fundus_root(raw[F.ARCHIVE])
+    assert [p.name for p in (tmp_path / "raw").iterdir()] == [F.download.ARCHIVE]
+    raw = {F.download.ARCHIVE: safe_extract(tmp_path / "raw" / F.download.ARCHIVE, tmp_path / "ex")}
+    root = F.raw.find_fundus_root(raw[F.download.ARCHIVE])
     assert root.name == "Fundus"
     grey = np.asarray(Image.open(root / "Domain1" / "train" / "ROIs" / "mask" / info["Domain1"]["train"][0]))
     assert grey.dtype == np.uint8 and {0, 128, 255} <= set(np.unique(grey)) and len(np.unique(grey)) > 3
     assert info["Domain2"]["train"][:2] == ["G-1-L.png", "G-1-R.png"] and info["Domain4"]["test"][0] == "V0501.png"
     counts = F.preprocess(raw, tmp_path / "store", "fedlwr", size=40, log=lambda m: None)
-    assert counts == {d: 7 for d in F.DOMAINS}
+    assert counts == {d: 7 for d in F.sites.DOMAINS}
     means = []
-    for domain in F.DOMAINS:
+    for domain in F.sites.DOMAINS:
         data = open_client(tmp_path / "store", domain)
         assert data.images.shape == (7, 40, 40, 3) and set(np.unique(data.labels)) == {0, 1, 2}
         assert (data.meta["mask_off_level_px"] > 0).all()  # anti-aliased edges were thresholded
@@ -274,7 +274,7 @@ def test_synthetic_round_trip(tmp_path):
 def test_synthetic_is_deterministic(tmp_path):
     for name, seed in (("a", 2), ("b", 2), ("c", 3)):
         F.write_synthetic(tmp_path / name, seed=seed, train_per_domain=2, test_per_domain=1, size=16)
-    a, b, c = ((tmp_path / n / F.ARCHIVE).read_bytes() for n in "abc")
+    a, b, c = ((tmp_path / n / F.download.ARCHIVE).read_bytes() for n in "abc")
     assert a == b and a != c
 
 
@@ -313,15 +313,15 @@ def _disc(levels=(255, 128, 0), size=40):
 )
 def test_a_mask_in_another_encoding_is_refused_naming_the_file(tmp_path, mask, message):
     image, path = _pair(tmp_path, mask)
-    with pytest.raises(F.FundusDataError, match=message):
-        F.load_pair(image, path, 16)
+    with pytest.raises(F.sites.FundusDataError, match=message):
+        F.raw.load_pair(image, path, 16)
 
 
 def test_a_few_interpolated_edge_pixels_are_accepted_and_counted(tmp_path):
     mask = _disc()
     mask[10, 10:30] = 190  # an anti-aliased edge: 20 of 1600 pixels
     image, path = _pair(tmp_path, mask, mode="RGB")  # real RIF masks are 3-channel PNGs
-    _, labels, info = F.load_pair(image, path, 40)
+    _, labels, info = F.raw.load_pair(image, path, 40)
     assert info["mask_off_level_px"] == 20 and set(np.unique(labels)) == {0, 1, 2}
 
 
@@ -332,5 +332,5 @@ def test_real_rif_masks_pass_the_encoding_check():
     assert masks
     for mask_path in masks:
         image_path = mask_path.parent.parent / "image" / mask_path.name
-        _, labels, info = F.load_pair(image_path, mask_path, 64)
+        _, labels, info = F.raw.load_pair(image_path, mask_path, 64)
         assert info["mask_off_level_px"] == 0 and set(np.unique(labels)) == {0, 1, 2}, mask_path

@@ -88,9 +88,9 @@ def test_the_project_resize_equals_the_transcription_on_random_arrays():
     for h, w, height, width in [(800, 800, 384, 384), (37, 53, 64, 48), (9, 7, 3, 5), (6, 6, 3, 3), (1, 5, 4, 4),
                                 (384, 384, 384, 384), (100, 160, 384, 384)]:
         x = rng.integers(0, 256, (h, w)).astype(np.uint8)
-        np.testing.assert_array_equal(F.resize_linear_u8(x, width, height), cv2_resize_transcribed(x, width, height))
+        np.testing.assert_array_equal(F.opencv_resize.resize_linear_u8(x, width, height), cv2_resize_transcribed(x, width, height))
     rgb = rng.integers(0, 256, (23, 31, 3)).astype(np.uint8)
-    got = F.resize_linear_u8(rgb, 40, 17)
+    got = F.opencv_resize.resize_linear_u8(rgb, 40, 17)
     for c in range(3):
         np.testing.assert_array_equal(got[..., c], cv2_resize_transcribed(rgb[..., c], 40, 17))
 
@@ -101,7 +101,7 @@ def test_opencv_itself_where_it_is_installed():
     for h, w, height, width in [(800, 800, 384, 384), (37, 53, 64, 48), (9, 7, 3, 5)]:
         x = rng.integers(0, 256, (h, w)).astype(np.uint8)
         np.testing.assert_array_equal(cv2.resize(x, (width, height), cv2.INTER_NEAREST), cv2_resize_transcribed(x, width, height))
-        np.testing.assert_array_equal(F.resize_linear_u8(x, width, height), cv2.resize(x, (width, height)))
+        np.testing.assert_array_equal(F.opencv_resize.resize_linear_u8(x, width, height), cv2.resize(x, (width, height)))
 
 
 # --- the official variant on a mask: order, interpolation, rounding, dtype ----------------------------
@@ -124,11 +124,11 @@ def test_the_official_variant_maps_first_and_resizes_the_class_map_bilinearly(tm
     mask = tmp_path / "m.png"
     Image.fromarray(np.stack([grey] * 3, -1)).save(image)
     Image.fromarray(grey).save(mask)
-    _, labels, _ = F.load_pair(image, mask, 24, "bilinear")
+    _, labels, _ = F.raw.load_pair(image, mask, 24, "bilinear")
     assert labels.dtype == np.uint8 and labels.shape == (24, 24)
     np.testing.assert_array_equal(labels, official_mask(grey, 24))
     # not the order the project used before (resize the grey mask, then map): that one differs here
-    grey_first = F.fedlwr_code_mask_to_classes(F.resize_bilinear(grey, 24))
+    grey_first = F.raw.fedlwr_code_mask_to_classes(F.raw.resize_bilinear(grey, 24))
     assert (grey_first != labels).sum() > 0
 
 
@@ -141,7 +141,7 @@ def test_the_official_masks_equal_the_transcription_on_real_rif_masks():
         grey = read_mask(path)  # the release's 3-channel masks have equal channels: cv2.imread(p, 0) = that
         expected = official_mask(grey)
         image = path.parent.parent / "image" / path.name
-        _, labels, _ = F.load_pair(image, path, 384, "bilinear")
+        _, labels, _ = F.raw.load_pair(image, path, 384, "bilinear")
         np.testing.assert_array_equal(labels, expected, err_msg=str(path))
         assert set(np.unique(labels)) == {0, 1, 2}
 
@@ -151,15 +151,15 @@ def test_the_official_masks_equal_the_transcription_on_real_rif_masks():
 def test_the_official_store_holds_those_masks(tmp_path):
     """Through preprocess: a real mask of the store equals the transcription of the official two lines."""
     raw = tmp_path / "raw" / "Fundus"
-    for domain in F.DOMAINS:
-        for split in F.OFFICIAL_SPLITS:
+    for domain in F.sites.DOMAINS:
+        for split in F.raw.OFFICIAL_SPLITS:
             for kind in ("image", "mask"):
                 src = sorted((REAL_ROOT / domain / split / "ROIs" / kind).glob("*.png"))[:1]
                 dst = raw / domain / split / "ROIs" / kind
                 dst.mkdir(parents=True)
                 for p in src:
                     (dst / p.name).symlink_to(p)
-    F.preprocess({F.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "fedlwr_bilinear_masks", log=lambda m: None)
+    F.preprocess({F.download.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "fedlwr_bilinear_masks", log=lambda m: None)
     data = open_client(tmp_path / "store", "Domain2")
     name = data.meta["name"].iloc[0]
     grey = read_mask(REAL_ROOT / "Domain2" / "train" / "ROIs" / "mask" / name)

@@ -66,7 +66,7 @@ def _write_fixture(root: Path) -> dict:
             image, label = _fixture_volume(site, k)
             sitk.WriteImage(sitk.GetImageFromArray(image), str(root / site / f"{case}.nii.gz"))
             sitk.WriteImage(sitk.GetImageFromArray(label), str(root / site / f"{case}{seg}.nii.gz"))
-            volumes[(P.RELEASE_TO_CLIENT[site], case)] = (image, label, PATTERNS[k]["kept"])
+            volumes[(P.sites.RELEASE_TO_CLIENT[site], case)] = (image, label, PATTERNS[k]["kept"])
     return volumes
 
 
@@ -92,7 +92,7 @@ def store(release):
     raw = safe_extract(zip_path, base / "raw_top")
     store_dir = base / "store"
     logs = []
-    counts = P.preprocess_harmofl(raw, store_dir, expect_real_counts=False, log=logs.append)
+    counts = P.raw.preprocess_harmofl(raw, store_dir, expect_real_counts=False, log=logs.append)
     return store_dir, counts, volumes, raw, logs
 
 
@@ -105,17 +105,17 @@ def store(release):
 def test_release_root_with_and_without_top_folder(release, tmp_path, top):
     base, _ = release
     raw = safe_extract(_zip_folder(base / "flat", tmp_path / "p.zip", top), tmp_path / "raw")
-    root = P.find_release_root(raw)
+    root = P.raw.find_release_root(raw)
     assert root == (raw / top if top else raw)
-    counts = P.preprocess_harmofl(raw, tmp_path / "store", expect_real_counts=False, log=lambda m: None)
+    counts = P.raw.preprocess_harmofl(raw, tmp_path / "store", expect_real_counts=False, log=lambda m: None)
     assert counts == EXPECTED_COUNTS
 
 
 def test_release_root_error_lists_what_was_found(tmp_path):
     for name in ["BIDMC", "HK", "misc"]:
         (tmp_path / "Processed_data_nii" / name).mkdir(parents=True)
-    with pytest.raises(P.ProstateDataError) as err:
-        P.find_release_root(tmp_path)
+    with pytest.raises(P.sites.ProstateDataError) as err:
+        P.raw.find_release_root(tmp_path)
     message = str(err.value)
     assert "RUNMC" in message and "misc" in message and "Processed_data_nii" in message
 
@@ -126,7 +126,7 @@ def test_list_cases_is_case_insensitive_and_sorted(tmp_path):
     for name in ["Case03.nii.gz", "Case03_SEGMENTATION.nii.gz", "Case01.nii.gz", "Case01_Segmentation.nii.gz",
                  "._Case01.nii.gz", "notes.txt"]:
         (site / name).write_bytes(b"")
-    cases = P.list_cases(site)
+    cases = P.raw.list_cases(site)
     assert [(c, i.name, s.name) for c, i, s in cases] == [
         ("Case01", "Case01.nii.gz", "Case01_Segmentation.nii.gz"),
         ("Case03", "Case03.nii.gz", "Case03_SEGMENTATION.nii.gz"),
@@ -137,12 +137,12 @@ def test_list_cases_reports_unpaired_files(tmp_path):
     site = tmp_path / "SITE"
     site.mkdir()
     (site / "Case00.nii.gz").write_bytes(b"")
-    with pytest.raises(P.ProstateDataError, match=r"Case00\.nii\.gz.*no segmentation"):
-        P.list_cases(site)
+    with pytest.raises(P.sites.ProstateDataError, match=r"Case00\.nii\.gz.*no segmentation"):
+        P.raw.list_cases(site)
     (site / "Case00_segmentation.nii.gz").write_bytes(b"")
     (site / "Case07_segmentation.nii.gz").write_bytes(b"")
-    with pytest.raises(P.ProstateDataError, match=r"Case07_segmentation\.nii\.gz.*no image"):
-        P.list_cases(site)
+    with pytest.raises(P.sites.ProstateDataError, match=r"Case07_segmentation\.nii\.gz.*no image"):
+        P.raw.list_cases(site)
 
 
 # ---------------------------------------------------------------------------
@@ -153,9 +153,9 @@ def test_list_cases_reports_unpaired_files(tmp_path):
 def test_counts_labels_and_meta(store):
     store_dir, counts, _, _, logs = store
     assert counts == EXPECTED_COUNTS
-    assert list_clients(store_dir) == sorted(P.HARMOFL_CLIENTS)
+    assert list_clients(store_dir) == sorted(P.sites.HARMOFL_CLIENTS)
     assert len(logs) == 6
-    for client in P.HARMOFL_CLIENTS:
+    for client in P.sites.HARMOFL_CLIENTS:
         data = open_client(store_dir, client)
         assert data.images.dtype == np.uint8 and data.images.shape == (counts[client], 16, 16, 3)
         assert data.labels.dtype == np.uint8 and data.labels.shape == (counts[client], 16, 16)
@@ -175,7 +175,7 @@ def test_three_channel_stacking_matches_neighbours(store):
         data = open_client(store_dir, client)
         for k, row in data.meta.iterrows():
             image, label, _ = volumes[(client, row["case"])]
-            norm = P.harmofl_normalize(image)
+            norm = P.raw.harmofl_normalize(image)
             i = int(row["slice"])
             expected = np.stack([norm[i - 1], norm[i], norm[i + 1]], axis=-1)
             np.testing.assert_array_equal(data.images[k], expected)
@@ -185,7 +185,7 @@ def test_three_channel_stacking_matches_neighbours(store):
 def test_harmofl_slices_edge_exclusion_and_merge():
     image, label = _fixture_volume("RUNMC", 0)
     assert label[0].any() and label[5].any() and label.max() == 2
-    x, y, idx = P.harmofl_slices(image, label)
+    x, y, idx = P.raw.harmofl_slices(image, label)
     assert idx.tolist() == [1, 2, 4]
     assert x.shape == (3, 16, 16, 3) and y.max() == 1
 
@@ -193,19 +193,19 @@ def test_harmofl_slices_edge_exclusion_and_merge():
 def test_percentile_normalisation():
     vol = np.arange(4 * 10 * 10, dtype=np.float64).reshape(4, 10, 10) - 50.0
     vol[0, 0, 0] = 1e6
-    out = P.harmofl_normalize(vol)
+    out = P.raw.harmofl_normalize(vol)
     high = np.percentile(vol, 99)
     assert out.dtype == np.uint8 and out.max() == 255 and out.min() == 0
     assert (out[vol >= high] == 255).all()  # clipped at p99
     below = vol < high
     expected = ((vol[below] - vol.min()) / (high - vol.min()) * 255).astype(np.uint8)  # truncation, as HarmoFL
     np.testing.assert_array_equal(out[below], expected)
-    assert not P.harmofl_normalize(np.full((3, 4, 4), 7.0)).any()  # constant volume: zeros, no NaN
+    assert not P.raw.harmofl_normalize(np.full((3, 4, 4), 7.0)).any()  # constant volume: zeros, no NaN
 
 
 def test_resize_option(release, tmp_path):
     base, _ = release
-    counts = P.preprocess_harmofl(base / "flat", tmp_path / "store", expect_real_counts=False, size=8,
+    counts = P.raw.preprocess_harmofl(base / "flat", tmp_path / "store", expect_real_counts=False, size=8,
                                   log=lambda m: None)
     data = open_client(tmp_path / "store", "HK")
     assert data.images.shape == (counts["HK"], 8, 8, 3) and data.labels.shape == (counts["HK"], 8, 8)
@@ -214,12 +214,12 @@ def test_resize_option(release, tmp_path):
 
 def test_real_count_mismatch_names_every_site_and_writes_nothing(release, tmp_path):
     base, _ = release
-    with pytest.raises(P.ProstateDataError) as err:
-        P.preprocess_harmofl(base / "flat", tmp_path / "store", expect_real_counts=True, log=lambda m: None,
+    with pytest.raises(P.sites.ProstateDataError) as err:
+        P.raw.preprocess_harmofl(base / "flat", tmp_path / "store", expect_real_counts=True, log=lambda m: None,
                              index_dir=INDEX_DIR)
     message = str(err.value)
-    for client in P.HARMOFL_CLIENTS:
-        assert f"{client}: {EXPECTED_COUNTS[client]} slices, HarmoFL has {P.HARMOFL_SLICE_COUNTS[client]}" in message
+    for client in P.sites.HARMOFL_CLIENTS:
+        assert f"{client}: {EXPECTED_COUNTS[client]} slices, HarmoFL has {P.sites.HARMOFL_SLICE_COUNTS[client]}" in message
     assert "missing" in message  # the file lists differ from HarmoFL's -dir.npy too
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -242,18 +242,18 @@ def test_cut_points_equal_harmofl_arithmetic():
     for n in range(0, 3000):
         t = 0.8 * n * 0.8
         v = 0.8 * n - t
-        assert P.cut_points(n) == (int(t), int(t + v))
+        assert P.splits.cut_points(n) == (int(t), int(t + v))
 
 
 def test_harmofl_split_of_record(tmp_path):
-    _fake_store(tmp_path / "store", P.HARMOFL_SLICE_COUNTS)
+    _fake_store(tmp_path / "store", P.sites.HARMOFL_SLICE_COUNTS)
     out = tmp_path / "splits" / "prostate.csv"
-    P.split_harmofl(tmp_path / "store", out, permutation="harmofl", index_dir=INDEX_DIR)
+    P.splits.split_harmofl(tmp_path / "store", out, permutation="harmofl", index_dir=INDEX_DIR)
     split = read_split_csv(out)
-    for client in P.HARMOFL_CLIENTS:
+    for client in P.sites.HARMOFL_CLIENTS:
         perm = np.load(INDEX_DIR / f"{client}-index.npy")
         sizes = tuple(len(split_rows(split, client, s)) for s in ("train", "val", "test"))
-        assert sizes == P.HARMOFL_SPLIT_COUNTS[client]
+        assert sizes == P.sites.HARMOFL_SPLIT_COUNTS[client]
         train, val, _ = sizes
         np.testing.assert_array_equal(split_rows(split, client, "train"), perm[:train])
         np.testing.assert_array_equal(split_rows(split, client, "val"), perm[train : train + val])
@@ -265,17 +265,17 @@ def test_harmofl_split_of_record(tmp_path):
 
 def test_harmofl_permutation_refuses_other_data(store, tmp_path):
     store_dir = store[0]
-    with pytest.raises(P.ProstateDataError, match="permutation: seeded"):
-        P.split_harmofl(store_dir, tmp_path / "s.csv", permutation="harmofl", index_dir=INDEX_DIR)
+    with pytest.raises(P.sites.ProstateDataError, match="permutation: seeded"):
+        P.splits.split_harmofl(store_dir, tmp_path / "s.csv", permutation="harmofl", index_dir=INDEX_DIR)
     assert not (tmp_path / "s.csv").exists()
 
 
 def test_seeded_split_is_deterministic_disjoint_and_keeps_cases_whole(tmp_path):
-    counts = {c: 40 + 7 * k for k, c in enumerate(P.HARMOFL_CLIENTS)}
+    counts = {c: 40 + 7 * k for k, c in enumerate(P.sites.HARMOFL_CLIENTS)}
     _fake_store(tmp_path / "store", counts, slices_per_case=4)
-    a = P.split_harmofl(tmp_path / "store", tmp_path / "a.csv", permutation="seeded", seed=3)
-    b = P.split_harmofl(tmp_path / "store", tmp_path / "b.csv", permutation="seeded", seed=3)
-    c = P.split_harmofl(tmp_path / "store", tmp_path / "c.csv", permutation="seeded", seed=4)
+    a = P.splits.split_harmofl(tmp_path / "store", tmp_path / "a.csv", permutation="seeded", seed=3)
+    b = P.splits.split_harmofl(tmp_path / "store", tmp_path / "b.csv", permutation="seeded", seed=3)
+    c = P.splits.split_harmofl(tmp_path / "store", tmp_path / "c.csv", permutation="seeded", seed=4)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
     assert not a.equals(c)
     split = read_split_csv(tmp_path / "a.csv")
@@ -285,7 +285,7 @@ def test_seeded_split_is_deterministic_disjoint_and_keeps_cases_whole(tmp_path):
         cases = [set(split[(split.client == client) & (split.split == s)].group) for s in ("train", "val", "test")]
         assert not (cases[0] & cases[1] or cases[0] & cases[2] or cases[1] & cases[2])  # no case in two splits
         n_cases = -(-n // 4)
-        train_end, val_end = P.case_cut_points(n_cases, P.HARMOFL_FRACTIONS)
+        train_end, val_end = P.splits.case_cut_points(n_cases, P.sites.HARMOFL_FRACTIONS)
         assert [len(c) for c in cases] == [train_end, val_end - train_end, n_cases - val_end]
     # different clients get different permutations even with equal sizes
     assert not np.array_equal(client_rng(0, "HK").permutation(50), client_rng(0, "UCL").permutation(50))
@@ -332,20 +332,20 @@ def test_write_client_validates(tmp_path):
 
 def test_synthetic_release_round_trip(tmp_path):
     zip_path = tmp_path / "Processed_data_nii.zip"
-    info = P.write_synthetic_release(zip_path, seed=0)
+    info = P.synthetic.write_synthetic_release(zip_path, seed=0)
     assert [p.name for p in tmp_path.iterdir()] == ["Processed_data_nii.zip"]
     assert info["BMC"]["label_values"] == [0, 1, 2] and info["RUNMC"]["label_values"] == [0, 1, 2]
     assert info["HK"]["label_values"] == [0, 1]
     raw = safe_extract(zip_path, tmp_path / "raw")
-    root = P.find_release_root(raw)
+    root = P.raw.find_release_root(raw)
     assert root.name == "Processed_data_nii"
-    sites = P.client_site_dirs(root)
-    assert [c for c, _, _ in P.list_cases(sites["UCL"])] == ["Case01", "Case26", "Case27"]
-    assert [s.name for _, _, s in P.list_cases(sites["ISBI_1.5"])][0] == "Case00_Segmentation.nii.gz"
-    counts = P.preprocess_harmofl(raw, tmp_path / "store", expect_real_counts=False, log=lambda m: None)
+    sites = P.raw.client_site_dirs(root)
+    assert [c for c, _, _ in P.raw.list_cases(sites["UCL"])] == ["Case01", "Case26", "Case27"]
+    assert [s.name for _, _, s in P.raw.list_cases(sites["ISBI_1.5"])][0] == "Case00_Segmentation.nii.gz"
+    counts = P.raw.preprocess_harmofl(raw, tmp_path / "store", expect_real_counts=False, log=lambda m: None)
     assert counts == {site["client"]: site["slices"] for site in info.values()}
     means = []
-    for client in P.HARMOFL_CLIENTS:
+    for client in P.sites.HARMOFL_CLIENTS:
         data = open_client(tmp_path / "store", client)
         assert set(np.unique(data.labels)) == {0, 1}
         fg = data.images[..., 1][data.labels == 1].mean()
@@ -354,15 +354,15 @@ def test_synthetic_release_round_trip(tmp_path):
         means.append(float(data.images.mean()))
     gaps = np.diff(np.sort(means))
     assert gaps.min() > 3, f"site means too close: {means}"
-    P.split_harmofl(tmp_path / "store", tmp_path / "split.csv", permutation="seeded")
+    P.splits.split_harmofl(tmp_path / "store", tmp_path / "split.csv", permutation="seeded")
 
 
 def test_synthetic_release_is_deterministic(tmp_path):
     def first_volume(name, seed):
-        zip_path = P.write_synthetic_release(tmp_path / name, seed=seed, cases_per_site=1, depth=6, size=16,
+        zip_path = P.synthetic.write_synthetic_release(tmp_path / name, seed=seed, cases_per_site=1, depth=6, size=16,
                                              top_folder=False)
         raw = safe_extract(tmp_path / name, tmp_path / f"{name}.raw")
-        return P.read_volume(raw / "HK" / "Case38.nii.gz"), zip_path
+        return P.raw.read_volume(raw / "HK" / "Case38.nii.gz"), zip_path
 
     a, _ = first_volume("a.zip", 1)
     b, _ = first_volume("b.zip", 1)
@@ -389,10 +389,10 @@ def test_a_cut_short_volume_stops_preprocessing_naming_the_file(release, tmp_pat
     data = victim.read_bytes()
     assert sitk.GetArrayFromImage(sitk.ReadImage(str(victim))).any()
     victim.write_bytes(data[: len(data) * 2 // 3])  # cut inside the gzip stream
-    with pytest.raises(P.ProstateDataError, match=rf"HK/{FIXTURE_CASES['HK'][0]}\.nii\.gz: damaged or cut-short"):
-        P.preprocess_harmofl(tmp_path / "flat", tmp_path / "store", expect_real_counts=False, log=lambda m: None)
+    with pytest.raises(P.sites.ProstateDataError, match=rf"HK/{FIXTURE_CASES['HK'][0]}\.nii\.gz: damaged or cut-short"):
+        P.raw.preprocess_harmofl(tmp_path / "flat", tmp_path / "store", expect_real_counts=False, log=lambda m: None)
     assert not (tmp_path / "store").exists()
     # A complete gzip stream whose NIfTI payload is shorter than its header says.
     victim.write_bytes(gzip.compress(gzip.decompress(data)[:-64]))
-    with pytest.raises(P.ProstateDataError, match=r"cut short: \d+ bytes of image data where the header promises \d+"):
-        P.read_volume(victim)
+    with pytest.raises(P.sites.ProstateDataError, match=r"cut short: \d+ bytes of image data where the header promises \d+"):
+        P.raw.read_volume(victim)

@@ -41,36 +41,9 @@ The package's parts: ``sites`` (the clients of each protocol and the counts of r
 
 from __future__ import annotations
 
-from .download import ARCHIVE, DOWNLOAD, DOWNLOADS, URL  # noqa: F401
-from .raw import METADATA_COLUMNS, find_release_root, load_patch, patch_relpath, preprocess, read_metadata  # noqa: F401
-from .sites import (  # noqa: F401
-    CENTER_TO_CLIENT,
-    CLIENTS,
-    PATCH_SIZE,
-    PROTOCOLS,
-    REAL_COUNTS,
-    REAL_SLIDES_PER_CENTER,
-    REAL_TOTAL,
-    CamelyonDataError,
-)
-from .splits import PERMUTATIONS, TEST_FRACTION, VAL_FRACTION, split  # noqa: F401
-from .synthetic import write_synthetic, write_synthetic_release  # noqa: F401
-
-# The family interface (see fedmedbench.data) and the names tests and users read.
-__all__ = [
-    "DOWNLOAD",
-    "DOWNLOADS",
-    "PROTOCOLS",
-    "CLIENTS",
-    "CENTER_TO_CLIENT",
-    "REAL_COUNTS",
-    "CamelyonDataError",
-    "find_release_root",
-    "read_metadata",
-    "patch_relpath",
-    "load_patch",
-    "preprocess",
-    "split",
-    "write_synthetic",
-    "write_synthetic_release",
-]
+from . import download, raw, sites, splits, synthetic  # the family's parts: import what you need from them
+from .download import DOWNLOADS
+from .raw import preprocess
+from .sites import PROTOCOLS
+from .splits import split
+from .synthetic import write_synthetic

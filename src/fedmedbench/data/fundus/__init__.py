@@ -47,50 +47,25 @@ from pathlib import Path
 import pandas as pd
 
 from .. import check_protocol
-from .download import ARCHIVE, DOWNLOAD, DOWNLOADS, DRIVE_ID  # noqa: F401
-from .opencv_resize import resize_linear_u8  # noqa: F401
-from .raw import (  # noqa: F401
-    BACKGROUND,
-    BACKGROUND_ABOVE,
-    CLASSES,
-    CUP,
-    CUP_MAX,
-    DEFAULT_SIZE,
-    IMAGE_SUFFIXES,
-    MASK_RESAMPLE,
-    MAX_OFF_LEVEL_FRACTION,
-    OFFICIAL_SPLITS,
-    RIM,
-    check_mask_encoding,
-    disc_cup,
-    fedlwr_code_mask_to_classes,
-    find_fundus_root,
-    group_of,
-    list_pairs,
-    load_pair,
-    mask_to_classes,
-    preprocess_fedlwr,
-    resize_bilinear,
-    resize_nearest,
-)
-from .sites import DOMAIN_SOURCES, DOMAINS, EXPECTED_COUNTS, FEDLWR_SPLIT_COUNTS, PROTOCOLS, FundusDataError  # noqa: F401
-from .splits import TRAIN_FRACTION, split_fedlwr  # noqa: F401
-from .synthetic import write_synthetic  # noqa: F401
+from . import download, opencv_resize, raw, sites, splits, synthetic  # the family's parts: import what you need from them
+from .download import DOWNLOADS
+from .sites import PROTOCOLS
+from .synthetic import write_synthetic
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.
-def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
+def preprocess(raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
                log=print) -> dict:
     """``fedlwr``: nearest-neighbour masks; ``fedlwr_bilinear_masks``: the official bilinear masks."""
     check_protocol("fundus", protocol, PROTOCOLS)
-    if ARCHIVE not in raw:
-        raise FundusDataError(f"raw input {ARCHIVE!r} not given (got {sorted(raw)})")
-    return preprocess_fedlwr(Path(raw[ARCHIVE]), Path(store_dir), mask_resample=MASK_RESAMPLE[protocol],
-                             expect_real_counts=expect_real_counts, size=size, log=log)
+    if download.ARCHIVE not in raw_files:
+        raise sites.FundusDataError(f"raw input {download.ARCHIVE!r} not given (got {sorted(raw_files)})")
+    return raw.preprocess_fedlwr(Path(raw_files[download.ARCHIVE]), Path(store_dir), mask_resample=raw.MASK_RESAMPLE[protocol],
+                                 expect_real_counts=expect_real_counts, size=size, log=log)
 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
     """``permutation``: ``seeded`` (= ``default``) or ``sorted`` (name order, no shuffle)."""
     check_protocol("fundus", protocol, PROTOCOLS)
     permutation = "seeded" if permutation == "default" else permutation
-    return split_fedlwr(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
+    return splits.split_fedlwr(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)

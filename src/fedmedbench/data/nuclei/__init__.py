@@ -56,46 +56,9 @@ The package's parts: ``sites`` (the clients of each protocol and the counts of r
 
 from __future__ import annotations
 
-from .download import DOWNLOADS, MONUSAC_TEST, MONUSAC_TRAIN, MONUSEG_TEST, MONUSEG_TRAIN, TNBC_ZIP  # noqa: F401
-from .raw import (  # noqa: F401
-    AMBIGUOUS_POLICIES,
-    DEFAULT_SIZE,
-    Discovery,
-    Sample,
-    find_monusac,
-    find_monuseg,
-    find_tnbc,
-    preprocess,
-    read_mask_png,
-    read_rgb,
-    resize_pair,
-    tile_pair,
-    xml_to_mask,
-)
-from .sites import CLIENT_LABELS, CLIENTS, MONUSAC_ORGANS, ORGAN_CLIENTS, PATIENT_ORGAN, PROTOCOLS, REAL_COUNTS, NucleiDataError  # noqa: F401
-from .splits import PERMUTATIONS, split  # noqa: F401
-from .synthetic import MONUSEG_SYNTHETIC_IDS, write_synthetic  # noqa: F401
-
-# The family interface (see fedmedbench.data) and the names tests and users read.
-__all__ = [
-    "DOWNLOADS",
-    "PROTOCOLS",
-    "CLIENTS",
-    "CLIENT_LABELS",
-    "ORGAN_CLIENTS",
-    "MONUSAC_ORGANS",
-    "REAL_COUNTS",
-    "NucleiDataError",
-    "Sample",
-    "xml_to_mask",
-    "read_rgb",
-    "read_mask_png",
-    "find_monusac",
-    "find_monuseg",
-    "find_tnbc",
-    "resize_pair",
-    "tile_pair",
-    "preprocess",
-    "split",
-    "write_synthetic",
-]
+from . import download, raw, sites, splits, synthetic  # the family's parts: import what you need from them
+from .download import DOWNLOADS
+from .raw import preprocess
+from .sites import PROTOCOLS
+from .splits import split
+from .synthetic import write_synthetic

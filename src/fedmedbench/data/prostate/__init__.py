@@ -45,57 +45,24 @@ from pathlib import Path
 import pandas as pd
 
 from .. import check_protocol
-from .download import DOWNLOAD, DOWNLOADS  # noqa: F401
-from .raw import (  # noqa: F401
-    FEDLWR_CHANNELS,
-    FEDLWR_SIZE,
-    check_nifti_complete,
-    client_site_dirs,
-    fedlwr_normalize_slice,
-    fedlwr_site_dirs,
-    fedlwr_slices,
-    find_release_root,
-    harmofl_normalize,
-    harmofl_slices,
-    list_cases,
-    preprocess_fedlwr,
-    preprocess_harmofl,
-    read_label_volume,
-    read_volume,
-)
-from .sites import (  # noqa: F401
-    CLIENT_TO_RELEASE,
-    DEFAULT_INDEX_DIR,
-    FEDLWR_CLIENT_TO_RELEASE,
-    FEDLWR_CLIENTS,
-    FEDLWR_FRACTIONS,
-    HARMOFL_CLIENTS,
-    HARMOFL_FRACTIONS,
-    HARMOFL_SLICE_COUNTS,
-    HARMOFL_SPLIT_COUNTS,
-    PROTOCOLS,
-    RELEASE_CASES,
-    RELEASE_SITES,
-    RELEASE_TO_CLIENT,
-    ProstateDataError,
-)
-from .splits import case_cut_points, cut_points, split_fedlwr, split_harmofl  # noqa: F401
-from .synthetic import write_synthetic_release  # noqa: F401
+from . import download, raw, sites, splits, synthetic  # the family's parts: import what you need from them
+from .download import DOWNLOADS
+from .sites import PROTOCOLS
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.
 def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dict:
-    return write_synthetic_release(Path(out_dir) / DOWNLOAD.filename, seed=seed, **options)
+    return synthetic.write_synthetic_release(Path(out_dir) / download.DOWNLOAD.filename, seed=seed, **options)
 
 
-def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print) -> dict:
+def preprocess(raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print) -> dict:
     """``harmofl``: HarmoFL's 2.5D slices; ``fedlwr`` / ``fedlwr_stack``: Fed-LWR's slices, replicated / stacked."""
     check_protocol("prostate", protocol, PROTOCOLS)
-    raw_root = Path(raw[DOWNLOAD.filename])
+    raw_root = Path(raw_files[download.DOWNLOAD.filename])
     if protocol == "harmofl":
-        return preprocess_harmofl(raw_root, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
-    return preprocess_fedlwr(raw_root, Path(store_dir), channels=FEDLWR_CHANNELS[protocol],
-                             expect_real_counts=expect_real_counts, size=size, log=log)
+        return raw.preprocess_harmofl(raw_root, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
+    return raw.preprocess_fedlwr(raw_root, Path(store_dir), channels=raw.FEDLWR_CHANNELS[protocol],
+                                 expect_real_counts=expect_real_counts, size=size, log=log)
 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
@@ -104,6 +71,6 @@ def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", se
     check_protocol("prostate", protocol, PROTOCOLS)
     if protocol == "harmofl":
         permutation = "harmofl" if permutation == "default" else permutation
-        return split_harmofl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
+        return splits.split_harmofl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
     permutation = "seeded" if permutation == "default" else permutation
-    return split_fedlwr(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
+    return splits.split_fedlwr(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)

@@ -42,47 +42,21 @@ from pathlib import Path
 import pandas as pd
 
 from .. import check_protocol
-from .download import DOWNLOADS, HAM_DOI, HAM_LICENCE, HAM_METADATA, HAM_PART1, HAM_PART2, ISIC_GT, ISIC_IMAGES, ISIC_LICENCE  # noqa: F401
-from .raw import (  # noqa: F401
-    DEFAULT_SIZE,
-    HAM_COLUMNS,
-    RESAMPLE,
-    class_counts,
-    find_images,
-    load_square,
-    preprocess_prrfl,
-    read_ham_metadata,
-    read_isic2017_ground_truth,
-    select_ham,
-)
-from .sites import (  # noqa: F401
-    CLASS_INDEX,
-    CLASSES,
-    CLIENT_SOURCES,
-    EXPECTED_CLASS_COUNTS,
-    ISIC_CLIENT,
-    OOD_CLIENT,
-    OOD_SOURCE,
-    PROTOCOLS,
-    PRRFL_CLIENTS,
-    PRRFL_FRACTIONS,
-    PRRFL_SPLIT_COUNTS,
-    STORE_CLIENTS,
-    SkinDataError,
-)
-from .splits import DEFAULT_SPLIT_DIR, check_prrfl_membership, read_prrfl_split, split_prrfl  # noqa: F401
-from .synthetic import write_synthetic  # noqa: F401
+from . import download, raw, sites, splits, synthetic  # the family's parts: import what you need from them
+from .download import DOWNLOADS
+from .sites import PROTOCOLS
+from .synthetic import write_synthetic
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.
-def preprocess(raw: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
+def preprocess(raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
                log=print) -> dict:
     check_protocol("skin", protocol, PROTOCOLS)
-    return preprocess_prrfl(raw, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
+    return raw.preprocess_prrfl(raw_files, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:
     """``permutation``: ``prrfl`` (= ``default``, PRR-FL's CSVs) or ``seeded`` (stratified 70/10/20)."""
     check_protocol("skin", protocol, PROTOCOLS)
     permutation = "prrfl" if permutation == "default" else permutation
-    return split_prrfl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
+    return splits.split_prrfl(Path(store_dir), Path(out_csv), permutation=permutation, seed=seed)
