@@ -141,7 +141,12 @@ def validate(config: dict, source: str = "config") -> None:
     for a variant, the run; a misspelt key gets its closest spelling."""
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(config))
+    for key, value in config.items():  # before the schema: its ranges let .inf through and compare .nan as false
+        values.check_finite(value, f"{source}: {key}")
+    errors = list(jsonschema.Draft202012Validator(schema()).iter_errors(config))
+    # A task on a user's data is completed from its data section (complete_user_data): with that
+    # section null or wrong, the task lacks keys because of it, so the data section's error is told.
+    error = jsonschema.exceptions.best_match([e for e in errors if list(e.absolute_path)[:1] == ["data"]] or errors)
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
@@ -339,16 +344,116 @@ def check_config_location() -> None:
         )
 
 
+# The most values a YAML file may hold once its aliases (*name) are expanded. config/config.yaml holds
+# about 2,000; a "billion laughs" file (each anchor listing the previous one ten times) holds billions
+# in a few lines, which the schema check, deepcopy and json would walk for minutes and gigabytes.
+MAX_YAML_VALUES = 100_000
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first: int, second: int):
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class TooManyValues(yaml.YAMLError):
+    def __init__(self, values: int, key: str):
+        super().__init__(key)
+        self.values, self.key = values, key
+
+
+def _yaml_children(node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [item for pair in node.value for item in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _expanded_sizes(root) -> dict[int, int]:
+    """id(node) -> its values once every alias is expanded (itself included). An alias is the node
+    it names, shared: each node is counted once, so this takes time in the size of the file, not
+    of the expansion. An alias inside its own anchor (an endless value): TooManyValues(-1, ...)."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in _yaml_children(node))
+        elif key not in sizes:
+            if key in on_path:
+                raise TooManyValues(-1, "(an alias inside its own anchor)")
+            on_path.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in _yaml_children(node) if id(child) not in sizes)
+    return sizes
+
+
+def _largest_key(root, sizes: dict[int, int]) -> str:
+    """The key path (through mappings) of the largest value that is over the bound, e.g. tasks.x.clients."""
+    path, node = [], root
+    while isinstance(node, yaml.MappingNode) and node.value:
+        key, value = max(node.value, key=lambda pair: sizes[id(pair[1])])
+        if sizes[id(value)] <= MAX_YAML_VALUES or not isinstance(key, yaml.ScalarNode):
+            break
+        path.append(str(key.value))
+        node = value
+    return ".".join(path) or "(top level)"
+
+
+class StrictLoader(YAML_LOADER):
+    """YAML_LOADER that refuses a key given twice in one mapping (PyYAML keeps the last one silently)
+    and a file whose aliases expand to more than MAX_YAML_VALUES values, before building it."""
+
+    def construct_document(self, node):
+        sizes = _expanded_sizes(node)
+        if sizes[id(node)] > MAX_YAML_VALUES:
+            raise TooManyValues(sizes[id(node)], _largest_key(node, sizes))
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue  # `<<: *base` then a key of base: an override, as YAML's merge key means
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in lines:
+                        raise DuplicateKey(key, lines[key], key_node.start_mark.line + 1)
+                    lines[key] = key_node.start_mark.line + 1
+                except TypeError:
+                    continue  # an unhashable key: the constructor's own error follows
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict:
-    """A YAML config file as a mapping; a syntax error is one line with file, line and column."""
+    """A YAML config file as a mapping; a syntax error is one line with file, line and column; a key
+    given twice and an alias bomb are refused (StrictLoader)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            loaded = yaml.load(handle, Loader=YAML_LOADER)
+            loaded = yaml.load(handle, Loader=StrictLoader)
     except FileNotFoundError:
         new = moved_config(path)
         if new is None:
             raise
         raise moved_config_error(path, new) from None
+    except DuplicateKey as err:
+        raise ConfigError(
+            f"{path}: key {err.key!r} is given twice in the same mapping, on lines {err.first} and {err.second}: "
+            f"YAML would keep only the second silently; remove one of them"
+        ) from None
+    except TooManyValues as err:
+        if err.values < 0:
+            raise ConfigError(f"{path}: an alias (*name) inside its own anchor (&name) makes an endless value; refused") from None
+        raise ConfigError(
+            f"{path}: {err.key}: its aliases (*name) expand to {err.values:,} values, more than the {MAX_YAML_VALUES:,} "
+            f"a config file may hold (an alias bomb?); refused before reading it"
+        ) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -527,7 +632,7 @@ def check_names(config: dict, source: str = "config") -> None:
 
 
 # Task keys that say how to run, not what: they change no number, so no job's params hold them.
-EXECUTION_KEYS = ("checkpoint_every",)
+EXECUTION_KEYS = ("checkpoint_every", "hook_timeout_s")
 
 
 def task_spec_for_params(config: dict, task: str) -> dict:
@@ -539,6 +644,12 @@ def checkpoint_every(config: dict, task: str) -> int:
     """How often a task's jobs checkpoint (every round by default). Not part of the run config: it
     cannot change a number, so changing it re-runs nothing and keeps a killed job's checkpoint."""
     return config["tasks"][task].get("checkpoint_every", 1)
+
+
+def hook_timeout_s(config: dict, task: str) -> float | None:
+    """The seconds a method hook of a task's jobs may run before it is ended with a line naming it
+    (None: no limit, the default). Not part of the run config, as ``checkpoint_every``."""
+    return config["tasks"][task].get("hook_timeout_s")
 
 
 def task_data_dir(config: dict, task: str) -> Path:

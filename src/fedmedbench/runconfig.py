@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -181,6 +182,8 @@ def _convert(hint, value, where: str):
     expected = {bool: (bool,), int: (int,), float: (int, float), str: (str,), dict: (dict,)}.get(origin or hint)
     if expected is not None and (not isinstance(value, expected) or (hint is not bool and isinstance(value, bool))):
         raise _wrong_type(where, {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}[origin or hint], value)
+    if hint is float and not math.isfinite(value):  # a hand-written run config's NaN / Infinity (Python's json reads both)
+        raise _wrong_type(where, "a finite number", value)
     return value
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 from fedmedbench.errors import ConfigError
 
@@ -43,9 +44,43 @@ def _validator(schema_json: str):
     return jsonschema.Draft202012Validator(json.loads(schema_json))
 
 
+def _non_finite(value, path: str = ""):
+    """(the key path inside ``value``, the number) of its first NaN or infinity, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    if isinstance(value, dict):
+        items = ((f".{key}", item) for key, item in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", item) for i, item in enumerate(value))
+    else:
+        return None
+    for suffix, item in items:
+        found = _non_finite(item, path + suffix)
+        if found is not None:
+            return found
+    return None
+
+
+def yaml_number(number: float) -> str:
+    """A non-finite number as YAML writes it (.nan, .inf, -.inf), the way the user typed it."""
+    return ".nan" if math.isnan(number) else (".inf" if number > 0 else "-.inf")
+
+
+def check_finite(value, where: str) -> None:
+    """No NaN or infinity anywhere in ``value`` (every number of a config is finite). JSON Schema's
+    ``exclusiveMinimum: 0`` lets ``.inf`` through and every comparison with ``.nan`` is false, so the
+    schema alone would let both reach a job, which then fails on the method or the learning rate."""
+    found = _non_finite(value)
+    if found is not None:
+        inner, number = found
+        raise ConfigError(f"{where}{inner}: expected a finite number, got {yaml_number(number)}: NaN and infinity are refused for every number of the config")
+
+
 def check(value, schema: dict, where: str) -> None:
     """Raise a ConfigError naming ``where``, the expected type or range and the value given."""
     import jsonschema
+
+    check_finite(value, where)
 
     error = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(value))
     if error is None:
