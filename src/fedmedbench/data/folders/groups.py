@@ -186,3 +186,58 @@ def prefix_warning(sites: Mapping[str, Sequence[str]]) -> str | None:
             f"{len(sites[site])} images, {n_prefixes} prefixes before the last {separator!r}, e.g. {first} and {second} "
             f"share {prefix!r}); if a prefix names a patient, set group_pattern: '{pattern}' so that each patient's "
             "images stay in one split")
+
+
+def repeated_stem_warning(sites: Mapping[str, Sequence[str]]) -> str | None:
+    """One warning line for the sites whose every image is its own group while one file stem names
+    several images (``sites``: site -> paths; ``day1/ISIC_1.jpg`` and ``day2/ISIC_1.jpg``: one lesion
+    photographed twice, most often)."""
+    for site, paths in sites.items():
+        by_stem: dict[str, list[str]] = {}
+        for path in paths:
+            by_stem.setdefault(_stem(path.rsplit("/", 1)[-1]), []).append(path)
+        repeated = {stem: found for stem, found in by_stem.items() if len(found) > 1}
+        if repeated:
+            stem, found = next(iter(repeated.items()))
+            return (f"site {site}: every image is its own group, but {len(repeated)} file stem(s) name several images (e.g. "
+                    f"{stem}: {under_site(site, found[0])} and {under_site(site, found[1])}); if a stem names a patient or "
+                    r"lesion, set group_pattern: '([^/.]+)\.[^/]*$' (the file name before its suffix) so that its images "
+                    "stay in one split")
+    return None
+
+
+# A labels.csv column with one of these words in its name most likely names who or what was imaged.
+SUBJECT_WORDS = ("patient", "subject", "lesion", "case", "person", "participant", "individual", "donor")
+
+
+def subject_column_warning(table, known: Sequence[str]) -> str | None:
+    """One warning line when ``labels.csv`` (``table``: its rows) has no group but a column named like
+    a subject identifier whose values repeat: the images of one patient would be cut across splits."""
+    for column in table.columns:
+        if column in known or not any(word in str(column).lower() for word in SUBJECT_WORDS):
+            continue
+        values = table[column].astype(str).str.strip()
+        counts = values[values != ""].value_counts()
+        shared = counts[counts > 1]
+        if len(shared):
+            return (f"every image is its own group, but labels.csv column {column!r} looks like a subject identifier and "
+                    f"{len(shared)} of its values are on several images (e.g. {shared.index[0]} on {int(shared.iloc[0])} "
+                    f"images); if it names the patient (or lesion), rename the column to group (or set groups_csv) so "
+                    f"that each one's images stay in one split")
+    return None
+
+
+def shared_group_warning(groups: Mapping[str, Mapping[str, str]], source: str) -> str | None:
+    """One warning line naming the groups (patients) that ``groups`` (site -> source -> group) puts
+    in more than one site, and those sites: a federated split assumes sites do not share patients."""
+    sites_of: dict[str, list[str]] = {}
+    for site, of_site in groups.items():
+        for group in dict.fromkeys(of_site.values()):
+            sites_of.setdefault(group, []).append(site)
+    shared = {g: s for g, s in sites_of.items() if len(s) > 1}
+    if not shared:
+        return None
+    shown = "; ".join(f"{g} in sites {', '.join(s)}" for g, s in list(shared.items())[:5]) + ("; ..." if len(shared) > 5 else "")
+    return (f"{source}: {len(shared)} patient(s) (groups) are in more than one site: {shown}; federated learning assumes "
+            "sites do not share patients (a patient's images in two clients are seen in training by one and tested by "
+            "the other): keep each patient's images in one site, or give distinct patients distinct group names")

@@ -32,8 +32,8 @@ import pandas as pd
 
 from ..images import exif_orientation, open_image, read_mask
 from ..store import SPLITS
-from .groups import assign_groups, groups_source, prefix_warning
-from .options import LABELS_FILE, FoldersDataError, FoldersOptions
+from .groups import assign_groups, groups_source, prefix_warning, repeated_stem_warning, shared_group_warning, subject_column_warning
+from .options import LABEL_COLUMNS, LABELS_FILE, OPTIONAL_LABEL_COLUMNS, FoldersDataError, FoldersOptions
 from .reading import (
     DAMAGED_HINT,
     _check_root,
@@ -394,6 +394,10 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
         report.problems.append(str(exc))
         return {}
     unlisted = _unlisted_message(root, table)  # preprocessing stops on it; the rest is still worth seeing
+    if options.group_pattern is None and options.groups_csv is None and options.split_csv is None and (table["group"] == "").all():
+        warning = subject_column_warning(table, LABEL_COLUMNS + OPTIONAL_LABEL_COLUMNS + ("label_index", "path"))
+        if warning:
+            report.warnings.append(warning)
     if unlisted:
         report.problems.append(unlisted)
     tables = {site: rows.reset_index(drop=True) for site, rows in table.groupby("site", sort=True)}
@@ -441,6 +445,9 @@ def _groups(report: DataReport, root: Path, metas: dict[str, pd.DataFrame | None
             warning = prefix_warning(own)
             if warning:
                 report.warnings.append(warning)
+            stems = repeated_stem_warning({site: list(metas[site]["source"].unique()) for site in own})
+            if stems:
+                report.warnings.append(stems)
         return metas
     if any(meta is None for meta in metas.values()) or not metas:
         report.warnings.append(f"{groups_source(options)} not checked: fix the problems above first")
@@ -450,6 +457,9 @@ def _groups(report: DataReport, root: Path, metas: dict[str, pd.DataFrame | None
     except FoldersDataError as exc:
         report.problems.append(str(exc))
         return {site: None for site in metas}
+    shared = shared_group_warning(groups, groups_source(options)) if options.groups_csv is not None else None
+    if shared:
+        report.warnings.append(shared)
     out = {}
     for site, meta in metas.items():
         out[site] = meta.assign(group=[f"{site}/{groups[site][s]}" for s in meta["source"]])
