@@ -57,6 +57,7 @@ class Timing:
     fixed_seconds: float  # includes one test evaluation (a job's last round has one)
     seconds_per_round: float  # a round without test evaluation
     test_seconds: float = 0.0  # one test evaluation of every client
+    too_short: bool = False  # the timed runs were too short to tell a round's cost (see too_short())
 
     def job_seconds(self, rounds: int, test_rounds: int = 1) -> float:
         return self.fixed_seconds + rounds * self.seconds_per_round + max(test_rounds - 1, 0) * self.test_seconds
@@ -75,6 +76,7 @@ class EvalCost:
     test_passes: float  # test forward passes per round, on average (test every `curve_every` rounds)
     seconds: float  # evaluation seconds per round: validation + test x its share of rounds
     test_seconds: float = 0.0  # one test evaluation of every client
+    val_seconds: float = 0.0  # one validation pass of every client (part of every round)
 
     @property
     def passes(self) -> float:
@@ -127,6 +129,7 @@ def measure_evaluation(run_cfg: dict, device: str, threads: int | None, data_wor
         test_passes=sum(len(c.test) for c in clients) * share,
         seconds=seconds["val"] + seconds["test"] * share,
         test_seconds=seconds["test"],
+        val_seconds=seconds["val"],
     )
 
 
@@ -148,6 +151,21 @@ def jobs_of(config: dict, experiments: list[str]) -> list[Job]:
             tests = rounds_with_test(run_cfg["rounds"], curve_every(RunConfig.from_dict(run_cfg)))
             jobs.append(Job(experiment, task, run, seed, run_cfg["rounds"], cost_key(run_cfg), tests))
     return jobs
+
+
+def too_short(seconds_one_round: float, seconds_k_rounds: float, k: int, val_seconds: float) -> bool:
+    """True when the 1- and k-round runs cannot tell what a round costs: the k rounds took no longer
+    than the one (their difference is noise, which would be clamped to 0 s a round), or a round came
+    out shorter than its own validation pass, which is part of every round."""
+    per_round = (seconds_k_rounds - seconds_one_round) / (k - 1)
+    return per_round <= 0 or per_round < val_seconds
+
+
+def too_short_advice(k: int) -> str:
+    """What a too-short measurement means and what to do (printed under both tables)."""
+    return (f"too short: the {k}-round timed run took no longer than the 1-round one plus its rounds' validation, so the "
+            f"cost of a round is below the noise; rerun with --rounds-to-time {4 * k} (or more). Until then such a round "
+            f"counts as its validation pass alone, so its projected hours are a lower bound (marked >=)")
 
 
 def timing_from(seconds_one_round: float, seconds_k_rounds: float, k: int) -> Timing:
@@ -175,7 +193,8 @@ def project(jobs: list[Job], timings: dict[str, Timing], gpus: int, jobs_per_gpu
     unique = {(j.task, j.run, j.seed): j for j in jobs}
     for name, group in [*by_experiment.items(), ("total", list(unique.values()))]:
         seconds = [timings[j.cost_key].job_seconds(j.rounds, j.test_rounds) for j in group]
-        rows.append({"experiment": name, "jobs": len(group), "gpu_hours": sum(seconds) / 3600, "wall_hours": wall_hours(seconds, gpus, jobs_per_gpu, sharing_gain)})
+        rows.append({"experiment": name, "jobs": len(group), "gpu_hours": sum(seconds) / 3600, "wall_hours": wall_hours(seconds, gpus, jobs_per_gpu, sharing_gain),
+                     "lower_bound": any(timings[j.cost_key].too_short for j in group)})
     return rows
 
 
@@ -212,14 +231,21 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
         if key not in by_eval_key:
             by_eval_key[key] = measure_evaluation(run_cfg, device, threads, data_workers)
         cost = by_eval_key[key]
-        timing = timings[job.cost_key] = dataclasses.replace(timing_from(seconds[0], seconds[1], k), test_seconds=cost.test_seconds)
-        log.info("%s/%s: %.2f s fixed + %.2f s per round + %.2f s per further test evaluation", job.task, job.run, timing.fixed_seconds, timing.seconds_per_round, timing.test_seconds)
+        timing = dataclasses.replace(timing_from(seconds[0], seconds[1], k), test_seconds=cost.test_seconds)
+        if too_short(seconds[0], seconds[1], k, cost.val_seconds):
+            # Never a round of 0 s, or one shorter than its own validation: its validation is a lower bound.
+            per_round = max(timing.seconds_per_round, cost.val_seconds)
+            timing = dataclasses.replace(timing, fixed_seconds=max(seconds[0] - per_round, 0.0), seconds_per_round=per_round, too_short=True)
+            log.warning("%s/%s: %s", job.task, job.run, too_short_advice(k))
+        else:
+            log.info("%s/%s: %.2f s fixed + %.2f s per round + %.2f s per further test evaluation", job.task, job.run, timing.fixed_seconds, timing.seconds_per_round, timing.test_seconds)
+        timings[job.cost_key] = timing
         if evaluation is not None:
             evaluation[job.cost_key] = cost
     return timings
 
 
-def format_table(rows: list[dict], device: str, gpus: int, jobs_per_gpu: int, sharing_gain: float) -> str:
+def format_table(rows: list[dict], device: str, gpus: int, jobs_per_gpu: int, sharing_gain: float, rounds_to_time: int = 2) -> str:
     unit = "CPU-hours" if device.startswith("cpu") else "GPU-hours"
     lines = [
         f"Projected cost on {device} ({gpus} device(s), {jobs_per_gpu} job(s) each, sharing gain {sharing_gain:g}),",
@@ -230,11 +256,14 @@ def format_table(rows: list[dict], device: str, gpus: int, jobs_per_gpu: int, sh
     ]
     for row in rows:
         name = f"**{row['experiment']}**" if row["experiment"] == "total" else row["experiment"]
-        lines.append(f"| {name} | {row['jobs']} | {row['gpu_hours']:.2f} | {row['wall_hours']:.2f} |")
+        at_least = ">= " if row.get("lower_bound") else ""
+        lines.append(f"| {name} | {row['jobs']} | {at_least}{row['gpu_hours']:.2f} | {at_least}{row['wall_hours']:.2f} |")
+    if any(row.get("lower_bound") for row in rows):
+        lines += ["", f">= {too_short_advice(rounds_to_time)}."]
     return "\n".join(lines)
 
 
-def format_evaluation(jobs: list[Job], timings: dict[str, Timing], evaluation: dict[str, EvalCost]) -> str:
+def format_evaluation(jobs: list[Job], timings: dict[str, Timing], evaluation: dict[str, EvalCost], rounds_to_time: int = 2) -> str:
     """One row per kind of job: what a round trains on, what it evaluates, and evaluation's share of
     the round's measured time (the rest: training, aggregation, checkpoint)."""
     lines = [
@@ -249,10 +278,18 @@ def format_evaluation(jobs: list[Job], timings: dict[str, Timing], evaluation: d
         if job.cost_key in seen or job.cost_key not in evaluation:
             continue
         seen.add(job.cost_key)
-        cost, per_round = evaluation[job.cost_key], timings[job.cost_key].round_seconds(job.rounds, job.test_rounds)
-        share = f"{min(cost.seconds / per_round, 1.0):.0%}" if per_round > 0 else "n/a"
+        cost, timing = evaluation[job.cost_key], timings[job.cost_key]
+        # The round's average with every test pass of the job, the last one too (in fixed_seconds), as
+        # the evaluation column counts them: then evaluation is a part of the round, never more.
+        per_round = timing.round_seconds(job.rounds, job.test_rounds) + timing.test_seconds / job.rounds
+        if timing.too_short or per_round <= 0:
+            round_cell, share = "too short", "n/a"
+        else:
+            round_cell, share = f"{per_round:.2f}", f"{cost.seconds / per_round:.0%}"
         lines.append(
             f"| {job.task} / {job.run} | {cost.trained_samples:,} | {cost.passes:,.0f} ({cost.val_passes:,} + {cost.test_passes:,.0f}) "
-            f"| {cost.seconds:.2f} | {per_round:.2f} | {share} |"
+            f"| {cost.seconds:.2f} | {round_cell} | {share} |"
         )
+    if any(timings[key].too_short for key in seen):
+        lines += ["", f"round s {too_short_advice(rounds_to_time)}."]
     return "\n".join(lines)
