@@ -120,3 +120,43 @@ def test_a_file_name_that_is_not_utf8_is_named_escaped(tmp_path):
     assert str(err.value) == (f"{data}/siteA/images/caf\\xe9.png: the name is not valid UTF-8 text (the bytes shown as "
                               "\\x..); rename it with UTF-8 characters only")
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.slow
+def test_a_run_with_its_results_inside_the_data_root_re_runs_nothing_and_neither_does_junk(tmp_path):
+    """The whole pipeline on a data root holding its own results folder: a second look plans no job,
+    and neither do a .DS_Store, a .git/ folder or a __MACOSX/ folder added to the data root."""
+    import subprocess
+
+    import yaml
+
+    from .test_listing_reruns import BIN, ROOT, planned
+
+    (tmp_path / "config").mkdir()
+    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")
+    data = tmp_path / "data"
+    write_example(data, counts=(4, 4, 4))
+    section = {"family": "folders", "kind": "segmentation", "mask_values": {0: 0, 128: 1, 255: 2}, "root": str(data)}
+    overlay = {
+        "run_name": "inside", "results_dir": "data/results", "selected_experiments": ["mine_table"],
+        "data": {"mine": section},
+        "tasks": {"mine": {"kind": "segmentation", "dataset": "mine", "model": {"init_features": 2}, "rounds": 1, "batch_size": 2}},
+        "experiments": {"mine_table": {"runs": ["fedavg"], "seeds": [0], "metric": "dice_paper", "title": "Mine", "task": "mine"}},
+    }  # fmt: skip
+    (tmp_path / "inside.yaml").write_text(yaml.safe_dump(overlay))
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def snakemake(*flags: str) -> subprocess.CompletedProcess:
+        cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", *flags, "--configfile", "inside.yaml"]
+        if "-n" not in flags:
+            cmd = [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    built = snakemake()
+    assert built.returncode == 0, built.stderr[-4000:]
+    assert (data / "results" / RESULTS_MARK).is_file() and (data / "results" / "inside" / "report.md").is_file()
+    dry = snakemake("-n")
+    assert dry.returncode == 0 and planned(dry) == [], dry.stdout[-3000:]
+    add_junk(data)
+    dry = snakemake("-n")
+    assert dry.returncode == 0 and planned(dry) == [], dry.stdout[-3000:]
