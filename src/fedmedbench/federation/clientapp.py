@@ -206,7 +206,15 @@ def save_site(site: Site, context: Context, done: int | None = None) -> None:
 
     path = state_file(context)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ckpt_io.save_atomic({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict(), "round_index": site.client.round_index, "round_done": done}, path)
+    checkpoint.save_plain({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict(), "round_index": site.client.round_index, "round_done": done}, path)
+
+
+def say_here(text: str) -> None:
+    """A refusal in the site's own log too (the ClientApp's output is its SuperNode's): the site's IT
+    team reads why, not only the server's operator."""
+    import sys
+
+    print(f"fedmedbench: refused: {text}", file=sys.stderr, flush=True)
 
 
 def error_reply(message: Message, name: str, err: Exception) -> Message:
@@ -216,6 +224,7 @@ def error_reply(message: Message, name: str, err: Exception) -> Message:
         return Message(RecordDict({"error": ConfigRecord({"text": text, "method": True})}), reply_to=message)
     if not text.startswith(f"site {name}"):  # our own refusals read as they are; anything else says what it was
         text = f"site {name}: {text}" if isinstance(err, SiteError) else f"site {name}: {type(err).__name__}: {text}"
+    say_here(text)
     return Message(RecordDict({"error": ConfigRecord({"text": text})}), reply_to=message)
 
 
@@ -302,6 +311,9 @@ def hello(message: Message, context: Context) -> Message:
         # What this site reads, digested as the engine's checkpoints digest it (for this one client):
         # the server compares it with the run's expectation, or records it.
         digest = data_digest(Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name])
+        expected = json.loads(str(config_of(message.content).get("digests", "{}"))).get(name)
+        if expected is not None and digest != expected:  # refused here, so the site's own log says it
+            raise SiteError(f"site {name}: its data digest is {digest}, the run expects {expected} (another store or split than the run was planned on); refused")
         answer = {"client": name, "train_rows": 0 if cohort else rows, "data_digest": digest, "fingerprint": fingerprint, "withheld": kept_here}
         return reply(message, {**answer, "test_only": True} if cohort else answer)
     except Exception as err:

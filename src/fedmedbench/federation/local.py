@@ -379,7 +379,7 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--configfile", "--config", dest="config", nargs="+", default=[str(Path("config") / "config.yaml")], metavar="FILE",
                    help="config/config.yaml [overlay.yaml ...], as for snakemake --configfile (default: %(default)s)")  # fmt: skip
     p.add_argument("--task", required=True, help="the task, a key of the config's tasks, e.g. prostate")
-    p.add_argument("--run", required=True, help="method or method-variant, e.g. fedavg or fedprox-mu0.1")
+    p.add_argument("--run", required=True, help="method or method-variant, e.g. fedavg or fedavg-e2")
     p.add_argument("--seed", type=int, default=0, help="the seed (default: %(default)s)")
     p.add_argument("--sites", type=int, default=None, metavar="N", help="train on the task's first N sites (default: all of them)")
     p.add_argument("--rounds", type=int, default=None, metavar="N", help="rounds instead of the task's (a quick try: 2 or 3)")

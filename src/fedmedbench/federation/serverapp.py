@@ -159,7 +159,8 @@ class FlowerTransport:
                 raise SiteError(f"{len(list(self.grid.get_node_ids()))} SuperNode(s) connected within {timeout:.0f} s; the run needs {needs}: {', '.join(members)}")
             time.sleep(0.5)
         nodes = sorted(self.grid.get_node_ids())
-        hello = self._exchange("query.hello", {node: None for node in nodes}, "hello", wait=self.nodes_timeout, cfg=self.cfg_json)
+        # The expected digests ride along: a site whose data differs refuses itself, in its own log too.
+        hello = self._exchange("query.hello", {node: None for node in nodes}, "hello", wait=self.nodes_timeout, cfg=self.cfg_json, digests=json.dumps(self.expected_digests))
         node_of, rows = {}, {}
         for node, (value, _) in hello.items():
             if not isinstance(value, dict) or not isinstance(value.get("client"), str) or type(value.get("train_rows")) is not int or value["train_rows"] < 0:

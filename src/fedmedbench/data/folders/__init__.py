@@ -26,7 +26,10 @@ Classification layout (``kind: classification``)::
     <root>/<the path in the image column>
 
 ``label`` is one of ``classes`` (or its index); images without a ``group`` are their own group.
+``image`` is the path from ``root`` (a path from the site folder is refused naming both paths
+tried); other columns are the user's metadata, kept and ignored (one spelt like ``group`` is refused).
 An image file under ``root`` that ``labels.csv`` does not list is an error (nothing is skipped).
+A classification site's seeded split is stratified by class within groups (``splits``).
 
 Images become uint8 H x W x 3: 8-bit grey is replicated to three channels, colour keeps R, G, B
 (alpha dropped); 16-bit, 32-bit and float images (and NIfTI volumes, per volume) are scaled
