@@ -125,9 +125,9 @@ def cmd_estimate(args) -> None:
     evaluation: dict = {}
     timings = estimate.measure(config, jobs, args.rounds_to_time, str(device), args.threads, args.data_workers, evaluation)
     rows = estimate.project(jobs, timings, args.gpus, args.jobs_per_gpu, args.sharing_gain)
-    print(estimate.format_table(rows, str(device) if device.type == "cpu" else torch_device_name(device), args.gpus, args.jobs_per_gpu, args.sharing_gain))
+    print(estimate.format_table(rows, str(device) if device.type == "cpu" else torch_device_name(device), args.gpus, args.jobs_per_gpu, args.sharing_gain, args.rounds_to_time))
     print()
-    print(estimate.format_evaluation(jobs, timings, evaluation))
+    print(estimate.format_evaluation(jobs, timings, evaluation, args.rounds_to_time))
 
 
 def torch_device_name(device) -> str:
@@ -218,8 +218,10 @@ def cmd_fetch(args) -> None:
 
 def cmd_extract(args) -> None:
     from fedmedbench.data.archive import safe_extract
+    from fedmedbench.data.staging import cleaned_up_on_sigterm
 
-    safe_extract(Path(args.archive), Path(args.out))
+    with cleaned_up_on_sigterm("extract"):
+        safe_extract(Path(args.archive), Path(args.out))
 
 
 def cmd_synthesize(args) -> None:
@@ -231,12 +233,14 @@ def cmd_synthesize(args) -> None:
 
 def cmd_preprocess(args) -> None:
     from fedmedbench.data import load_family
+    from fedmedbench.data.staging import cleaned_up_on_sigterm
     from fedmedbench.data.store import atomic_write_text
 
     raw = dict(item.split("=", 1) for item in args.raw)
     log = logging.getLogger(f"fedmedbench.{args.dataset}").info
     options = {"options": json.loads(args.options)} if args.options else {}  # a user's own data (folders)
-    counts = load_family(args.dataset).preprocess(raw, Path(args.out), args.protocol, expect_real_counts=args.expect_real_counts, size=args.size, log=log, **options)
+    with cleaned_up_on_sigterm("preprocess"):
+        counts = load_family(args.dataset).preprocess(raw, Path(args.out), args.protocol, expect_real_counts=args.expect_real_counts, size=args.size, log=log, **options)
     if args.counts:
         atomic_write_text(Path(args.counts), json.dumps(counts, indent=2) + "\n")
 
@@ -674,7 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-config", help="the resolved run config as JSON (what Snakemake passes)")
     add_config_option(p, "config/config.yaml [overlay.yaml ...] (instead of --run-config)", required_default=False, nargs="+")
     p.add_argument("--task", help="the task, a key of the config's tasks (with --config)")
-    p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedavg-e2")
+    p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedprox-mu0.1")
     p.add_argument("--seed", type=int, help="the seed (with --config)")
     p.add_argument("--out", required=True, help="run folder: history.csv, final.json, model_best.pt")
     p.add_argument("--device", default="auto", help="auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1")

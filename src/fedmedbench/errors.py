@@ -27,6 +27,11 @@ class DivergenceError(FedmedbenchError, FloatingPointError):
     """Training produced a non-finite loss or parameter (names the round, client and quantity)."""
 
 
+class DiskFullError(FedmedbenchError, OSError):
+    """The disk (or the user's quota) filled up while a file was written: names the file, the bytes
+    it needs and the bytes free. An OSError still (errno ENOSPC or EDQUOT), for code that catches those."""
+
+
 class MethodError(FedmedbenchError):
     """A method's hook failed (a plug-in's or a built-in's): names the method, the hook, the round
     and the client, then the original error, which is its ``__cause__`` (``-v`` shows its traceback)."""

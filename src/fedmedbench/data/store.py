@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError, plain
-from ..files import new_folder
+from ..files import naming_full_disk, new_folder
 from .. import faults
 from .staging import locked_atomic_file, staging_folder
 
@@ -69,6 +69,7 @@ META_COLUMNS = ["id", "group", "source"]
 IMAGES_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
 META_FILE = "meta.csv"
+NPY_HEADER_BYTES = 128  # np.save's header (format 1.0, padded to 64 bytes) for the store's arrays
 # The store's own description (family, classes, counts...), at its top beside the client folders.
 INFO_FILE = "info.json"
 
@@ -82,7 +83,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     """``fedmedbench.files.atomic_write_text`` that also removes the temporaries of ``path`` a killed
     run left behind (split files, info.json, checksum sidecars)."""
     # newline="" keeps "\n" as written: outputs are byte-identical across platforms.
-    with locked_atomic_file(path, "w", encoding=encoding, newline="") as handle:
+    with naming_full_disk(path, len(text.encode(encoding))), locked_atomic_file(path, "w", encoding=encoding, newline="") as handle:
         handle.write(text)
     return Path(path)
 
@@ -226,11 +227,16 @@ def write_client(
     _check_client_name(client)
     _validate_arrays(client, images, labels, meta)
     final = Path(store_dir) / client
+    meta_text = meta.reset_index(drop=True).to_csv(index=False, lineterminator="\n")
+    # A full disk names the file (its final place) and its size: an .npy file is its array and a header.
     with staged_dir(final) as tmp:
-        np.save(tmp / IMAGES_FILE, np.ascontiguousarray(images), allow_pickle=False)
+        with naming_full_disk(final / IMAGES_FILE, images.nbytes + NPY_HEADER_BYTES):
+            np.save(tmp / IMAGES_FILE, np.ascontiguousarray(images), allow_pickle=False)
         faults.reached("store_write")  # test hook: a kill with the client folder half written
-        np.save(tmp / LABELS_FILE, np.ascontiguousarray(labels), allow_pickle=False)
-        meta.reset_index(drop=True).to_csv(tmp / META_FILE, index=False, lineterminator="\n")
+        with naming_full_disk(final / LABELS_FILE, labels.nbytes + NPY_HEADER_BYTES):
+            np.save(tmp / LABELS_FILE, np.ascontiguousarray(labels), allow_pickle=False)
+        with naming_full_disk(final / META_FILE, len(meta_text.encode("utf-8"))), open(tmp / META_FILE, "w", encoding="utf-8", newline="") as handle:
+            handle.write(meta_text)
     return final
 
 
