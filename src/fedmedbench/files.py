@@ -8,8 +8,10 @@ so group members on a shared cluster can read results and logs.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,9 +66,46 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
         raise
 
 
+# A full disk and a full quota: the errors that name neither the file nor the space it needed.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _bytes(n: int) -> str:
+    """``3,968 bytes``; ``4,294,967,424 bytes (4.0 GiB)`` from a MiB on."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n:,} bytes ({n / size:,.1f} {unit})"
+    return f"{n:,} bytes"
+
+
+@contextmanager
+def naming_full_disk(path: str | os.PathLike, needed: int) -> Iterator[None]:
+    """A full disk while the block writes ``path`` (``needed`` bytes) is one DiskFullError naming the
+    file, the bytes it needs and the bytes free, instead of an OSError that names neither."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in DISK_FULL:
+            raise
+        from fedmedbench.errors import DiskFullError
+
+        # The free space of the disk it goes to: its nearest folder that exists (a folder being staged may not yet).
+        folder = next((p for p in Path(path).absolute().parents if p.is_dir()), Path("/"))
+        try:
+            free = f"{_bytes(shutil.disk_usage(folder).free)} are free there"
+        except OSError:
+            free = "the free space there is unknown"
+        full = DiskFullError(
+            f"{path}: {os.strerror(err.errno).lower()} while writing it: it needs {_bytes(needed)} and {free}; "
+            f"free some space on that disk or put results_dir on a larger one, then run the same command again"
+        )
+        full.errno = err.errno
+        raise full from err
+
+
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
     # newline="" keeps "\n" as written: outputs are byte-identical across platforms.
-    with atomic_file(path, "w", encoding=encoding, newline="") as handle:
+    with naming_full_disk(path, len(text.encode(encoding))), atomic_file(path, "w", encoding=encoding, newline="") as handle:
         handle.write(text)
     return Path(path)
 

@@ -22,7 +22,9 @@ import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +36,7 @@ try:
 except ImportError:  # not POSIX: no locks, stale temporaries are still removed
     fcntl = None
 
-__all__ = ["remove_stale", "staging_folder", "locked_atomic_file", "hold_lock"]
+__all__ = ["remove_stale", "staging_folder", "locked_atomic_file", "hold_lock", "cleaned_up_on_sigterm"]
 
 _log = logging.getLogger("fedmedbench.data")
 # tempfile's random part: 8 characters of [a-z0-9_] (tempfile._RandomNameSequence).
@@ -126,3 +128,28 @@ def locked_atomic_file(path: str | os.PathLike, mode: str = "wb", **open_kwargs)
     with atomic_file(path, mode, **open_kwargs) as handle:
         hold_lock(handle.fileno())
         yield handle
+
+
+@contextmanager
+def cleaned_up_on_sigterm(step: str) -> Iterator[None]:
+    """SIGTERM (Snakemake stopping its jobs, ``kill``, SLURM before its SIGKILL) ends the block as
+    Ctrl-C would: by an exception (SystemExit 143), so every staging folder and temporary file is
+    removed on the way out by the block that made it. Python's default ends the process at once,
+    which left them until the step ran again. A second SIGTERM during that cleanup is ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except SystemExit as stopped:
+        if stopped.code == 128 + signal.SIGTERM:
+            _log.warning("%s: stopped by SIGTERM; its temporary files and folders were removed", step)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
