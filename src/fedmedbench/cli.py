@@ -678,7 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-config", help="the resolved run config as JSON (what Snakemake passes)")
     add_config_option(p, "config/config.yaml [overlay.yaml ...] (instead of --run-config)", required_default=False, nargs="+")
     p.add_argument("--task", help="the task, a key of the config's tasks (with --config)")
-    p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedprox-mu0.1")
+    p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedavg-e2")
     p.add_argument("--seed", type=int, help="the seed (with --config)")
     p.add_argument("--out", required=True, help="run folder: history.csv, final.json, model_best.pt")
     p.add_argument("--device", default="auto", help="auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1")
