@@ -20,7 +20,6 @@ import torch
 
 from fedmedbench import cli
 from fedmedbench.report import figures
-from fedmedbench.report.flags import print_score_summary, score_warnings, summary_mark
 from tests.conftest import tiny_run_config, toy_run_config, write_tiny_task
 
 try:  # final.json sealed with its digest, as a training job writes it
@@ -114,6 +113,8 @@ def test_no_command_prints_a_mean_test_score_past_the_flags():
 
 
 def test_the_summary_mark_covers_no_foreground_and_drops_a_collapse_not_selected_on_val(capsys):
+    from fedmedbench.report.flags import print_score_summary, score_warnings, summary_mark
+
     final = final_json(flags={"A": {"no_foreground": "no foreground pixel in any of its 2 test images"}, "B": {"collapsed": "x"}}, select_on="test")
     assert summary_mark(final) == "‡ (no foreground in test on 1 of 2 sites: see the WARNING lines)"
     assert score_warnings(final) == ["WARNING: run fedprox (task skin), site Site A, seed 0: no foreground: no foreground pixel in any of its 2 test images "
@@ -153,7 +154,6 @@ def cohort_split(n=10):
 
 def test_a_cohort_whose_ensemble_and_one_model_collapse_is_flagged_per_scoring():
     from fedmedbench.fl.evaluation import score_cohort
-    from fedmedbench.metrics import cohort_flag_texts
 
     cfg = toy_run_config(model={"name": "densenet", "num_classes": 3}, intensity_scale=1 / 255)
     # Two models predicting class 0 outvote the sound one everywhere: the ensemble predicts 0 too.
@@ -163,6 +163,8 @@ def test_a_cohort_whose_ensemble_and_one_model_collapse_is_flagged_per_scoring()
         "ensemble": {"collapsed": "predicts class 0 for all 10 test samples"},
         "per_model": {"A": {"collapsed": "predicts class 0 for all 10 test samples"}, "B": {"collapsed": "predicts class 0 for all 10 test samples"}},
     }
+    from fedmedbench.metrics import cohort_flag_texts
+
     assert cohort_flag_texts(scores["flags"]) == {
         "collapsed": "the ensemble predicts class 0 for all 10 test samples; client A's model predicts class 0 for all 10 test samples; "
                      "client B's model predicts class 0 for all 10 test samples"
@@ -194,6 +196,8 @@ def test_a_run_whose_cohort_collapses_says_so_in_final_json_and_its_log(tmp_path
     assert json.loads((tmp_path / "run" / "final.json").read_text())["flags"] == final["flags"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(m.startswith(f"test-only cohort C: collapsed: the ensemble {why}") for m in warnings)
+    from fedmedbench.report.flags import score_warnings
+
     assert f"WARNING: run fedavg (task tiny), site C, seed 0: collapsed: the ensemble {why}; client A's model {why}; client B's model {why} (a collapsed model: its score measures no skill)" in score_warnings(final)
 
 
