@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -114,6 +114,25 @@ def site_std_per_seed(values) -> np.ndarray:
     return np.asarray(values, dtype=float).std(axis=1, ddof=0)
 
 
+def selection_rule(final: dict) -> str | None:
+    """How ``final``'s test scores were selected, in words: the split and metric, per client or one
+    round for all, and which rounds were eligible (``selection_window``). None when the final records
+    no selection (such rows are compared with every row). Bold compares only rows of one rule: a
+    model picked by another rule (PRR-FL's official last-20 % pooled selection) is another measurement."""
+    sel = final.get("selection")
+    if not isinstance(sel, dict):
+        return None
+    config = final.get("config") or {}
+    window = float(config.get("selection_window", 1.0))
+    rounds = "every round" if window >= 1.0 else f"the last {100 * window:g} % of rounds"
+    # The run's scope setting, not what it became: under "auto" a personalized method's clients and a
+    # global model's one round are the tables' one rule (runconfig.selection_scope).
+    scope = config.get("selection_scope", "auto")
+    who = {"per_client": "each client at its own best round", "pooled": "one round for all clients (their mean)"}.get(
+        scope, "per client if personalized, else one round")
+    return f"{who} on {sel.get('split', 'val')} {metric_label(str(sel.get('metric', '')))}, {rounds}"
+
+
 def seed_summary(
     finals: list[dict],
     metric: str,
@@ -131,7 +150,8 @@ def seed_summary(
     population std across clients, ddof=0, then the mean over seeds; its ``std`` is the sample
     std of those over seeds) while the ``Avg`` row's std becomes the sample std over seeds of
     the per-seed average (the table's one spread across clients is Std). Runs keep the order in which they first
-    appear in ``finals``; clients keep the order of ``final["clients"]``.
+    appear in ``finals``; clients keep the order of ``final["clients"]``. ``summary.attrs["rules"]``
+    holds each run's :func:`selection_rule` (the tables bold only among rows of one rule).
 
     ``sources`` (optional, same length as ``finals``) names the file each dict came from, for
     error messages. Raises :class:`ReportInputError` when finals of one run disagree on their
@@ -153,6 +173,7 @@ def seed_summary(
         by_run.setdefault(str(run), []).append((final, source))
 
     rows: list[dict] = []
+    rules: dict[str, str | None] = {}
     for run, members in by_run.items():
         first, first_source = members[0]
         first_where = _where(run, first.get("seed"), first_source)
@@ -171,6 +192,7 @@ def seed_summary(
                 f"{first_where}: client_labels {labels} use a reserved label {AGGREGATE_LABELS}"
             )
         method = first.get("method", run)
+        rules[run] = selection_rule(first)
         seeds_seen: dict = {}
         values = np.empty((len(members), len(clients)))
         for j, (final, source) in enumerate(members):
@@ -223,7 +245,7 @@ def seed_summary(
             )
 
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    summary.attrs.update(metric=metric, split=split)
+    summary.attrs.update(metric=metric, split=split, rules=rules)
     return summary
 
 
@@ -267,11 +289,12 @@ def _column_order(summary: pd.DataFrame) -> list[str]:
 
 def _layout(
     summary: pd.DataFrame, rows: list[tuple[str, str]], columns: list[str], decimals: int,
-    higher_is_better: bool, flagged: set[int] = frozenset(),
+    higher_is_better: bool, flagged: set[int] = frozenset(), apart: set[int] = frozenset(),
 ):
     """Cells as text (without bold) plus the row indices holding the best Avg. A ``flagged`` row
     (its Avg averages a collapsed model or a split without foreground) is never the best: its
-    score measures no skill, so a table where every model collapsed bolds nothing."""
+    score measures no skill, so a table where every model collapsed bolds nothing. An ``apart`` row
+    (selected under another rule than the table's) is not compared either."""
     cells: list[list[str]] = []
     avgs: list[float] = []
     for run, _display in rows:
@@ -285,7 +308,7 @@ def _layout(
                 line.append(NO_RESULT)
         cells.append(line)
         avgs.append(float(sub.loc[AVG, "mean"]) if AVG in sub.index else math.nan)
-    eligible = [i for i, a in enumerate(avgs) if not math.isnan(a) and i not in flagged]
+    eligible = [i for i, a in enumerate(avgs) if not math.isnan(a) and i not in flagged and i not in apart]
     best: set[int] = set()
     if eligible:
         finite = [avgs[i] for i in eligible]
@@ -307,15 +330,30 @@ class TableLayout:
     footnotes: list[tuple[str, str]]
     tie_notes: list[str]
     tied_with: dict[int, list[str]]
+    rule_notes: list[str] = field(default_factory=list)  # rows left out of the bold comparison, and why
 
     @property
     def avg_index(self) -> int | None:
         return self.columns.index(AVG) if AVG in self.columns else None
 
 
+def _apart(rows: list[tuple[str, str]], rules: dict) -> tuple[set[int], list[str]]:
+    """The rows selected under another rule than the table's (the rule most rows with a rule share;
+    a tie: the first such row's), and a note naming them. Rows without a rule are never apart."""
+    known = [rules.get(run) for run, _ in rows if rules.get(run)]
+    if len(set(known)) < 2:
+        return set(), []
+    counts = {rule: known.count(rule) for rule in dict.fromkeys(known)}
+    main = max(counts, key=counts.get)  # first maximal in row order
+    apart = {i for i, (run, _) in enumerate(rows) if rules.get(run) and rules[run] != main}
+    others = "; ".join(f"{rows[i][1]} ({rules[rows[i][0]]})" for i in sorted(apart))
+    return apart, [f"Bold compares only rows selected the same way ({main}); not compared: {others}."]
+
+
 def table_layout(
     summary: pd.DataFrame, rows: list[tuple[str, str]], columns: list[str] | None = None,
     decimals: int = 2, higher_is_better: bool = True, flags: Flags | None = None,
+    rules: dict[str, str | None] | None = None,
 ) -> TableLayout:
     """The layout :func:`write_table` and the report print (see there for the arguments)."""
     if columns is None:
@@ -326,7 +364,9 @@ def table_layout(
     kinds = [[cell_kinds(flags, run, col, sites, AGGREGATE_LABELS) for col in columns] for run, _ in rows]
     # A row whose Avg averages a flagged site (or, without an Avg column, any flagged cell) is never bold.
     flagged = {i for i, line in enumerate(kinds) if (line[columns.index(AVG)] if AVG in columns else any(line))}
-    cells, best = _layout(summary, rows, columns, decimals, higher_is_better, flagged)
+    # Each row's selection rule (``selection_rule``; by default as seed_summary recorded it).
+    apart, rule_notes = _apart(rows, summary.attrs.get("rules", {}) if rules is None else rules)
+    cells, best = _layout(summary, rows, columns, decimals, higher_is_better, flagged, apart)
     ties = tied_rows(cells, [j for j, c in enumerate(columns) if c not in AGGREGATE_LABELS], NO_RESULT)
     return TableLayout(
         rows=list(rows), columns=columns, cells=cells, best=best,
@@ -334,6 +374,7 @@ def table_layout(
         footnotes=footnotes(flags, [run for run, _ in rows], columns, AGGREGATE_LABELS),
         tie_notes=[tie_note([rows[i][1] for i in group]) for group in ties],
         tied_with={i: [rows[k][1] for k in group if k != i] for group in ties for i in group},
+        rule_notes=rule_notes,
     )
 
 
@@ -350,7 +391,7 @@ def markdown_table(layout: TableLayout) -> list[str]:
         md.append(f"| {_md_escape(display)} | " + " | ".join(shown) + " |")
     for kind, text in layout.footnotes:
         md += ["", f"{MARKS[kind]} {_md_escape(text)}" if kind else _md_escape(text)]
-    for text in layout.tie_notes:
+    for text in layout.tie_notes + layout.rule_notes:
         md += ["", f"Note: {_md_escape(text)}"]
     return md
 
@@ -366,6 +407,7 @@ def write_table(
     metric: str | None = None,
     flags: Flags | None = None,
     synthetic: bool = False,
+    rules: dict[str, str | None] | None = None,
 ) -> list[Path]:
     """Write ``<out_prefix>.csv``, ``.md`` and ``.tex`` for the runs in ``rows``.
 
@@ -381,10 +423,12 @@ def write_table(
     under the table; the CSV then has a ``note`` column. Rows equal on every site to the last
     printed digit get a note naming them (in the CSV's ``note`` too). A flagged row's Avg is never
     bold. ``synthetic``: the table says so on its face (:data:`SYNTHETIC_NOTE` under the caption in
-    Markdown, in the LaTeX caption, and a ``synthetic`` column in the CSV).
+    Markdown, in the LaTeX caption, and a ``synthetic`` column in the CSV). ``rules`` (run → its
+    :func:`selection_rule`; default: ``summary.attrs["rules"]`` from :func:`seed_summary`): bold
+    compares only the rows of the table's rule (most rows'); a note names the rows left out.
     """
     out_prefix = Path(out_prefix)
-    layout = table_layout(summary, rows, columns, decimals, higher_is_better, flags)
+    layout = table_layout(summary, rows, columns, decimals, higher_is_better, flags, rules)
     columns, cells, kinds, tied_with = layout.columns, layout.cells, layout.kinds, layout.tied_with
     flags = flags or {}
     metric_line = f"Metric: {metric_label(metric)}, in %." if metric else None
@@ -441,7 +485,7 @@ def write_table(
         tex.append(latex_escape(display) + " & " + " & ".join(shown) + r" \\")
     tex += [r"\bottomrule", r"\end{tabular}"]
     below = [(LATEX_MARKS[kind] + " " if kind else "") + latex_escape(text) for kind, text in layout.footnotes]
-    below += [latex_escape(f"Note: {text}") for text in layout.tie_notes]
+    below += [latex_escape(f"Note: {text}") for text in layout.tie_notes + layout.rule_notes]
     if below:
         tex += [r"\par\smallskip\footnotesize", " \\\\\n".join(below)]
     tex += [r"\end{table}"]
