@@ -29,9 +29,6 @@ NUMBER = re.compile(
 
 # (page, the number as written, why it may stay). Keep it short: a number a run produced is generated or removed.
 ALLOWED: list[tuple[str, str, str]] = [
-    ("README.md", "0.2 GB", "PyTorch's published CPU wheels"),
-    ("README.md", "0.7 GB", "PyTorch's published CPU wheels, installed"),
-    ("README.md", "about 3 GB", "PyTorch's published CUDA wheels"),
     ("README.md", "24 GB", "the SLURM profile's memory request (a default)"),
     ("README.md", "~35 GB", "Camelyon17's archive, extraction and store (docs/data/camelyon17.md: sizes, not timings)"),
     ("README.md", "~10 GB", "HAM10000 and ISIC 2017 archives' published sizes"),
