@@ -2,7 +2,7 @@
 
 A helper of the two files that run it (tests/test_federation.py: the HarmoFL paper's baselines;
 tests/test_federation_prrfl_fedlwr.py: PRR-FL's two flows with a test-only cohort, the Fed-LWR
-paper's fairness baselines and the scaffold's plug-in). Each file starts ONE real
+paper's fairness baselines and the plug-in new-method writes). Each file starts ONE real
 ``flower-superlink`` and three ``flower-supernode`` processes on 127.0.0.1 (free ports; every process
 ended however the tests end) and submits its runs at once with ``flwr run``: each SuperNode serves
 one message at a time, so two federations in two pytest workers halve the longest wait. The cohort
@@ -23,11 +23,11 @@ from fedmedbench.fl.engine import run_training
 from fedmedbench.registry import builtin_methods
 from tests.conftest import tiny_run_config, write_tiny_task
 
-PLUGIN_SRC = Path(__file__).resolve().parents[1] / "examples" / "fedxyz" / "src"  # the new-method scaffold's output
+PLUGIN_SRC = Path(__file__).resolve().parents[1] / "examples" / "fedxyz" / "src"  # the output of `new-method`
 OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
 # run name -> (method, overrides of the tiny run config): every built-in method with its defaults
 # (HarmoFL: the paper's flow), PRR-FL's official variant (config.yaml's prrfl `official`) beside its
-# default, and the scaffold's plug-in, imported from its source folder as a site would import it.
+# default, and new-method's plug-in, imported from its source folder as a site would import it.
 MATRIX = {name: (name, {}) for name in builtin_methods()}
 MATRIX["prrfl-official"] = ("prrfl", {"method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}, "selection_window": 0.2, "selection_scope": "pooled"})
 MATRIX["fedxyz"] = ("fedxyz", {"method_module": "fedxyz.method"})

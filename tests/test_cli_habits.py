@@ -74,7 +74,7 @@ def test_a_name_too_long_for_the_file_system_writes_nothing(tmp_path, capsys, mo
 
 
 def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
-    from fedmedbench import scaffold
+    from fedmedbench import new_method as template
 
     written = []
 
@@ -85,13 +85,13 @@ def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
-    monkeypatch.setattr(scaffold, "atomic_write_text", failing)
+    monkeypatch.setattr(template, "atomic_write_text", failing)
     with pytest.raises(OSError, match="No space left"):
-        scaffold.new_method("halffed", tmp_path / "deep" / "er" / "halffed")
+        template.new_method("halffed", tmp_path / "deep" / "er" / "halffed")
     assert len(written) == 3 and not list(tmp_path.iterdir())  # neither the files nor the parents made for them
     (tmp_path / "empty").mkdir()
     with pytest.raises(OSError):
-        scaffold.new_method("halffed", tmp_path / "empty")
+        template.new_method("halffed", tmp_path / "empty")
     assert not list((tmp_path / "empty").iterdir()) and sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 

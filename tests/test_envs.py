@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from fedmedbench.scaffold import new_method
+from fedmedbench.new_method import new_method
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """docs/extending.md's commands, run exactly as written in a copy of the repository: the baselines on
-a user's own three-site data, then a method of one's own scaffolded, installed, listed and put in the
+a user's own three-site data, then a method of one's own written by new-method, installed, listed and put in the
 table beside FedAvg and FedBN (only the new jobs train). The guide's ```bash blocks are read from the
 Markdown, never copied here."""
 
@@ -78,7 +78,7 @@ def test_the_guide_has_the_blocks_this_test_runs():
     add = "\n".join(blocks["Add your method"])
     for command in ("new-method myfed", "pip install -e ./myfed", "fedmedbench methods", "myfed.yaml"):
         assert command in add, command
-    assert "fedxyz" not in add  # the guide follows the package it scaffolds
+    assert "fedxyz" not in add  # the guide follows the package new-method writes
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The second half of the equivalence matrix (tests/federation_matrix.py) on one real Flower
 federation: PRR-FL's paper and official flows, the Fed-LWR paper's fairness baselines and the
-``new-method`` scaffold's plug-in, 2 rounds each, each run folder equal to the engine's byte for
+plug-in ``new-method`` writes, 2 rounds each, each run folder equal to the engine's byte for
 byte. On the same federation a fourth SuperNode joins as PRR-FL's test-only cohort (``OOD``, test
 rows only) and PRR-FL's two flows run with it: their final.json's ood part too equals the engine's.
 Skipped where the ``flower`` extra is not installed."""

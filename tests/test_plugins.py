@@ -137,7 +137,7 @@ def test_new_method_writes_a_package_that_passes_its_own_test(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out / "tests")], capture_output=True, text=True, env=env, cwd=out)
     assert result.returncode == 0, result.stdout[-2000:]
     assert "1 passed" in result.stdout
-    # examples/fedxyz is this command's output, kept in the repository; it must not drift from the scaffold.
+    # examples/fedxyz is this command's output, kept in the repository; it must not drift from what the command writes.
     written = {f.relative_to(out): f.read_bytes() for f in out.rglob("*") if f.is_file() and "__pycache__" not in f.parts}
     example = ROOT / "examples" / "fedxyz"
     assert {f: (example / f).read_bytes() for f in written if (example / f).is_file()} == written

@@ -313,7 +313,7 @@ def test_the_snakefile_refuses_a_yte_config_yaml_before_snakemake_reads_it(tmp_p
     ],
 )
 def test_new_method_refuses_a_name_that_would_replace_or_shadow_a_package(name, why, tmp_path):
-    from fedmedbench.scaffold import new_method
+    from fedmedbench.new_method import new_method
 
     with pytest.raises(ConfigError, match=re.escape(f"new-method: {why}")):
         new_method(name, tmp_path / "out")
@@ -351,7 +351,7 @@ def load_test_module(path: Path):
 
 
 def test_the_generated_test_passes_after_the_template_parameter_is_renamed(tmp_path, monkeypatch):
-    from fedmedbench.scaffold import new_method
+    from fedmedbench.new_method import new_method
 
     out = tmp_path / "pkg"
     new_method("renamedfed", out)
@@ -374,7 +374,7 @@ def test_the_generated_test_passes_after_the_template_parameter_is_renamed(tmp_p
 
 
 def test_tiny_run_config_takes_the_methods_defaults_and_checks_params(tmp_path, monkeypatch):
-    from fedmedbench.scaffold import new_method
+    from fedmedbench.new_method import new_method
     from fedmedbench.testing import tiny_run_config
 
     new_method("tinyfed", tmp_path / "pkg")
@@ -399,7 +399,7 @@ def test_the_generated_readme_runs_the_method_on_a_folders_task(tmp_path, monkey
     """The README's overlay, with the data its command writes, is a valid config whose table trains
     the new method beside FedAvg and FedProx on the `folders` sites found."""
     from fedmedbench.data.folders import write_example
-    from fedmedbench.scaffold import new_method
+    from fedmedbench.new_method import new_method
 
     out = tmp_path / "pkg"
     new_method("readmefed", out)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fedmedbench import version_line
 from fedmedbench.config import DEFAULT_CONFIG, Experiment
-from fedmedbench.errors import ConfigError, FedmedbenchError, closest
+from fedmedbench.errors import ConfigError, FedmedbenchError, HookStopped, closest
 
 
 class _CurrentStderr(logging.StreamHandler):
@@ -85,6 +85,10 @@ def cmd_train(args) -> None:
         run_cfg = cfgmod.resolve_run(config, args.task, args.run, args.seed)
         if args.checkpoint_every is None:
             args.checkpoint_every = cfgmod.checkpoint_every(config, args.task)
+        if args.hook_timeout_s is None:
+            args.hook_timeout_s = cfgmod.hook_timeout_s(config, args.task)
+    if args.hook_timeout_s is not None and not 0 <= args.hook_timeout_s < float("inf"):  # NaN too
+        raise ConfigError(f"--hook-timeout-s: expected a number of seconds > 0 (0: no limit), got {args.hook_timeout_s}")
     from fedmedbench.fl.data import refuse_random_pixels
 
     refuse_random_pixels(run_cfg)  # a store made to time jobs, where the real data belong: one line, before any output
@@ -92,7 +96,10 @@ def cmd_train(args) -> None:
     logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
     if run_cfg.get("runtime") == "flower-simulation":  # the same round loop under Flower's simulation runtime (docs/federation.md)
         from fedmedbench.federation.simulation import run_simulated as run_training
-    final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1, checkpoint_every_seconds=args.checkpoint_every_seconds, data_workers=args.data_workers)
+    from fedmedbench.fl.hookwatch import watching
+
+    with watching(args.hook_timeout_s):  # SIGTERM, Ctrl-C or the timeout in a method hook: a line naming it
+        final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1, checkpoint_every_seconds=args.checkpoint_every_seconds, data_workers=args.data_workers)
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
     from fedmedbench.report.flags import print_score_summary
@@ -197,7 +204,7 @@ def _value_text(value) -> str:
 
 
 def cmd_new_method(args) -> None:
-    from fedmedbench.scaffold import new_method
+    from fedmedbench.new_method import new_method
 
     out = args.out or args.name  # ./NAME, as `flwr new` does
     written = new_method(args.name, Path(out))
@@ -366,13 +373,14 @@ def cmd_figure(args) -> None:
 
 def cmd_sweep_figure(args) -> None:
     from fedmedbench.report.inputs import is_synthetic
-    from fedmedbench.report.sweeps import sweep_figure, sweep_points, sweep_y_label
+    from fedmedbench.report.sweeps import sweep_figure, sweep_flags, sweep_points, sweep_y_label
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     finals = _load_finals(args.finals)
     points = sweep_points(finals, exp.sweep_series(), exp.metric, exp.error)
     y_label = sweep_y_label(exp.metric, points)  # "1 seed" with one seed, not "mean over seeds"
-    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, y_label, log_x=exp.log_x, error=exp.error, synthetic=is_synthetic(exp.task_specs, finals))
+    collapsed = sweep_flags(finals, exp.sweep_series(), exp.labels)  # a point of a collapsed model carries the tables' mark
+    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, y_label, log_x=exp.log_x, error=exp.error, synthetic=is_synthetic(exp.task_specs, finals), collapsed=collapsed)
 
 
 def cmd_qualitative_figure(args) -> None:
@@ -687,6 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint every N rounds (default: the task's checkpoint_every, else 1)")
     p.add_argument("--checkpoint-every-seconds", type=float, default=0, help="and only once this many seconds have passed since the last checkpoint (default 0: every N rounds); the last round always; changes no number")
     p.add_argument("--data-workers", type=int, default=0, help="threads that read the next batches while the device computes (default 0: the training thread reads them; a GPU job: see docs/cost.md); changes no number")
+    p.add_argument("--hook-timeout-s", type=float, default=None, metavar="SECONDS",
+                   help="end a method hook (e.g. a plug-in's Client.train) that has not returned after this many seconds, with a line naming it "
+                        "(default: the task's hook_timeout_s, else no limit; 0: no limit); changes no number")  # fmt: skip
     p.set_defaults(func=cmd_train, job=True)
 
     p = command("with-jobserver", "run a command (e.g. snakemake) whose fedmedbench steps start warm (forked from a process with torch imported)")
@@ -803,6 +814,12 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "config", None):
             config_files(args.config)
         args.func(args)
+    except HookStopped as stop:
+        # SIGTERM, Ctrl-C or hook_timeout_s while a method hook ran: one line naming it.
+        if args.verbose:
+            raise
+        logging.getLogger("fedmedbench").error("%s", stop)
+        return stop.code
     except (FedmedbenchError, ValueError, OSError) as err:
         # Bad input (config, data, archive, checkpoint) or a diverged run: one line naming the file,
         # key or round, and a non-zero exit. -v shows the traceback too.
