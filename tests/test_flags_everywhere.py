@@ -337,3 +337,16 @@ def test_a_fairness_bar_of_a_collapsed_model_says_so_in_its_csv(tmp_path):
     marked = data[data["collapsed"] != ""]
     assert marked[["x"]].values.ravel().tolist() == ["Site A"] and marked["series"].iloc[0].startswith("FedProx †")
     assert marked["collapsed"].iloc[0] == f"FedProx, Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."
+
+
+def test_a_sweep_point_that_averages_a_collapsed_model_is_marked_in_its_csv(tmp_path, drawn):
+    from fedmedbench.report.sweeps import sweep_figure, sweep_flags, sweep_points
+
+    finals = [final_json("fedprox-mu0.01", flags={}, b=0.8), final_json("fedprox-mu1")]
+    series = {"FedProx": {0.01: "fedprox-mu0.01", 1.0: "fedprox-mu1"}}
+    collapsed = sweep_flags(finals, series, {"fedprox-mu1": "FedProx (mu 1)"})
+    assert collapsed == {"FedProx": {1.0: f"FedProx (mu 1), Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."}}
+    sweep_figure(sweep_points(finals, series, "accuracy", "clients_std"), tmp_path / "sweep", "Sweep", "mu", "accuracy (%)", log_x=True, error="clients_std", collapsed=collapsed)
+    data = pd.read_csv(tmp_path / "sweep.csv", keep_default_na=False).set_index("x")["collapsed"]
+    assert data[1.0].startswith("FedProx (mu 1), Site A, seed 0") and data[0.01] == ""
+    assert "†: averages a collapsed model" in drawn[-1].axes[0].get_legend().get_title().get_text()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.report.figures import SourceData, clip_band, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key
+from fedmedbench.report.flags import MARKS, collapsed_texts
+from fedmedbench.report.figures import SourceData, clip_band, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key, y_from_floor
 from fedmedbench.report.metric_names import SWEEP_ERRORS, metric_label  # noqa: F401  (SWEEP_ERRORS: re-exported)
 from fedmedbench.report.tables import AVG, seed_summary, std_over_seeds
 
@@ -57,14 +58,31 @@ def sweep_points(finals: list[dict], series: dict[str, dict], metric: str, error
     return points
 
 
+def sweep_flags(finals: list[dict], series: dict[str, dict], names: dict | None = None) -> dict[str, dict[float, str]]:
+    """Per series, {x: the footnotes of the collapsed models its point averages} (only marked points):
+    what the figure marks with the tables' †."""
+    by_run: dict[str, list[dict]] = {}
+    for final in finals:
+        by_run.setdefault(final.get("run") or final.get("method"), []).append(final)
+    out: dict[str, dict[float, str]] = {}
+    for name, runs in series.items():
+        for x, run in runs.items():
+            texts = collapsed_texts(by_run.get(run, []), names)
+            if texts:
+                out.setdefault(name, {})[float(x)] = "; ".join(texts)
+    return out
+
+
 def _avg(summary) -> float:
     return float(summary.loc[summary["client_label"] == AVG, "mean"].iloc[0])
 
 
-def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x_label: str, y_label: str, log_x: bool = False, error: str | None = None, synthetic: bool = False, bounds=PERCENT_RANGE) -> list[Path]:
+def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x_label: str, y_label: str, log_x: bool = False, error: str | None = None, synthetic: bool = False, bounds=PERCENT_RANGE, collapsed: dict | None = None) -> list[Path]:
     """One line per series; error bars where the error is defined (``seeds`` with one seed: none),
     their ends clipped to ``bounds``. ``error`` (a key of ``SWEEP_ERRORS``) names the bars in the
-    legend's title, with "clipped" when an end was."""
+    legend's title, with "clipped" when an end was. ``collapsed`` (:func:`sweep_flags`): a point that
+    averages a collapsed model carries the tables' † and its CSV row the footnote."""
+    collapsed = collapsed or {}
     fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
     arrays = {name: tuple(np.array(v, dtype=float) for v in zip(*pts)) for name, pts in points.items()}
     styles = series_styles({name: a[:3] for name, a in arrays.items()})
@@ -83,8 +101,11 @@ def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x
         low, high, clipped = clip_band(y, err, bounds)
         clipped_any |= bool(clipped and shown.any())
         for k in range(len(x)):
+            why = collapsed.get(name, {}).get(float(x[k]), "")
+            if why:  # the tables' mark, above the point
+                ax.annotate(MARKS["collapsed"], (x[k], y[k]), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8, color="0.1")
             source.add(label, x[k], y[k], low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan, error=words,
-                       n=int(n_seeds[k]) if n_seeds is not None else np.nan, n_of="seeds", style=style_key(style))  # fmt: skip
+                       n=int(n_seeds[k]) if n_seeds is not None else np.nan, n_of="seeds", style=style_key(style), collapsed=why)  # fmt: skip
     if log_x:
         ax.set_xscale("log")
     xs = sorted({p[0] for pts in points.values() for p in pts})
@@ -93,10 +114,13 @@ def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x
     ax.set_ylabel(y_label)
     set_title(fig, title)
     ax.grid(True, alpha=0.3)
+    y_from_floor(ax, bounds[0])  # Fig. 5c's points at 48-60 %: from 0, not from 48
     clip = f", clipped to {bounds[0]:g}-{bounds[1]:g} %" if clipped_any else ""
     if any(b is not None for b in bars):
         note = f"error bars: {SWEEP_ERRORS[error]}{clip}" if error in SWEEP_ERRORS else None
     else:
         note = "no error bars: one seed" if error == "seeds" else None
+    if any(collapsed.values()):
+        note = "\n".join(filter(None, [note, f"{MARKS['collapsed']}: averages a collapsed model (one class on a whole test split)"]))
     place_legend(ax, len(points), title=note, title_fontsize="small")
     return finish(fig, out_prefix, source, synthetic)
