@@ -441,7 +441,7 @@ def _run_local(args) -> None:
     # One writer per run folder, as for `train`: a second command for this run stops here, naming the
     # process that holds it, before it touches the data, the logs or the sites' state.
     with run_folder_lock(out, holder=f"federation local {args.task}/{args.run}/seed{args.seed}"):
-        if (out / "final.json").is_file() and not args.restart:
+        if (out / "final.json").is_file() and not getattr(args, "restart", False):
             print(f"{args.task}/{args.run}/seed{args.seed}: this run has finished already; nothing to do (--restart trains it again)")
             summary(args, out, workdir)
             return
@@ -465,7 +465,7 @@ def federate(args, run, out: Path, workdir: Path, config: dict) -> None:
     print(f"starting a SuperLink and {len(members)} SuperNodes ({', '.join(members)}) on 127.0.0.1, insecure, this machine only ({mode})", flush=True)
     with local_federation(node_configs, workdir, warm=not args.cold) as federation:
         print(f"SuperLink on {federation.address}: {args.task}/{args.run}/seed{args.seed}, {run.rounds} round(s)", flush=True)
-        settings = {"run-config": str((out / "run_config.json").resolve()), "out": str(out.resolve()), "lock-owner": os.getpid(), "restart": bool(args.restart)}
+        settings = {"run-config": str((out / "run_config.json").resolve()), "out": str(out.resolve()), "lock-owner": os.getpid(), "restart": bool(getattr(args, "restart", False))}
         federation.stream(settings, workdir / "flwr-run.log", echo=sys.stdout)
 
 
