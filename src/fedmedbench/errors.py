@@ -37,6 +37,16 @@ class MethodError(FedmedbenchError):
     and the client, then the original error, which is its ``__cause__`` (``-v`` shows its traceback)."""
 
 
+class HookStopped(BaseException):
+    """A method hook ended by SIGTERM, Ctrl-C or ``hook_timeout_s`` (fl/hookwatch.py): ``str()`` is
+    the one line naming the method, the hook, the round and the client; ``code`` the exit status. A
+    BaseException, as KeyboardInterrupt: a plug-in's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, line: str, code: int):
+        super().__init__(line)
+        self.code = code
+
+
 def closest(name: str, valid: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest valid spelling, or an empty string."""
     match = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)

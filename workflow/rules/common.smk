@@ -246,6 +246,12 @@ def checkpoint_every(wildcards):
     return fmb.checkpoint_every(config, wildcards.task)
 
 
+def hook_timeout(wildcards):
+    """The task's hook_timeout_s as a resource (a string: Snakemake's resources are integers or
+    strings; "0": no limit). Not in the run config: it cannot change a number."""
+    return str(fmb.hook_timeout_s(config, wildcards.task) or 0)
+
+
 def run_config_json(wildcards):
     """The fully resolved run config: a change of any setting re-runs exactly the affected jobs."""
     cfg = fmb.resolve_run(config, wildcards.task, wildcards.run, int(wildcards.seed))

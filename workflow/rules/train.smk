@@ -30,10 +30,13 @@ rule train:
         # `--set-resources train:checkpoint_every_seconds=600` for fast GPU jobs (docs/cost.md)
         checkpoint_every_seconds=0,
         data_workers=0,
+        # a method hook that has not returned after this many seconds is ended with a line naming
+        # it (tasks.<task>.hook_timeout_s; "0": no limit); changes no number
+        hook_timeout_s=hook_timeout,
     params:
         run_config=run_config_json,
         out_dir=run_dir,
     shell:
         "python -m fedmedbench train --run-config {params.run_config:q} --out {params.out_dir:q} "
         "--threads {threads} --checkpoint-every {resources.checkpoint_every} --checkpoint-every-seconds {resources.checkpoint_every_seconds} "
-        "--data-workers {resources.data_workers} &> {log:q}"
+        "--data-workers {resources.data_workers} --hook-timeout-s {resources.hook_timeout_s} &> {log:q}"

@@ -26,6 +26,7 @@ import torch
 
 from fedmedbench import registry
 from fedmedbench.errors import FedmedbenchError, MethodError
+from fedmedbench.fl import hookwatch
 
 # Every hook the engine calls (fl/engine.py, transport.py, runfolder.py, evaluation.py) and the ones
 # the base Client.train calls (before_epoch, loss, after_backward, train_step).
@@ -100,6 +101,7 @@ def uncheckpointable(value, at: str = "", seen: set | None = None) -> tuple[str,
 
 def _hook(method: str, role: str, base: type, hook: str):
     def call(self, *args, **kwargs):
+        hookwatch.entered(lambda: where(method, role, hook, self, args))  # what a SIGTERM or a timeout names
         try:
             # Looked up at each call: a hook patched on the method's class later (a benchmark's
             # timer, a test) is the one that runs.
@@ -108,6 +110,13 @@ def _hook(method: str, role: str, base: type, hook: str):
             raise
         except Exception as err:
             raise MethodError(f"{where(method, role, hook, self, args)}: {described(err)}") from err
+        finally:
+            hookwatch.left()
+        if role == "Server" and hook == "__init__":  # Server(cfg, model, num_clients): the dtypes its state keeps
+            model = args[1] if len(args) > 1 else kwargs.get("model")
+            if isinstance(model, torch.nn.Module):
+                self._model_dtypes = hookwatch.dtypes_of(model.state_dict())
+        wrong_dtype(method, role, hook, self, args, value)
         if hook == "state_dict":
             found = uncheckpointable(value)
             if found:
@@ -120,6 +129,28 @@ def _hook(method: str, role: str, base: type, hook: str):
 
     call.__name__, call.__qualname__, call.__doc__ = hook, f"{base.__qualname__}.{hook}", getattr(base, hook).__doc__
     return call
+
+
+def wrong_dtype(method: str, role: str, hook: str, obj, args: tuple, value) -> None:
+    """A MethodError naming the key when the state a hook hands on (the server's global state after
+    ``aggregate``, a package, a client's reply) holds a non-floating tensor (int64, bool) where the
+    model's is floating: the next ``receive`` would cast it back without a word, its weights rounded."""
+    if role == "Server" and hook == "aggregate":
+        state, what = getattr(obj, "global_state", None), "the global state"
+    elif role == "Server" and hook == "package" and isinstance(value, dict):
+        state, what = value.get("state"), "the package"
+    elif role == "Client" and hook == "reply" and isinstance(value, dict) and isinstance(getattr(obj, "model", None), torch.nn.Module):
+        state, what = value.get("state"), "the reply"
+    else:
+        return
+    model_dtypes = getattr(obj, "_model_dtypes", None) if role == "Server" else hookwatch.dtypes_of(obj.model.state_dict())
+    found = hookwatch.non_floating(state, model_dtypes or {})
+    if found:
+        key, got, want = found
+        raise MethodError(
+            f"{where(method, role, hook, obj, args)}: {what}'s tensor {key!r} is {got}, the model's is {want}: keep the model's "
+            f"floating dtype (integer arithmetic rounds the weights; divide with / or cast back with .to({want}))"
+        )
 
 
 def guard(cls: type, method: str, role: str) -> type:
