@@ -70,9 +70,9 @@ def main() -> None:
         x = torch.rand(shape, generator=generator).to(device)
         reference = numpy_loop(x, None)
         diff = (torch_batched(x, "full") - reference).abs().max().item()
-        t_np = timed(lambda: numpy_loop(x, None), device, args.repeats)
-        t_full = timed(lambda: torch_batched(x, "full"), device, args.repeats)
-        t_dc = timed(lambda: torch_batched(x, "dc"), device, args.repeats)
+        t_np = timed(lambda x=x: numpy_loop(x, None), device, args.repeats)
+        t_full = timed(lambda x=x: torch_batched(x, "full"), device, args.repeats)
+        t_dc = timed(lambda x=x: torch_batched(x, "dc"), device, args.repeats)
         label = "x".join(map(str, shape))
         print(f"{label:<18} {t_np:>15.4f} {t_full:>15.4f} {t_np / t_full:>7.1f}x {t_dc:>13.5f} {t_np / t_dc:>7.0f}x  {diff:.1e}")
 

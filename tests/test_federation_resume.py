@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-flwr = pytest.importorskip("flwr")
+pytest.importorskip("flwr")
 
 from fedmedbench.fl.engine import run_training  # noqa: E402
 from tests.conftest import tiny_run_config  # noqa: E402
@@ -234,7 +234,7 @@ def test_a_server_killed_before_a_keep_was_carried_tells_the_sites_on_resume(tmp
     carries it (its restored selection kept them at that round), the sites apply it, and the run
     folder equals the engine's byte for byte."""
     from fedmedbench import faults
-    from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl import checkpoint
 
     cfg, run, grid = start_run(tmp_path, tiny_task, rounds=3)
     engine = run_training(cfg, tmp_path / "engine", threads=1, progress=False)
@@ -248,7 +248,7 @@ def test_a_server_killed_before_a_keep_was_carried_tells_the_sites_on_resume(tmp
     monkeypatch.setattr(faults, "reached", reached)
     with pytest.raises(Stop):
         serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
-    saved = ckpt_io.load(next((tmp_path / "site-A").glob("run-*")) / "A.pt")
+    saved = checkpoint.load_plain(next((tmp_path / "site-A").glob("run-*")) / "A.pt")
     assert saved["round_done"] == best and (saved["site"]["kept"] or {}).get("round") != best  # the keep never reached site A
     monkeypatch.setattr(faults, "reached", lambda point: None)
     carried = keeps_sent(grid)

@@ -253,7 +253,7 @@ def test_a_user_split_csv_is_honoured_in_its_order(examples, tmp_path):
     example = examples["seg3"]
     store, _ = _preprocess(example["options"], tmp_path)
     rows, expected = [], {}
-    for s, site in enumerate(SITES):
+    for site in SITES:
         stems = example["files"][site][::-1]  # the CSV's order, not the store's
         for k, stem in enumerate(stems):
             name = ("test", "val", "train", "train")[k % 4]

@@ -215,7 +215,7 @@ def _fake_store(store_dir: Path) -> None:
 def test_split_of_record_sizes_and_determinism(tmp_path):
     _fake_store(tmp_path / "store")
     a = F.split(tmp_path / "store", tmp_path / "a.csv", "fedlwr")
-    b = F.split(tmp_path / "store", tmp_path / "b.csv", "fedlwr", permutation="seeded", seed=0)
+    F.split(tmp_path / "store", tmp_path / "b.csv", "fedlwr", permutation="seeded", seed=0)
     c = F.split(tmp_path / "store", tmp_path / "c.csv", "fedlwr", seed=1)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes() and not a.equals(c)
     split = read_split_csv(tmp_path / "a.csv")

@@ -74,7 +74,7 @@ def test_amplitude_protocol(tiny_task, params):
     expected = [expected_running_amplitude(c, cfg, "full", 0.1, init) for c in clients]
 
     replies = run_round(server, clients, 1)
-    for c, reply, amp in zip(clients, replies, expected):
+    for reply, amp in zip(replies, expected):
         torch.testing.assert_close(reply["amplitude"], amp, rtol=1e-6, atol=1e-5)  # round 1: own running average
     global_amplitude = (replies[0]["amplitude"] + replies[1]["amplitude"] + replies[2]["amplitude"]) / 3  # 1/N
     torch.testing.assert_close(server.global_amplitude, global_amplitude, rtol=1e-6, atol=1e-6)

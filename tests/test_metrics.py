@@ -49,7 +49,7 @@ def test_dice_fg_pools_slices_per_case_like_monai():
     for case in "abc":
         idx = [i for i, g in enumerate(groups) if g == case]
         # A case as one volume: (1, C, D, H, W) one-hot.
-        to_volume = lambda a: torch.nn.functional.one_hot(torch.from_numpy(a[idx]).long(), 2).permute(3, 0, 1, 2)[None].float()  # noqa: E731
+        to_volume = lambda a, idx=idx: torch.nn.functional.one_hot(torch.from_numpy(a[idx]).long(), 2).permute(3, 0, 1, 2)[None].float()  # noqa: E731
         metric(y_pred=to_volume(pred), y=to_volume(truth))
     assert ours == pytest.approx(metric.aggregate().item(), abs=1e-6)
 

@@ -38,7 +38,7 @@ def test_radius_zero_is_the_plain_step_bit_for_bit(make_optimizer):
     for step in range(3):
         x, y = batch(step)
         loss_a = plain_step(plain, opt_plain, x, y)
-        loss_b = perturbed_step(perturbed, lambda: nn.functional.cross_entropy(perturbed(x), y), opt_perturbed, radius=0.0)
+        loss_b = perturbed_step(perturbed, lambda x=x, y=y: nn.functional.cross_entropy(perturbed(x), y), opt_perturbed, radius=0.0)
         assert torch.equal(loss_a, loss_b)
     for (name, a), b in zip(plain.state_dict().items(), perturbed.state_dict().values()):
         assert torch.equal(a, b), name  # weights and BN running statistics (updated once per step)

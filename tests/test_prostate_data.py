@@ -274,7 +274,7 @@ def test_seeded_split_is_deterministic_disjoint_and_keeps_cases_whole(tmp_path):
     counts = {c: 40 + 7 * k for k, c in enumerate(P.sites.HARMOFL_CLIENTS)}
     _fake_store(tmp_path / "store", counts, slices_per_case=4)
     a = P.splits.split_harmofl(tmp_path / "store", tmp_path / "a.csv", permutation="seeded", seed=3)
-    b = P.splits.split_harmofl(tmp_path / "store", tmp_path / "b.csv", permutation="seeded", seed=3)
+    P.splits.split_harmofl(tmp_path / "store", tmp_path / "b.csv", permutation="seeded", seed=3)
     c = P.splits.split_harmofl(tmp_path / "store", tmp_path / "c.csv", permutation="seeded", seed=4)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
     assert not a.equals(c)

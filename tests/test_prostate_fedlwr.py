@@ -124,8 +124,8 @@ def test_case_cut_points():
 
 def test_no_case_in_two_splits(store, tmp_path):
     out, counts, _ = store
-    a = P.split(out / "rep", tmp_path / "a.csv", "fedlwr")  # default = seeded, seed 0
-    b = P.split(out / "rep", tmp_path / "b.csv", "fedlwr", permutation="seeded", seed=0)
+    P.split(out / "rep", tmp_path / "a.csv", "fedlwr")  # default = seeded, seed 0
+    P.split(out / "rep", tmp_path / "b.csv", "fedlwr", permutation="seeded", seed=0)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
     split = read_split_csv(tmp_path / "a.csv")
     for client in P.sites.FEDLWR_CLIENTS:
@@ -140,7 +140,7 @@ def test_no_case_in_two_splits(store, tmp_path):
 
 def test_split_on_real_case_counts(tmp_path):
     """Sizes from the real release (12/30/12/19/30/13 cases): seeds differ, cases never straddle splits."""
-    for i, (site, cases) in enumerate(P.sites.RELEASE_CASES.items()):
+    for i, cases in enumerate(P.sites.RELEASE_CASES.values()):
         rows = [(case, s) for case in cases for s in range(3)]
         meta = pd.DataFrame({"id": [f"Site{i + 1}/{c}/s{s:03d}" for c, s in rows],
                              "group": [f"Site{i + 1}/{c}" for c, _ in rows], "source": "x"})

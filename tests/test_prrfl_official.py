@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from sklearn.metrics import f1_score
 from torch import nn
 
-from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import load_clients, train_batches
 from fedmedbench.fl.seeding import client_generator
 from fedmedbench.methods import prrfl
@@ -144,9 +144,9 @@ def test_official_variant_equals_the_transcription_of_the_official_code(tmp_path
     )  # fmt: skip
     assert cfg["reset_optimizer_each_round"] and cfg["aggregation"]["weighting"] == "uniform"
     interrupt_after_round(cfg, tmp_path / "ours", monkeypatch, round_index=2)  # rounds 1-2 of 3
-    checkpoint = tmp_path / "ours" / "checkpoint.pt"
-    ours = {1: ckpt_io.load_checkpoint(ckpt_io.previous(checkpoint)), 2: ckpt_io.load_checkpoint(checkpoint)}
-    history = ckpt_io.HistoryLog(checkpoint.parent / "checkpoint-history.jsonl")  # the rows outside the checkpoint
+    checkpoint_file = tmp_path / "ours" / "checkpoint.pt"
+    ours = {1: checkpoint.load(checkpoint.previous(checkpoint_file)), 2: checkpoint.load(checkpoint_file)}
+    history = checkpoint.HistoryLog(checkpoint_file.parent / "checkpoint-history.jsonl")  # the rows outside the checkpoint
     for saved in ours.values():
         saved["history"] = history.read(saved["history_log"])
     assert [ours[r]["round"] for r in (1, 2)] == [1, 2]
@@ -161,6 +161,7 @@ def test_official_variant_equals_the_transcription_of_the_official_code(tmp_path
         images = torch.from_numpy(np.asarray(d.train.images[d.train.rows])).permute(0, 3, 1, 2)
         train_xy.append((images.float() * cfg["intensity_scale"], torch.from_numpy(np.asarray(d.train.labels[d.train.rows]).astype(np.int64))))
     stage_names = {1: "recover", 2: "exchange", 3: "sublimate"}
+    round1_stages: list = []  # round 1's stages, carried into round 2
     for a_iter in (0, 1):
         round_index = a_iter + 1
         stages = []

@@ -28,7 +28,7 @@ def history_rows(rounds, curve_every=0, local_epoch_curve=False, local_epochs=2)
     every = curve_every or max(1, rounds // 50)
     rows = []
     for r in range(1, rounds + 1):
-        value = lambda i: round(0.5 + 0.04 * r + 0.1 * i, 4)  # noqa: E731
+        value = lambda i, r=r: round(0.5 + 0.04 * r + 0.1 * i, 4)  # noqa: E731
         if local_epoch_curve:
             rows += [dict(round=r, client=c, split="test_local", metric=m, value=value(i), epoch=e) for i, c in enumerate(CLIENTS) for e in range(local_epochs + 1) for m in METRICS]
         rows += [dict(round=r, client=c, split="server", metric="cka:enc.0", value=value(i)) for i, c in enumerate(CLIENTS)]
