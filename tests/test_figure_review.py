@@ -310,7 +310,7 @@ def test_qualitative_panels_have_a_key_and_a_score(drawn, tmp_path):
     fig = drawn[-1]
     (legend,) = fig.legends
     assert "foreground" in legend.get_texts()[0].get_text() and "grey" in legend.get_texts()[0].get_text()
-    assert fig.axes[2].get_xlabel() == "Dice 66.7 %"
+    assert fig.axes[2].get_xlabel() == "foreground Dice 66.7 %"  # as the tables name it
     data = pd.read_csv(tmp_path / "q.csv")
     assert data.loc[data["series"] == "FedAvg", "y"].item() == pytest.approx(200 / 3)
     assert math.isnan(qualitative.foreground_dice(np.zeros((2, 2)), np.zeros((2, 2))))  # undefined, not 100 %

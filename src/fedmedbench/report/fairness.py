@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .figures import PALETTE, SourceData, bar_style, clip_band, contrast_colour, draw_error_bars, error_shown, find_ties, finish, mark_every, method_style, place_legend, plt, save_figure, series_styles, set_title, style_key
+from .figures import PALETTE, SourceData, bar_style, clip_band, contrast_colour, draw_error_bars, error_shown, find_ties, finish, mark_every, method_style, place_legend, plt, save_figure, series_styles, set_title, style_key, y_from_floor
 from .flags import MARKS, Flags
 from .metric_names import metric_label, score_range
 from .tables import AVG, STD, site_std_per_seed
@@ -129,6 +129,7 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
         for _, a, _ in groups[1:]:
             ax.axvline(a - 0.5, color="0.85", lw=0.6, zorder=0)
         ax.grid(axis="y", alpha=0.3)
+    y_from_floor(axes[0][0], CKA_RANGE[0])  # shared y: every panel from CKA 0
     axes[0][0].set_ylabel("CKA(local, FedAvg anchor)" if pairs.empty else "CKA between local models")
     place_legend(axes[0][-1], fontsize=7, title="band clipped to 0-1" if clipped_any else None, title_fontsize=7)
     set_title(fig, title, fontsize=10)
@@ -172,10 +173,11 @@ def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_p
     ax_avg.set_title("(a) Avg across sites")
     ax_std.set_title("(b) Std across sites (ddof = 0), as the tables' Std")
     words = metric_label(metric)
-    for ax, name in ((ax_avg, f"test {words} (%)"), (ax_std, f"std of test {words}\nacross sites (pp)")):
+    for ax, name, floor in ((ax_avg, f"test {words} (%)", avg_range[0]), (ax_std, f"std of test {words}\nacross sites (pp)", std_range[0])):
         ax.set_xlabel("communication round")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
+        y_from_floor(ax, floor)
     counts = {len(histories[run]) for run in curves}
     n = counts.pop() if len(counts) == 1 else None
     place_legend(ax_std, len(curves), fontsize=8, title=None if n is None else f"mean of {n} seeds" if n > 1 else "1 seed", title_fontsize=8)

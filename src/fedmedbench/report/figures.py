@@ -32,7 +32,9 @@ HISTORY_COLUMNS = ("round", "client", "split", "metric", "value")
 #   methods is told apart by hue alone and a curve hidden under an identical one still shows;
 # * two series that are equal to the last bit (FedNova = FedAvg with equal local steps) are named as a
 #   tie in the legend ("FedNova (= FedAvg)") and the later one is drawn hollow and with another dash;
-# * bar charts start at 0; error bars only where there is a spread (none for one seed);
+# * bar charts start at 0, and so does every line plot of a score (its floor, y_from_floor): a truncated
+#   axis would make a few points look like a collapse; error bars only where there is a spread (none for one seed);
+# * legends sit outside the data (right of the axes, or below them for many entries): none covers a curve;
 # * metric keys in words (report.metric_names); titles wrap to the figure; saved with
 #   bbox_inches="tight", so a legend placed outside the axes and the title are inside the image;
 # * no error bar or band leaves the metric's feasible range (0-100 % for a score): its ends are
@@ -58,7 +60,7 @@ HATCHES = ("", "/", "\\", "x", ".", "+", "o", "-", "|", "*")
 MAX_MARKERS = 15
 SAVE_KWARGS = {"bbox_inches": "tight", "pad_inches": 0.05}
 PNG_DPI = 150
-# More legend entries than this go outside the axes (right), where they cover no curve.
+# Up to this many legend entries go right of the axes; more go below them (a figure legend).
 LEGEND_INSIDE_MAX = 6
 # A legend below the axes has at most this many rows: more entries widen the figure for more columns,
 # so that the legend of 11 long-named methods is not taller than the plot.
@@ -183,18 +185,17 @@ def draw_error_bars(ax, x, y, err, color, n_seeds=None, capsize: float = 3.0, bo
 
 
 def place_legend(ax, n_entries: int | None = None, outside: bool | None = None, **kwargs):
-    """Inside the axes ("best") for a few entries. For more, a line figure gets a figure legend below
-    its axes, in as many columns as its labels fit (long labels would squeeze the axes to a strip
-    beside a legend on the right); a bar chart (``outside=True``) keeps its legend on the right. The
+    """Never over the data: right of the axes for a few entries (``loc="best"`` inside the axes still
+    covered a curve of a 4-method figure). For more, a line figure gets a figure legend below its
+    axes, in as many columns as its labels fit (long labels would squeeze the axes to a strip beside
+    a legend on the right); a bar chart (``outside=True``) keeps its legend on the right. The
     constrained layout and the tight save keep either inside the image."""
     handles, labels = ax.get_legend_handles_labels()
     if n_entries is None:
         n_entries = len(labels)
     kwargs.setdefault("fontsize", "small")
-    if outside:
+    if outside or n_entries <= LEGEND_INSIDE_MAX:
         return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **kwargs)
-    if n_entries <= LEGEND_INSIDE_MAX:
-        return ax.legend(loc="best", **kwargs)
     fig = ax.figure
     size = matplotlib.font_manager.FontProperties(size=kwargs["fontsize"]).get_size_in_points()
     measure = matplotlib.textpath.TextToPath()
@@ -210,6 +211,14 @@ def place_legend(ax, n_entries: int | None = None, outside: bool | None = None, 
     rows = -(-len(labels) // ncols) + (1 if kwargs.get("title") else 0)
     fig.set_figheight(fig.get_figheight() + (rows * 1.6 * size + 6.0) / 72.0)
     return fig.legend(handles, labels, loc="outside lower center", ncols=ncols, frameon=False, **kwargs)
+
+
+def y_from_floor(ax, floor: float | None = 0.0) -> None:
+    """The y axis starts at the metric's floor (0 for a score, a std or a CKA): a line plot zoomed to
+    48-60 % would show a 5-point dip as a collapse. ``None`` (an unbounded quantity, a loss): left as
+    matplotlib scales it. Call after drawing (the top stays autoscaled)."""
+    if floor is not None:
+        ax.set_ylim(bottom=floor)
 
 
 def wrap_to_width(text: str, width_pt: float, fontsize) -> str:
@@ -449,6 +458,7 @@ def convergence(
     set_title(fig, title)
     ax.grid(True, alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)
+    y_from_floor(ax, bounds[0])
     place_legend(ax, len(bands) + (1 if any(finals.get(run) for run in curves) else 0), title=note, title_fontsize="small")
 
     return finish(fig, out_prefix, source, synthetic)

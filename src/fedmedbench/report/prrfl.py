@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench.report.figures import PALETTE, SourceData, clip_band, contrast_colour, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key
+from fedmedbench.report.figures import PALETTE, SourceData, clip_band, contrast_colour, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key, y_from_floor
 from fedmedbench.report.flags import KINDS, MARKS, MEANING, Flags
 from fedmedbench.report.metric_names import metric_label
 from fedmedbench.report.tables import SUMMARY_COLUMNS, ReportInputError
@@ -179,6 +179,7 @@ def retrogress_figure(histories: dict[str, list[pd.DataFrame]], client: str, met
             ax.axvline(comm, color="0.8", linestyle=":", linewidth=0.8, zorder=0)
     ax.set_xlabel("local epoch (dotted: communication)")
     ax.set_ylabel(f"client {client}: test {metric_label(metric)} (%)")
+    y_from_floor(ax, 0.0)  # a score in %: a drop reads against 0, not a zoomed axis
     set_title(fig, title, fontsize=9)
     seeds = {len(frames) for frames in histories.values() if frames}
     n_seeds = seeds.pop() if len(seeds) == 1 else None

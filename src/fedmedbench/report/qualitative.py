@@ -9,6 +9,7 @@ import numpy as np
 from matplotlib.patches import Patch
 
 from fedmedbench.report.figures import SourceData, finish, plt, set_title
+from fedmedbench.report.metric_names import metric_label
 
 FG_COLOUR = np.array([1.0, 0.2, 0.2])
 OVERLAY_KEY = "red tint: foreground (ground truth, or the method's prediction)"
@@ -58,7 +59,8 @@ def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_pre
                 ax.set_title(headers[c], fontsize="small")
             if c >= 2:  # a prediction: its score on this image
                 dice = foreground_dice(row["preds"][columns[c - 2][0]], row["truth"])
-                ax.set_xlabel("no foreground" if np.isnan(dice) else f"Dice {dice:.1f} %", fontsize="x-small")
+                # named as the tables name it (report.metric_names): the tables' "Dice" includes background
+                ax.set_xlabel("no foreground" if np.isnan(dice) else f"{metric_label('dice_fg')} {dice:.1f} %", fontsize="x-small")
                 source.add(headers[c], row["label"], dice, kind="panel", n=1, n_of="image (foreground Dice vs ground truth)")
             else:
                 source.add(headers[c], row["label"], np.nan, kind="panel", n=1, n_of="image")
