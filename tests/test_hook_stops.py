@@ -141,3 +141,27 @@ def test_hook_timeout_is_off_by_default_and_a_bad_value_is_one_line(tmp_path, ca
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and len(lines) == 1, lines
         assert lines[0].endswith(f"ConfigError: --hook-timeout-s: expected a number of seconds > 0 (0: no limit), got {float(value)}")
+
+
+def test_the_tasks_hook_timeout_s_is_checked_and_reaches_the_training_job_as_a_resource(tmp_path):
+    from fedmedbench.config import load_config
+    from fedmedbench.errors import ConfigError
+    from tests.tiny import CONFIGFILES
+
+    (tmp_path / "bad.yaml").write_text("tasks:\n  prostate:\n    hook_timeout_s: -1\n")
+    with pytest.raises(ConfigError, match=r"tasks\.prostate\.hook_timeout_s: expected number > 0 or null, got -1"):
+        load_config(str(ROOT / "config" / "config.yaml"), str(tmp_path / "bad.yaml"))
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
+    (tmp_path / "limit.yaml").write_text("tasks:\n  prostate:\n    hook_timeout_s: 2.5\n")
+    commands = {}
+    for overlay in ([], [str(tmp_path / "limit.yaml")]):
+        cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "--cores", "1",
+               "--configfile", *map(str, CONFIGFILES), *overlay]  # fmt: skip
+        dry = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)})
+        assert dry.returncode == 0, dry.stderr[-2000:]
+        commands[bool(overlay)] = [line for line in dry.stdout.splitlines() if "fedmedbench train " in line]
+    assert commands[False] and all("--hook-timeout-s 0 " in c for c in commands[False])  # off by default
+    assert all("--hook-timeout-s 2.5 " in c for c in commands[True])
+    # a resource, not the run config: the jobs' run config (what their numbers depend on) is the same
+    assert sorted(c.split("--out")[0] for c in commands[True]) == sorted(c.split("--out")[0] for c in commands[False])
