@@ -260,7 +260,7 @@ def test_split_csv_takes_file_names_and_stems_and_shows_an_example_of_the_site(t
         ({"group_pattern": "^\\d+_"}, "folders.group_pattern: '^\\d+_' has no capture group; put the part that names the group"),
         ({"group_pattern": 5}, "folders.group_pattern: expected a regular expression with one capture group"),
         ({"group_pattern": "(a)", "groups_csv": "g.csv"}, "folders: group_pattern and groups_csv are both set; give the groups one way"),
-        ({"groups_csv": ""}, "folders.groups_csv: expected a CSV file path or null"),
+        ({"groups_csv": ""}, "folders.groups_csv: expected a CSV file path, got \"\""),
         ({"mask_suffix": "a/b"}, "folders.mask_suffix: expected the text a mask's name adds to its image's name"),
         ({"kind": "classification", "classes": ["a", "b"], "mask_suffix": "_m"}, "folders.mask_suffix: only for kind segmentation"),
     ],

@@ -7,6 +7,7 @@ as in a float TIFF, in the same words."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -223,7 +224,7 @@ def test_masks_follow_the_same_rules_in_a_store(tmp_path, capsys):
 @pytest.mark.parametrize("value", [-1, 1.5, "1", True])
 def test_tiff_page_is_a_page_number(value):
     with pytest.raises(ConfigError, match=re.escape(f"folders.tiff_page: expected a page number 0, 1, ... (0: the first page "
-                                                    f"of a multi-page TIFF, its full resolution), got {value!r}")):
+                                                    f"of a multi-page TIFF, its full resolution), got {json.dumps(value)}")):
         FoldersOptions.from_dict({"root": "x", "tiff_page": value})
     assert FoldersOptions.from_dict({"root": "x", "tiff_page": 2}).tiff_page == 2
 

@@ -7,7 +7,6 @@ same whether Snakemake or a person starts it. No torch import here: the Snakefil
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import os
 import re
@@ -19,14 +18,11 @@ import yaml
 from fedmedbench import values
 from fedmedbench.errors import ConfigError, closest, unknown_key
 from fedmedbench.runconfig import RunConfig, Strict, field_names
+from fedmedbench.schema import SCHEMA, YAML_LOADER, schema  # noqa: F401  (SCHEMA: config.SCHEMA for callers)
 
-# libyaml's safe loader where it is built (10x faster; Snakemake parses the config on every call).
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = PACKAGE_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 # The workflow's configuration, relative to the working directory, where the Snakemake workflow
-# catalog's layout puts it (the Snakefile's `configfile:`, the CLI's default --config). It was
-# config.yaml at the checkout's root before: a path to that old place gets one line naming this one.
+# catalog's layout puts it (the Snakefile's `configfile:`, the CLI's default --config).
 DEFAULT_CONFIG = Path("config") / "config.yaml"
 
 # Run-config keys a task section may set; its other keys (dataset, protocol) say which data to use.
@@ -42,11 +38,6 @@ def deep_merge(base: dict, overlay: dict) -> dict:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
-
-
-@functools.lru_cache(maxsize=1)
-def schema() -> dict:
-    return yaml.load(SCHEMA.read_text(), Loader=YAML_LOADER)
 
 
 def _relaxed(node):

@@ -13,7 +13,7 @@ import functools
 import json
 import math
 
-from fedmedbench.errors import ConfigError
+from fedmedbench.errors import ConfigError, closest, unknown_key
 
 JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", tuple: "array", dict: "object"}
 
@@ -24,7 +24,11 @@ def inferred_schema(default) -> dict | None:
 
 
 def describe(schema: dict) -> str:
-    """``number > 0``, ``one of 'full', 'dc'``, ``boolean (true/false)``, ``integer >= 1 or null``."""
+    """``number > 0``, ``one of 'full', 'dc'``, ``boolean (true/false)``, ``integer >= 1 or null``; or
+    the schema's own ``expected`` phrase, where a type and a range alone would not say what the value
+    means (e.g. ``1 (one slice, replicated to 3 channels) or 3 (slices i-1, i, i+1)``)."""
+    if "expected" in schema:
+        return schema["expected"]
     if "enum" in schema:
         return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
     types = schema.get("type", "any value")
@@ -77,7 +81,8 @@ def check_finite(value, where: str) -> None:
 
 
 def check(value, schema: dict, where: str) -> None:
-    """Raise a ConfigError naming ``where``, the expected type or range and the value given."""
+    """Raise a ConfigError naming ``where``, the expected type or range and the value given; an
+    unknown key names its closest spelling, a missing one what it is for."""
     import jsonschema
 
     check_finite(value, where)
@@ -85,6 +90,15 @@ def check(value, schema: dict, where: str) -> None:
     error = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(value))
     if error is None:
         return
-    inner = "".join(f".{p}" for p in error.absolute_path)
-    expected = describe(error.schema) if error.validator in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") else error.message
-    raise ConfigError(f"{where}{inner}: expected {expected}, got {json.dumps(error.instance)} ({type(error.instance).__name__})")
+    place = where + "".join(f".{p}" for p in error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = error.schema.get("properties", {})
+        raise unknown_key(place, next(str(k) for k in error.instance if k not in allowed), allowed)
+    if error.validator == "required":
+        key = next(k for k in error.validator_value if k not in error.instance)
+        meaning = error.schema.get("properties", {}).get(key, {}).get("expected")
+        raise ConfigError(f"{place}: {key!r} is required" + (f": {meaning}" if meaning else ""))
+    typed = error.validator in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") or "expected" in error.schema
+    expected = describe(error.schema) if typed else error.message
+    hint = closest(error.instance, map(str, error.schema["enum"])) if error.validator == "enum" and isinstance(error.instance, str) else ""
+    raise ConfigError(f"{place}: expected {expected}, got {json.dumps(error.instance, default=str)} ({type(error.instance).__name__}){hint}")
