@@ -141,3 +141,46 @@ def test_only_jobs_in_the_servers_environment_and_allocation_are_served(tmp_path
     listener.shutdown(socket.SHUT_RDWR)  # wakes the thread's accept(), which then ends
     listener.close()
     server.join(timeout=10)
+
+
+# A served job whose client is stopped: the job's own SIGTERM handler runs (a data step removes its
+# temporary folder there), as when the same command runs in-process.
+STOPPED_CLIENT = """
+import pathlib, signal, subprocess, sys, time
+from fedmedbench import jobserver
+
+started, cleaned = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+
+def run(argv):
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        started.touch()
+        time.sleep(60)
+        return 0
+    finally:
+        cleaned.write_text("removed its temporaries")
+
+client = "import sys; from fedmedbench import jobserver; sys.exit(jobserver.run_remotely(['job']))"
+driver = f'''
+import pathlib, signal, subprocess, sys, time
+p = subprocess.Popen([sys.executable, "-c", {client!r}])
+while not pathlib.Path({str(started)!r}).exists():
+    time.sleep(0.05)
+p.send_signal(signal.SIGTERM)
+p.wait()
+deadline = time.monotonic() + 30
+while not pathlib.Path({str(cleaned)!r}).exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+'''
+sys.exit(jobserver.with_jobserver([sys.executable, "-c", driver], run, lambda: None))
+"""
+
+
+def test_a_served_job_whose_client_is_stopped_ends_through_its_sigterm_handler(tmp_path):
+    started, cleaned = tmp_path / "started", tmp_path / "cleaned"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDMEDBENCH_JOBSERVER")}
+    env["PYTHONPATH"] = str(SRC)
+    result = subprocess.run([sys.executable, "-c", STOPPED_CLIENT, str(started), str(cleaned)], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert cleaned.read_text() == "removed its temporaries"

@@ -1,6 +1,5 @@
 """SIGTERM during preprocessing (Snakemake stopping its jobs, `kill`, SLURM before its SIGKILL)
-removes the step's temporary folder on the way out, instead of leaving it until the next run
-(issue 41)."""
+removes the step's temporary folder on the way out, instead of leaving it until the next run."""
 
 from __future__ import annotations
 

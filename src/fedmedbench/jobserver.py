@@ -12,9 +12,10 @@ files, same exit status) and reports the exit status back.
 
 - The server never runs a tensor operation or touches a GPU, so forking it is safe; each child
   initialises its own thread pools and devices.
-- A job whose client goes away (killed by Snakemake or by hand) is killed too: the child watches its
-  connection and SIGKILLs itself when it closes. A child killed by a signal is reported as a death by
-  that signal (exit status 128 + signal).
+- A job whose client goes away (stopped by Snakemake or by hand) stops too, as it would in-process: the
+  child watches its connection and, when it closes, sends itself SIGTERM (so a step removes its
+  temporary files on the way out), then SIGKILL after ``STOP_GRACE_S``. A child killed by a signal is
+  reported as a death by that signal (exit status 128 + signal).
 - Without a server (the variable unset, or nobody listening) ``train`` runs in-process as always.
 - Only a job in the server's own scope is served (``scope``): the same Python environment and the
   same SLURM allocation. A ``--use-conda`` job runs in its rule's conda environment and a job that
@@ -43,6 +44,8 @@ from typing import Callable
 
 SOCKET_ENV = "FEDMEDBENCH_JOBSERVER"
 SCOPE_ENV = "FEDMEDBENCH_JOBSERVER_SCOPE"
+# Seconds a job whose client went away has, after its SIGTERM, to remove its temporaries and end.
+STOP_GRACE_S = 10.0
 STATUS = struct.Struct("!i")
 # A request is its length (sent with the client's three file descriptors) and then its JSON. A Unix
 # stream socket delivers a long message in several reads, and the read that carries the descriptors
@@ -70,8 +73,10 @@ def _child(conn: socket.socket, request: dict, fds: list[int], run: Run) -> None
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-        def watch() -> None:  # the client went away: so do we
+        def watch() -> None:  # the client went away: so do we, first as a stopped job would, then for good
             conn.recv(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+            threading.Event().wait(STOP_GRACE_S)
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, daemon=True).start()
