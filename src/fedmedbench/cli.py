@@ -282,7 +282,7 @@ def cmd_check_data(args) -> None:
                   for task, spec in (config.get("tasks") or {}).items() if isinstance(spec, dict) and spec.get("dataset") == name}
         models = models or {None: cfgmod.KIND_DEFAULTS.get(kind, {}).get("model", {})}
 
-        def size_problem(height: int, width: int) -> str | None:
+        def size_problem(height: int, width: int, models=models) -> str | None:
             return next(filter(None, (cfgmod.model_size_problem(model, height, width, task) for task, model in models.items())), None)
 
         try:
@@ -525,7 +525,7 @@ def cmd_report(args) -> None:
     experiments = {name: Experiment.from_dict(spec, f"experiments.{name}") for name, spec in json.loads(args.experiments).items()}
     finals = _load_finals(args.finals)
     sections, seeds, rounds = [], set(), set()
-    for name, exp in experiments.items():
+    for exp in experiments.values():
         section = {"title": exp.title, "labels": exp.labels, "figure": exp.figure, "notes": exp.notes}
         if exp.kind == "table":
             runs = set(exp.runs)

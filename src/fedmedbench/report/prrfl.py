@@ -105,7 +105,7 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
     x = np.arange(len(runs))
     for j, column in enumerate(columns):
         cells = summary[summary["client_label"] == column].set_index("run")
-        cell = lambda key: np.array([cells.loc[r, key] if r in cells.index else np.nan for r in runs], dtype=float)  # noqa: E731
+        cell = lambda key, cells=cells: np.array([cells.loc[r, key] if r in cells.index else np.nan for r in runs], dtype=float)  # noqa: E731
         means = cell("mean")
         xj = x + (j - (len(columns) - 1) / 2) * width
         color = PALETTE[j % 2]  # F1 and AUC: the palette's first two colours; the ensemble hatched and lighter

@@ -48,7 +48,7 @@ def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_pre
     headers = ["Image", "Ground truth"] + [name for _, name in columns]
     source = SourceData((0.0, 100.0))
     for r, row in enumerate(rows):
-        show = lambda mask: overlay(row["image"], mask, row.get("centre_slice", False))  # noqa: E731
+        show = lambda mask, row=row: overlay(row["image"], mask, row.get("centre_slice", False))  # noqa: E731
         panels = [show(np.zeros(row["truth"].shape)), show(row["truth"])] + [show(row["preds"][run]) for run, _ in columns]
         for c, panel in enumerate(panels):
             ax = axes[r, c]
