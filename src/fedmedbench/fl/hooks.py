@@ -14,7 +14,10 @@ site's ClientApp, which builds its client through ``load_method`` too: both runt
 line. A hook called by another (the base ``train`` calls ``loss``) is named itself.
 
 ``state_dict``'s value is also checked for what a checkpoint cannot hold (fl/state.py), so a numpy
-array in a method's state is named with its hook and client before anything is written.
+array in a method's state is named with its hook and client before anything is written. The state a
+hook hands on (the server's global state after ``aggregate``, a package, a client's reply) is checked
+for integer or boolean tensors where the model's are floating (``wrong_dtype``). Each call is recorded
+in fl/hookwatch.py while it runs, so that SIGTERM, Ctrl-C or ``hook_timeout_s`` name the hook.
 """
 
 from __future__ import annotations

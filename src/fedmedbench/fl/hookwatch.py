@@ -2,8 +2,8 @@
 
 ``fl/hooks.py`` wraps every hook of a method's Server and Client; each call is recorded here while it
 runs (:func:`entered` / :func:`left`, per thread). Around a training (the ``train`` command),
-:func:`watching` turns SIGTERM and Ctrl-C (SIGINT) into ``errors.HookStopped``, whose one line names the
-method, the hook, the round and the client that was running, e.g. ``method 'myfed', Client.train,
+:func:`watching` turns SIGTERM and Ctrl-C (SIGINT) into ``errors.HookStopped``, whose one line names
+the method, the hook, the round and the client that was running, e.g. ``method 'myfed', Client.train,
 round 3, client 'B': stopped by SIGTERM``; with ``hook_timeout_s`` a hook that has not returned after
 that many seconds is ended with the same line (SIGALRM, POSIX, the main thread: the engine calls every
 hook from it). Without a hook running, SIGTERM and Ctrl-C behave as before.
