@@ -9,8 +9,9 @@ the warnings (``DataReport.warnings``: legal, but worth knowing). ``python -m fe
 prints it, and folders' preprocessing logs it first.
 
 It is fast on hundreds of images because images are read only for their header (Pillow's lazy
-open, tifffile's or SimpleITK's header); masks are read fully (their values are the point), with the
-readers preprocessing uses (``images.read_mask``, ``reading._read_volume``), and the layout,
+open, the TIFF page ``tiff_page`` names through its photometric interpretation, SimpleITK's header);
+masks are read fully (their values are the point), with the readers preprocessing uses
+(``reading.read_folders_mask``: a palette mask as its indices, ``reading._read_volume``), and the layout,
 ``labels.csv`` and the split are checked by folders' own functions, so what is reported is what
 preprocessing will see. Nothing here imports torch: the data layer knows nothing of training (the
 caller passes its model's size rule).
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..images import exif_orientation, open_image, read_mask
+from ..images import exif_orientation, open_image
 from ..store import SPLITS
 from .groups import assign_groups, groups_source, prefix_warning, repeated_stem_warning, shared_group_warning, subject_column_warning
 from .options import LABEL_COLUMNS, LABELS_FILE, OPTIONAL_LABEL_COLUMNS, FoldersDataError, FoldersOptions
@@ -42,12 +43,15 @@ from .reading import (
     _map_mask,
     _read_volume,
     _relative,
-    _tiff_orientation,
     _unlisted_message,
     discover_sites,
+    is_tiff,
     list_pairs,
+    multipage_warning,
+    read_folders_mask,
 )
 from .splits import _read_user_split, _seeded_split, class_notes
+from .tiff import check_page, tiff_header
 
 __all__ = ["DataReport", "SiteReport", "builtin_line", "image_header", "inspect_folders"]
 
@@ -104,8 +108,12 @@ class DataReport:
         return next(s for s in self.sites if s.site == name)
 
     def lines(self) -> list[str]:
-        """The report as text: a head line, two or three lines per site, one line per problem or warning."""
+        """The report as text: a head line, two or three lines per site, one line per problem or warning;
+        without any site (the layout or labels.csv could not be read), its problems alone."""
         o, label = self.options, f"data.{self.name}" if self.name else "folders data"
+        if not self.sites and self.problems:  # the layout or labels.csv stopped it: no "0 site(s)" to show
+            return ([f"{label}: problem: {p}" for p in self.problems] + [f"{label}: warning: {w}" for w in self.warnings]
+                    + [f"{label}: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)"])
         split = (f"split_csv {o.split_csv}" if o.split_csv else
                  f"seeded fractions {'/'.join(f'{f:g}' for f in o.fractions)} (seed {o.seed})")
         size = f"resized to {o.image_size}x{o.image_size}" if o.image_size else "sizes as stored"
@@ -178,26 +186,21 @@ def _percent(x: float) -> str:
 # ---------------------------------------------------------------------------
 
 
-def image_header(path: str | os.PathLike) -> tuple[int, int, str]:
+def image_header(path: str | os.PathLike, page: int = 0) -> tuple[int, int, str]:
     """(H, W, "grey" | "colour") of a 2-D image from its header, as ``reading.read_image`` would
-    decode it (TIFFs as tifffile sees them, as preprocessing reads them with tifffile first; upright,
-    by the file's EXIF Orientation)."""
-    return _header(Path(path))[:3]
+    decode it (a TIFF at page ``page`` through its photometric interpretation, as preprocessing
+    reads it with tifffile first; upright, by the file's EXIF Orientation)."""
+    return _header(Path(path), page)[:3]
 
 
-def _header(path: Path) -> tuple[int, int, str, int]:
-    """``image_header`` and the file's EXIF (TIFF) Orientation (1: upright as stored)."""
+def _header(path: Path, page: int = 0) -> tuple[int, int, str, int, int]:
+    """``image_header``, the file's EXIF (TIFF) Orientation (1: upright as stored) and its page count."""
     errors = []
-    if path.suffix.lower() in (".tif", ".tiff"):
+    if is_tiff(path):
         try:
-            import tifffile
-
-            with tifffile.TiffFile(path) as tif:
-                if not tif.pages or not tif.series:
-                    raise ValueError("no image directory in the file")
-                h, w, kind = _shape_kind(tuple(tif.series[0].shape), path)
-                orientation = _tiff_orientation(tif)
-            return (w, h, kind, orientation) if orientation >= 5 else (h, w, kind, orientation)  # 5..8 swap H and W
+            h, w, channels, orientation, pages = tiff_header(path, page)
+            kind = "grey" if channels == 1 else "colour"
+            return (w, h, kind, orientation, pages) if orientation >= 5 else (h, w, kind, orientation, pages)  # 5..8 swap H and W
         except FoldersDataError:
             raise
         except Exception as exc:  # tifffile raises many types (bad tags, truncated header)
@@ -206,6 +209,10 @@ def _header(path: Path) -> tuple[int, int, str, int]:
 
     try:
         with open_image(path, FoldersDataError) as img:
+            pages = getattr(img, "n_frames", 1) if is_tiff(path) else 1
+            if page and is_tiff(path):  # as reading._decode falls back to Pillow
+                check_page(path, page, pages)
+                img.seek(page)
             mode, (width, height), orientation = img.mode, img.size, exif_orientation(img)
     except FoldersDataError:
         raise
@@ -215,22 +222,10 @@ def _header(path: Path) -> tuple[int, int, str, int]:
     if orientation >= 5:  # read upright: orientations 5..8 swap H and W
         width, height = height, width
     if mode in _GREY_MODES or mode.startswith("I;16"):
-        return height, width, "grey", orientation
+        return height, width, "grey", orientation, pages
     if mode in _COLOUR_MODES:
-        return height, width, "colour", orientation
+        return height, width, "colour", orientation, pages
     raise FoldersDataError(f"{path}: unsupported Pillow mode {mode}")
-
-
-def _shape_kind(shape: tuple[int, ...], path: Path) -> tuple[int, int, str]:
-    """reading.read_image's reading of an array shape: H x W grey, H x W x 1|2 grey (+ alpha),
-    H x W x 3|4 colour, planar 3|4 x H x W colour."""
-    if len(shape) == 3 and shape[0] in (3, 4) and shape[-1] not in (3, 4):
-        shape = (*shape[1:], shape[0])
-    if len(shape) == 2:
-        return shape[0], shape[1], "grey"
-    if len(shape) == 3 and shape[-1] in (1, 2, 3, 4):
-        return shape[0], shape[1], "grey" if shape[-1] in (1, 2) else "colour"
-    raise FoldersDataError(f"{path}: expected a grey or colour 2-D image, got array shape {shape}")
 
 
 def _volume_header(path: Path, nifti_axis: int) -> tuple[tuple[int, int, int], dict]:
@@ -264,6 +259,7 @@ class _Pair:
     foreground: list[int] = field(default_factory=list)  # per row: pixels of classes >= 1
     present: list[tuple[int, ...]] = field(default_factory=list)  # per row: the classes its mask holds
     orientation: int = 1
+    multipage: list[tuple[Path, int]] = field(default_factory=list)  # (file, pages) of a multi-page TIFF
     problem: str | None = None
 
 
@@ -286,9 +282,11 @@ def _read_pair(pair: tuple, options: FoldersOptions) -> _Pair:
                 raise FoldersDataError(f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values")
             mask = mask.astype(np.int64)
         else:
-            h, w, out.channels, out.orientation = _header(image_path)
+            h, w, out.channels, out.orientation, pages = _header(image_path, options.tiff_page)
             out.size = (h, w)
-            mask = read_mask(mask_path, error=FoldersDataError, upright=True)[None]
+            mask, mask_pages = read_folders_mask(mask_path, options.tiff_page)  # preprocessing's own reading
+            mask = mask[None]
+            out.multipage = [(p, n) for p, n in ((image_path, pages), (mask_path, mask_pages)) if n > 1]
             if mask.shape[1:] != (h, w):
                 raise FoldersDataError(f"{image_path} is {w}x{h} but its mask {mask_path} is {mask.shape[2]}x{mask.shape[1]}")
         found, counts = np.unique(mask, return_counts=True)
@@ -349,6 +347,13 @@ def _check_channels(report: DataReport, site: SiteReport, kinds: list[tuple[Path
             f"(e.g. {first['grey']} is grey, {first['colour']} is colour); preprocessing needs one kind per site")
 
 
+def _multipage(report: DataReport, site: str, files: list[tuple[Path, int]], root: Path) -> None:
+    """The preprocessing log's warning about a site's multi-page TIFF files, worded as the report's."""
+    warning = multipage_warning(site, files, root, report.options.tiff_page)
+    if warning:
+        report.warnings.append(warning.replace(f"folders {site}: warning: ", f"site {site}: ", 1))
+
+
 def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: DataReport, pool) -> pd.DataFrame | None:
     rep = SiteReport(site, class_pixels=[0] * options.num_classes)
     report.sites.append(rep)
@@ -358,9 +363,10 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: D
         report.problems.append(str(exc))
         return None
     read = list(pool.map(lambda pair: _read_pair(pair, options), pairs))
-    rows, problems, kinds = [], [], []
+    rows, problems, kinds, multipage = [], [], [], []
     for (stem, image_path, _, fmt), got in zip(pairs, read):
         rep.files += 1
+        multipage += got.multipage
         rep.volumes += fmt == "nifti"
         rep.upright += got.orientation != 1
         if got.problem:
@@ -382,6 +388,7 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: D
                  for fg, cs in zip(foreground, present)]
     _file_problems(report, site, problems)
     _check_channels(report, rep, kinds)
+    _multipage(report, site, multipage, root)
     meta = pd.DataFrame(rows, columns=["group", "source", "foreground", "classes"])
     rep.samples, rep.groups = len(meta), meta["group"].nunique()
     return meta
@@ -404,7 +411,7 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
 
     def header(path):
         try:
-            return _header(path)
+            return _header(path, options.tiff_page)
         except FoldersDataError as exc:
             return str(exc)
 
@@ -412,7 +419,7 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
     for site, table in tables.items():
         rep = SiteReport(site, class_images=np.bincount(table["label_index"], minlength=options.num_classes).tolist())
         report.sites.append(rep)
-        problems, kinds = [], []
+        problems, kinds, multipage = [], [], []
         for path, got in zip(table["path"], pool.map(header, list(table["path"]))):
             rep.files += 1
             if isinstance(got, str):
@@ -422,8 +429,11 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
             rep.channels[got[2]] += 1
             rep.upright += got[3] != 1
             kinds.append((path, got[2]))
+            if got[4] > 1:
+                multipage.append((path, got[4]))
         _file_problems(report, site, problems)
         _check_channels(report, rep, kinds)
+        _multipage(report, site, multipage, root)
         sources = [_relative(p, root) for p in table["path"]]
         # As folders._classification_site builds the store: an image without a group is its own group.
         groups = [f"{site}/{g}" if g else f"{site}/{s}" for g, s in zip(table["group"], sources)]

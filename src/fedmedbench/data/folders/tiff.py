@@ -12,8 +12,9 @@ tifffile at their real bit depth, then turned into grey or RGB through the page'
   interpretation shows, beyond an alpha and one extra sample) is refused.
 
 A multi-page or pyramidal file is read at one page (``page``, the first by default: the full
-resolution of a whole-slide pyramid); the caller warns with the page count. Masks are not read here:
-see ``reading.read_folders_mask``.
+resolution of a whole-slide pyramid); the caller warns with the page count. ``tiff_header`` gives
+what ``read_tiff`` will show (size, grey or colour) from the headers alone, for ``check-data``. Masks
+are not read here: see ``reading.read_folders_mask``.
 """
 
 from __future__ import annotations
@@ -57,25 +58,55 @@ def read_tiff(path: Path, page: int = 0) -> tuple[np.ndarray, int, int]:
         check_page(path, page, pages)
         ifd = tif.pages[page]
         samples = np.asarray(ifd.asarray())
-        tag = ifd.tags.get(ORIENTATION)
-        orientation = tag.value if tag is not None and isinstance(tag.value, int) and 1 <= tag.value <= 8 else 1
         if samples.size == 0:
             raise ValueError("no pixels in the file")
-        axes = ifd.axes
-        if "S" in axes:
-            samples = np.moveaxis(samples, axes.index("S"), -1)  # planar configuration: samples last
-            axes = axes.replace("S", "") + "S"
-        if axes not in ("YX", "YXS"):
-            raise FoldersDataError(f"{path}: page {page} has axes {ifd.axes} (tifffile's names); expected a 2-D image")
-        return _as_viewed(path, ifd, samples), orientation, pages
+        if "S" in ifd.axes:
+            samples = np.moveaxis(samples, ifd.axes.index("S"), -1)  # planar configuration: samples last
+        _check_axes(path, page, ifd)
+        return _as_viewed(path, ifd, samples), _orientation(ifd), pages
 
 
-def _as_viewed(path: Path, ifd, samples: np.ndarray) -> np.ndarray:
+def tiff_header(path: Path, page: int = 0) -> tuple[int, int, int, int, int]:
+    """(H, W, channels: 1 grey or 3 colour, the page's TIFF Orientation, the file's page count) of
+    page ``page`` as ``read_tiff`` will show it, from the headers alone (no pixel decoded), with its
+    checks: the page exists, is 2-D, and its photometric interpretation and samples can be shown."""
+    import tifffile
+    from tifffile import PHOTOMETRIC
+
+    with tifffile.TiffFile(path) as tif:
+        pages = len(tif.pages)
+        if not pages:
+            raise ValueError("no image directory in the file")
+        check_page(path, page, pages)
+        ifd = tif.pages[page]
+        shape = tuple(ifd.shape)
+        if "S" in ifd.axes:
+            shape = tuple(n for axis, n in zip(ifd.axes, shape) if axis != "S") + (shape[ifd.axes.index("S")],)
+        _check_axes(path, page, ifd)
+        _shown_samples(path, ifd, shape[2] if len(shape) == 3 else 1)
+        grey = ifd.photometric in (PHOTOMETRIC.MINISBLACK, PHOTOMETRIC.MINISWHITE)  # a palette shows colours
+        return shape[0], shape[1], 1 if grey else 3, _orientation(ifd), pages
+
+
+def _check_axes(path: Path, page: int, ifd) -> None:
+    if ifd.axes.replace("S", "") + ("S" if "S" in ifd.axes else "") not in ("YX", "YXS"):
+        raise FoldersDataError(f"{path}: page {page} has axes {ifd.axes} (tifffile's names); expected a 2-D image")
+
+
+def _orientation(ifd) -> int:
+    tag = ifd.tags.get(ORIENTATION)
+    return tag.value if tag is not None and isinstance(tag.value, int) and 1 <= tag.value <= 8 else 1
+
+
+def _shown_samples(path: Path, ifd, samples: int) -> int:
+    """Of a page's ``samples`` samples per pixel, how many its photometric interpretation shows (1:
+    grey or a palette index, 3: RGB or YCbCr, 4: CMYK), the rest being alpha or one unnamed extra
+    sample; a page a viewer cannot show as one picture is refused."""
     from tifffile import PHOTOMETRIC
 
     photometric = PHOTOMETRIC(ifd.photometric)
     extra = tuple(ifd.extrasamples or ())
-    colour = (samples.shape[-1] if samples.ndim == 3 else 1) - len(extra)
+    colour = samples - len(extra)
     expected = {PHOTOMETRIC.MINISBLACK: 1, PHOTOMETRIC.MINISWHITE: 1, PHOTOMETRIC.PALETTE: 1, PHOTOMETRIC.RGB: 3,
                 PHOTOMETRIC.SEPARATED: 4, PHOTOMETRIC.YCBCR: 3}.get(photometric)
     if expected is None:
@@ -86,6 +117,14 @@ def _as_viewed(path: Path, ifd, samples: np.ndarray) -> np.ndarray:
     if colour != expected or sum(int(e) == 0 for e in extra) > 1:
         raise FoldersDataError(f"{path}: {colour + len(extra)} samples per pixel under photometric {photometric.name}, "
                                f"which shows {expected} (a multichannel image); save one channel per file, or as RGB")
+    return expected
+
+
+def _as_viewed(path: Path, ifd, samples: np.ndarray) -> np.ndarray:
+    from tifffile import PHOTOMETRIC
+
+    photometric = PHOTOMETRIC(ifd.photometric)
+    expected = _shown_samples(path, ifd, samples.shape[-1] if samples.ndim == 3 else 1)
     pixels = samples[..., :expected] if samples.ndim == 3 else samples
     if expected == 1 and pixels.ndim == 3:
         pixels = pixels[..., 0]
@@ -98,6 +137,7 @@ def _as_viewed(path: Path, ifd, samples: np.ndarray) -> np.ndarray:
         colours = (np.asarray(ifd.colormap, np.uint16) >> 8).astype(np.uint8)  # 3 x 2**bits
         return np.ascontiguousarray(colours[:, pixels.astype(np.intp)].transpose(1, 2, 0))
     if photometric == PHOTOMETRIC.RGB:
+        extra = tuple(ifd.extrasamples or ())
         if extra and extra[0] == ASSOCIATED_ALPHA:
             return _unpremultiplied(pixels, samples[..., 3])
         return pixels
