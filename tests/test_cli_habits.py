@@ -145,6 +145,3 @@ def test_the_configs_missing_default_is_one_line_in_process(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"^--configfile: found no config/config\.yaml in "):
         cli.config_files(["config/config.yaml"])
-    (tmp_path / "config.yaml").write_text("run_name: x\n")  # the layout before the configuration moved
-    with pytest.raises(ConfigError, match=r"moved from config\.yaml to config/config\.yaml"):
-        cli.config_files(["config/config.yaml"])

@@ -1,22 +1,15 @@
 """The Snakemake workflow catalog's standardized layout (workflow/Snakefile, config/config.yaml with
-config/README.md, workflow/envs/, .snakemake-workflow-catalog.yml), and what a user who names the
-configuration's old place (config.yaml at the root) is told."""
+config/README.md, workflow/envs/, .snakemake-workflow-catalog.yml)."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
-
-from fedmedbench import cli
-from fedmedbench import config as fmb
-from fedmedbench.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-MOVED = "config.yaml: no such file: the workflow's configuration moved to config/config.yaml"
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -73,42 +66,6 @@ def test_catalog_file_has_the_documented_keys():
     stack = usage["software-stack-deployment"]
     assert set(stack) <= {"conda", "singularity", "singularity+conda", "apptainer", "apptainer+conda", "report"}
     assert stack["conda"] is True and stack["report"] is True
-
-
-def test_the_old_config_path_gets_one_line_naming_the_new_one(tmp_path, monkeypatch, capsys):
-    (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "config.yaml").write_text("run_name: x\n")
-    moved = f"{tmp_path / 'config.yaml'}: no such file: the workflow's configuration moved to {tmp_path / 'config' / 'config.yaml'} ("
-    with pytest.raises(ConfigError, match=f"^{re.escape(moved)}"):
-        fmb.read_yaml(tmp_path / "config.yaml")
-    with pytest.raises(FileNotFoundError):  # any other missing file: as before
-        fmb.read_yaml(tmp_path / "other.yaml")
-    monkeypatch.chdir(tmp_path)
-    # `fedmedbench with-jobserver snakemake --configfile config.yaml` refuses before Snakemake starts
-    with pytest.raises(ConfigError, match=f"^{re.escape(MOVED)}"):
-        fmb.refuse_templated_configs(["snakemake", "--cores", "1", "--configfile", "config.yaml"])
-    # the CLI's --config and with-jobserver: exit 1, one line
-    capsys.readouterr()
-    for argv in (["estimate", "--config", "config.yaml"], ["with-jobserver", "snakemake", "-n", "--configfile", "config.yaml"]):
-        assert cli.main(argv) == 1
-        lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].endswith(f"ConfigError: {MOVED} (the Snakemake catalog's layout)"), lines
-
-
-def test_a_plain_snakemake_finds_the_default_profile_beside_workflow_snakefile(monkeypatch):
-    monkeypatch.chdir(ROOT)
-    assert fmb.snakemake_yaml_files(["snakemake", "--cores", "8"], {})[0] == Path("workflow/profiles/default/config.yaml")
-
-
-def test_a_working_directory_with_the_old_config_yaml_is_told_to_move_it(tmp_path):
-    (tmp_path / "config.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
-    result = snakemake(tmp_path, "-s", str(ROOT / "workflow" / "Snakefile"), "-n", "--cores", "1")
-    assert result.returncode == 1
-    lines = [line for line in (result.stdout + result.stderr).splitlines() if "config/config.yaml: no such file" in line]
-    assert lines == [
-        "config/config.yaml: no such file: the workflow's configuration moved from config.yaml to config/config.yaml "
-        f"(the Snakemake catalog's layout): move {tmp_path / 'config.yaml'} there"
-    ]
 
 
 def test_a_workflow_using_this_one_as_a_module_finds_its_sources_and_resources(tmp_path):

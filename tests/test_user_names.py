@@ -227,38 +227,6 @@ def test_read_yaml_and_load_config_refuse_a_yte_template(tmp_path, capsys):
     assert not marker.exists()
 
 
-def test_the_yaml_files_snakemake_reads_first_are_found_on_its_command_line(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "profiles" / "default").mkdir(parents=True)
-    (tmp_path / "profiles" / "default" / "config.yaml").write_text("cores: 1\n")
-    (tmp_path / "wp").mkdir()
-    (tmp_path / "wp" / "config.yaml").write_text("configfile: [base.yaml, more.yaml]\n")
-    (tmp_path / "wp" / "profile.v9+.yaml").write_text("configfiles: extra.yaml\n")
-    (tmp_path / "user").mkdir()
-    (tmp_path / "user" / "profile.yaml").write_text("cores: 2\n")
-    found = lambda *args, env=None: [str(p) for p in fmb.snakemake_yaml_files(list(args), env or {})]  # noqa: E731
-    assert found("snakemake", "--cores", "2") == ["profiles/default/config.yaml"]
-    assert found("snakemake", "--configfile", "a.yaml", "b.yaml", "--cores", "2", "--workflow-profile", "none") == ["a.yaml", "b.yaml"]
-    assert found("/usr/bin/snakemake", "--configfiles=c.yaml", "--workflow-profile", "wp") == [
-        "wp/config.yaml", "base.yaml", "more.yaml", "wp/profile.v9+.yaml", "extra.yaml", "c.yaml",
-    ]  # fmt: skip
-    assert found("python", "-m", "snakemake", "--profile", "user", "--workflow-profile=none") == ["user/profile.yaml"]
-    assert found("snakemake", "--workflow-profile", "none", env={"SNAKEMAKE_PROFILE": "user"}) == ["user/profile.yaml"]
-    assert found("pytest", "--configfile", "a.yaml") == []
-    # A workflow laid out as the catalog's (workflow/Snakefile): Snakemake's third place for the
-    # default profile, workflow/profiles/default beside the Snakefile, when ./profiles/default is absent.
-    (tmp_path / "workflow" / "profiles" / "default").mkdir(parents=True)
-    (tmp_path / "workflow" / "Snakefile").write_text("")
-    (tmp_path / "workflow" / "profiles" / "default" / "config.yaml").write_text("cores: 3\n")
-    assert found("snakemake", "--cores", "2") == ["profiles/default/config.yaml"]  # ./profiles/default first, as Snakemake
-    (tmp_path / "profiles" / "default" / "config.yaml").unlink()
-    (tmp_path / "profiles" / "default").rmdir()
-    assert found("snakemake", "--cores", "2") == ["workflow/profiles/default/config.yaml"]
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "Snakefile").write_text("")
-    assert found("snakemake", "-s", "elsewhere/Snakefile") == []  # beside the Snakefile given, not workflow/
-
-
 def test_with_jobserver_refuses_a_yte_overlay_or_profile_before_snakemake_runs_it(tmp_path, capsys):
     overlay, marker = yte_overlay(tmp_path)
     code = cli.main(["with-jobserver", str(BIN / "snakemake"), "-n", "--cores", "1", "--configfile", str(overlay)])

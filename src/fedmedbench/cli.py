@@ -52,20 +52,14 @@ def _setup_logging(verbose: bool = False) -> None:
 def config_files(paths: list[str]) -> list[str]:
     """The --configfile files, each checked to exist: the default config/config.yaml missing (a command
     run outside the checkout) says in one line where to run or what to pass."""
-    from fedmedbench.config import check_config_location
-
     for path in paths:
         if Path(path).is_file():
             continue
         if path == str(DEFAULT_CONFIG):
-            check_config_location()  # a checkout laid out before config.yaml moved: one line naming the new place
             raise ConfigError(f"--configfile: found no {DEFAULT_CONFIG} in {Path.cwd()}: run the command in the fedmedbench checkout, "
                               f"or pass --configfile PATH/TO/{DEFAULT_CONFIG} [overlay.yaml ...]")
         if not os.path.exists(path):
-            from fedmedbench.config import moved_config, moved_config_error
-
-            new = moved_config(path)
-            raise moved_config_error(path, new) if new is not None else ConfigError(f"--configfile: {path}: no such file (in {Path.cwd()})")
+            raise ConfigError(f"--configfile: {path}: no such file (in {Path.cwd()})")
     return paths
 
 

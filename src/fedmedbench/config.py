@@ -310,31 +310,6 @@ def check_run_method(method: str, methods: dict, where: str) -> None:
 YTE_KEY = "__use_yte__"
 
 
-def moved_config(path: str | Path) -> Path | None:
-    """The config/config.yaml that replaced a missing ``config.yaml`` beside it (the configuration's
-    place before it moved), else None."""
-    path = Path(path)
-    new = path.parent / DEFAULT_CONFIG
-    if path.name == "config.yaml" and path.parent.name != "config" and not path.exists() and new.is_file():
-        return new
-    return None
-
-
-def moved_config_error(path: str | Path, new: Path) -> ConfigError:
-    return ConfigError(f"{path}: no such file: the workflow's configuration moved to {new} (the Snakemake catalog's layout)")
-
-
-def check_config_location() -> None:
-    """In the Snakefile, before its ``configfile:``: a working directory laid out before the move (its
-    own config.yaml, no config/config.yaml) gets one line naming the new place, not Snakemake's
-    missing-file error."""
-    if not DEFAULT_CONFIG.exists() and Path("config.yaml").is_file():
-        raise ConfigError(
-            f"{DEFAULT_CONFIG}: no such file: the workflow's configuration moved from config.yaml to {DEFAULT_CONFIG} "
-            f"(the Snakemake catalog's layout): move {Path('config.yaml').resolve()} there"
-        )
-
-
 # The most values a YAML file may hold once its aliases (*name) are expanded. config/config.yaml holds
 # about 2,000; a "billion laughs" file (each anchor listing the previous one ten times) holds billions
 # in a few lines, which the schema check, deepcopy and json would walk for minutes and gigabytes.
@@ -428,11 +403,6 @@ def read_yaml(path: str | Path) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
             loaded = yaml.load(handle, Loader=StrictLoader)
-    except FileNotFoundError:
-        new = moved_config(path)
-        if new is None:
-            raise
-        raise moved_config_error(path, new) from None
     except DuplicateKey as err:
         raise ConfigError(
             f"{path}: key {err.key!r} is given twice in the same mapping, on lines {err.first} and {err.second}: "
@@ -465,82 +435,31 @@ def read_yaml(path: str | Path) -> dict:
     return loaded
 
 
-# Where Snakemake looks for the Snakefile when none is given (snakemake.common.SNAKEFILE_CHOICES).
-SNAKEFILE_NAMES = ("Snakefile", "snakefile", "workflow/Snakefile", "workflow/snakefile")
 # A profile folder's settings file as Snakemake names it (profile.yaml, config.yaml, config.v9+.yaml).
 PROFILE_FILE = re.compile(r"^(profile|config)(\.v\d+\+)?\.yaml$")
 
 
-def _profile_files(profile: str) -> list[Path]:
-    """A profile's settings files: the file given, every settings file of the folder given (a
-    superset of the one Snakemake picks by its version), or the one Snakemake finds by name."""
-    path = Path(profile)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if PROFILE_FILE.match(p.name))
-    from snakemake.cli import get_profile_dir  # a profile by name, in Snakemake's config folders (0.7 s)
-
-    found = get_profile_dir(profile)
-    return [] if found is None else [found[1]]  # none: Snakemake reports a missing profile itself
-
-
-def snakemake_yaml_files(command: list[str], env: dict | None = None) -> list[Path]:
-    """The YAML files that the command line ``snakemake ...`` (or ``python -m snakemake ...``) makes
-    Snakemake read as templates before it reads the Snakefile: its profiles (``--profile``,
-    ``$SNAKEMAKE_PROFILE``, ``--workflow-profile``, else ``profiles/default`` beside the Snakefile) and the config files
-    given with ``--configfile(s)`` or listed by a profile. Empty for any other command."""
-    if command and Path(command[0]).name == "snakemake":
-        args = command[1:]
-    elif len(command) >= 3 and command[1:3] == ["-m", "snakemake"]:
-        args = command[3:]
-    else:
-        return []
-    options: dict[str, list[str]] = {"--configfile": [], "--profile": [], "--workflow-profile": [], "--snakefile": []}
-    i = 0
-    while i < len(args):
-        key, eq, value = args[i].partition("=")
-        key = {"--configfiles": "--configfile", "-s": "--snakefile"}.get(key, key)
-        i += 1
-        if key not in options:
+def refuse_templated_configs(command: list[str]) -> None:
+    """Before ``with-jobserver`` starts ``command``: Snakemake runs a YTE template in a profile or a
+    --configfile while it reads its arguments, before the Snakefile could refuse it, so every YAML
+    file the command names, the settings files of every folder it names (a profile) and the config
+    files those list are read by read_yaml first, which refuses ``__use_yte__``. No model of
+    Snakemake's options: any argument (``--opt=value`` too) that is such a file or folder counts."""
+    for arg in command[1:]:
+        path = arg.partition("=")[2] if arg.startswith("-") else arg
+        if not path:
             continue
-        if eq:
-            options[key].append(value)
-            continue
-        # --configfile(s) takes one or more values (as Snakemake's parser does), a profile one
-        while i < len(args) and not args[i].startswith("-"):
-            options[key].append(args[i])
-            i += 1
-            if key != "--configfile":
-                break
-    env = os.environ if env is None else env
-    profiles = options["--profile"] or ([env["SNAKEMAKE_PROFILE"]] if env.get("SNAKEMAKE_PROFILE") else [])
-    # The workflow profile as Snakemake finds it: the path given, or profiles/<name>, or profiles/<name>
-    # beside the Snakefile (workflow/profiles/default for a plain `snakemake`); by default `default`.
-    workflow = (options["--workflow-profile"] or ["default"])[-1]
-    if workflow != "none":
-        candidates = [Path(workflow), Path("profiles") / workflow]
-        snakefile = options["--snakefile"][-1:] or [n for n in SNAKEFILE_NAMES if Path(n).is_file()][:1]
-        if snakefile:
-            candidates.append(Path(snakefile[0]).parent / "profiles" / workflow)
-        profiles += [str(p) for p in candidates if p.exists()][:1]
-    files: list[Path] = []
-    for profile in profiles:
-        for found in [] if profile == "none" else _profile_files(profile):
-            files.append(found)
+        if os.path.isdir(path):  # os.path: False, not an error, for an argument too long to be a path
+            files = sorted(p for p in Path(path).iterdir() if PROFILE_FILE.match(p.name))
+        else:
+            files = [path] if path.endswith((".yaml", ".yml")) and os.path.isfile(path) else []
+        for found in files:
             listed = read_yaml(found)
             for key in ("configfile", "configfiles"):
-                value = listed.get(key) or []
-                files += [Path(v) for v in ([value] if isinstance(value, str) else value)]
-    return files + [Path(p) for p in options["--configfile"]]
-
-
-def refuse_templated_configs(command: list[str]) -> None:
-    """Before Snakemake starts: every YAML file it would read first (profiles, --configfile) is read
-    by our reader, which refuses ``__use_yte__`` (Snakemake would run the file's Python)."""
-    for path in snakemake_yaml_files(command):
-        if path.is_file() or moved_config(path) is not None:  # a config named at its old place: one line
-            read_yaml(path)
+                value = listed.get(key)
+                for listed_file in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+                    if os.path.isfile(str(listed_file)):
+                        read_yaml(listed_file)
 
 
 def load_config(*paths: Path) -> dict:

@@ -20,7 +20,6 @@ from fedmedbench.data.download import local_source  # noqa: E402
 # Read by our reader first, so a YAML syntax error is one line with file, line and column
 # (Snakemake's own message names neither), and a config asking Snakemake to evaluate Python
 # (`__use_yte__`) is refused before the `configfile:` below lets Snakemake read it.
-fmb.check_config_location()
 fmb.read_yaml(fmb.DEFAULT_CONFIG)
 # Overlays given with --configfile: Snakemake read them (and ran a YTE template in them) before
 # this file runs; refused all the same so that such a run stops here. `fedmedbench
