@@ -1,10 +1,13 @@
 """The own-data guide's classification example (docs/data.md, "Example: HAM10000 dermoscopy") run on
 the real HAM10000 files of ../shared/realdata/ham10000 (124 JPEGs of 123 lesions from the four
 sources, PROVENANCE.md): the script, YAML and commands are read out of the Markdown, as the TNBC and
-prostate examples are. Skipped where ../shared is absent."""
+prostate examples are, and (slow) the training command is run as printed, to the table. Skipped where
+../shared is absent."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ from fedmedbench.data.store import SPLITS, open_client, read_split_csv
 from tests.conftest import realdata_dir
 from tests.test_folders_guide import _config, _run_commands, guide_block
 
+ROOT = Path(__file__).resolve().parents[1]
 HAM = realdata_dir() / "ham10000"
 DATAVERSE_METADATA = HAM / "flamby" / "datasets" / "fed_isic2019" / "HAM10000_metadata"  # with `dataset`
 KAGGLE_METADATA = HAM / "HAM10000_metadata.csv"  # without it
@@ -24,7 +28,7 @@ realdata = pytest.mark.skipif(not HAM.exists(), reason="../shared/realdata/ham10
 
 def test_the_guide_has_the_ham_blocks():
     assert "your HAM10000 download" in (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
-    for name in ("ham-layout", "ham-config", "ham-commands"):
+    for name in ("ham-layout", "ham-config", "ham-commands", "ham-train"):
         assert guide_block(name)
 
 
@@ -81,3 +85,30 @@ def test_without_a_dataset_column_the_sites_are_the_body_sites(tmp_path):
     assert list(labels.columns) == ["site", "image", "label", "group"]
     assert sorted(labels["site"].unique()) == sorted(meta["localization"].str.replace(" ", "_").unique())
     assert all((root / image).is_file() for image in labels["image"])  # paths from the data root
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+@realdata
+def test_the_ham_example_trains_to_its_table_as_printed(tmp_path):
+    """The guide's training command, as printed, in a copy of the workflow beside the guide's ham.yaml:
+    FedAvg and FedProx trained on the four sources and the table written, with a row per method and a
+    column per source."""
+    root, _ = _layout(tmp_path, DATAVERSE_METADATA)
+    repo = tmp_path / "repo"
+    for name in ("config", "workflow", "src", "resources"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    config_path, config = _config("ham-config", repo, root)
+    config_path.rename(repo / "ham.yaml")
+    command = guide_block("ham-train")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-e", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, (command, done.stderr[-3000:])
+    table = (repo / "results" / "ham" / "tables" / "ham_table.md").read_text().splitlines()
+    header = next(line for line in table if line.startswith("| Method"))
+    assert [c.strip() for c in header.split("|")[1:-1]] == ["Method", "rosendahl", "vidir_modern", "vidir_molemax", "vienna_dias", "Avg"]
+    rows = [line.split("|")[1].strip() for line in table if line.startswith("| ") and line != header]
+    assert rows == ["fedavg", "fedprox"]
+    for run in rows:  # every round of the guide's config was trained
+        history = pd.read_csv(repo / "results" / "ham" / "train" / "ham" / run / "seed0" / "history.csv")
+        assert history["round"].max() == config["tasks"]["ham"]["rounds"], history

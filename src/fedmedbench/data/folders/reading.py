@@ -212,9 +212,10 @@ def _read_labels_csv(root: Path) -> pd.DataFrame:
     known = LABEL_COLUMNS + OPTIONAL_LABEL_COLUMNS
     for column in table.columns:
         # Other columns are the user's metadata, kept and ignored; one spelt like group is a typo
-        # (a misspelt site, image or label is a missing column below).
-        if column not in known and closest(column, OPTIONAL_LABEL_COLUMNS):
-            raise FoldersDataError(f"{path}: unknown column {column!r}{closest(column, known)}; "
+        # (a misspelt site, image or label is a missing column below), in any case: GROUP ignored
+        # would let a patient's images into two splits without a word.
+        if column not in known and closest(column.lower(), OPTIONAL_LABEL_COLUMNS):
+            raise FoldersDataError(f"{path}: unknown column {column!r}{closest(column.lower(), known)}; "
                                    f"expected site, image, label and optionally group")
     missing = [c for c in LABEL_COLUMNS if c not in table.columns]
     if missing:
