@@ -14,7 +14,7 @@ GUIDE = Path(__file__).resolve().parents[1] / "docs" / "reviewers"
 PAPER = re.compile(r"\bEq\.|§|\bTables?\b|\bFig\.|\bAlg\.|\bApp\. [A-C]|not in the paper")
 CODE = re.compile(r"[\w/]+\.(?:py|pyx|sh):\d+|not in the code")
 # Pages whose rows do not all carry both sources yet (the test says which rows; remove a page once done).
-PENDING = {"fedlwr.md"}
+PENDING: set[str] = set()
 
 
 def decision_rows(page: Path) -> list[tuple[int, str, str, str]]:
