@@ -317,7 +317,7 @@ def test_discover_sites(examples, tmp_path):
         ({"root": "d", "seed": True}, "folders.seed: expected integer >= 0, got true"),
         ({"root": "d", "nifti_axis": 3}, "folders.nifti_axis: expected 0, 1 or 2"),
         ({"root": "d", "stack": 2}, "folders.stack: expected 1 (one slice, replicated to 3 channels) or 3"),
-        ({"root": "d", "image_size": "256"}, 'folders.image_size: expected integer >= 16, got "256"'),
+        ({"root": "d", "image_size": "256"}, 'folders.image_size: expected a positive integer (the side images are resized to; each task\'s model checks it fits), got "256"'),
         ({"root": 5}, "folders.root: expected the path of the folder holding the site folders or labels.csv, got 5"),
     ],
 )
