@@ -108,7 +108,7 @@ class Clock:
 
 def instrument(clock: Clock, method_name: str, method_module: str | None) -> None:
     from fedmedbench import metrics
-    from fedmedbench.fl import client, data, engine, evaluation, selection, state, transport
+    from fedmedbench.fl import checkpoint, client, data, engine, evaluation, selection, transport
     from fedmedbench.registry import load_method
 
     method = load_method(method_name, method_module)
@@ -155,7 +155,7 @@ def instrument(clock: Clock, method_name: str, method_module: str | None) -> Non
     # Checkpoint: the selection file, the history log, the state file.
     w(engine, "save_state", "checkpoint")
     # The selection file (written when the selection changed) apart from the round's checkpoint.
-    original_save = state.save_checkpoint
+    original_save = checkpoint.save
 
     def save_checkpoint(obj, path):
         kind = "selection file" if Path(path).name.startswith("selection-") else "checkpoint file"
@@ -163,9 +163,9 @@ def instrument(clock: Clock, method_name: str, method_module: str | None) -> Non
             original_save(obj, path)
         clock.bytes[kind] += Path(path).stat().st_size
 
-    state.save_checkpoint = save_checkpoint
-    clock.restore.append((state, "save_checkpoint", original_save))
-    w(state.HistoryLog, "append", "history log append")
+    checkpoint.save = save_checkpoint
+    clock.restore.append((checkpoint, "save", original_save))
+    w(checkpoint.HistoryLog, "append", "history log append")
     w(method.Client, "state_dict", "client state_dict")
     # After the rounds.
     w(engine, "final_test", "final test")

@@ -165,11 +165,11 @@ def toy_run_config(**fields):
 
 def train(tmp_path, name, cfg):
     """Run a config; return (final.json, model_best.pt, history.csv text)."""
-    from fedmedbench.fl import state
+    from fedmedbench.fl import checkpoint
     from fedmedbench.fl.engine import run_training
 
     final = run_training(cfg, tmp_path / name, progress=False)
-    return final, state.load(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
+    return final, checkpoint.load_plain(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
 
 
 def strip(final):

@@ -16,7 +16,7 @@ import pytest
 from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.errors import ConfigError, DataError
 from fedmedbench.fl import engine
-from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.selection import Selection
 from tests.conftest import interrupt_after_round, tiny_run_config, write_tiny_task
 from tests.test_reliability import train_cli
@@ -131,7 +131,7 @@ def test_an_orphan_selection_file_of_another_run_is_not_reused(tmp_path, tiny_ta
     straight = engine.run_training(cfg, tmp_path / "straight", progress=False)
     out = tmp_path / "run"
     out.mkdir()
-    ckpt_io.save_checkpoint({"all": {"models": {}, "predictions": {}}}, out / "selection-v1.pt")
+    checkpoint.save({"all": {"models": {}, "predictions": {}}}, out / "selection-v1.pt")
     (out / ".checkpoint.pt.abc123.tmp").write_bytes(b"half")
     assert engine.run_training(cfg, out, progress=False)["test"] == straight["test"]
     assert not list(out.glob("selection-v*.pt")) and not list(out.glob(".*.tmp"))
@@ -140,14 +140,14 @@ def test_an_orphan_selection_file_of_another_run_is_not_reused(tmp_path, tiny_ta
 def test_a_full_disk_names_the_file_and_round_and_leaves_no_orphan(tmp_path, tiny_task, monkeypatch):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg")
-    real_save = ckpt_io.save_checkpoint
+    real_save = checkpoint.save
 
     def save(obj, path):
         if path.name == "checkpoint.pt":
             raise OSError(errno.ENOSPC, "No space left on device")
         real_save(obj, path)
 
-    monkeypatch.setattr(ckpt_io, "save_checkpoint", save)
+    monkeypatch.setattr(checkpoint, "save", save)
     with pytest.raises(DataError, match=r"round 1: could not write .*/run/checkpoint.pt: No space left on device"):
         engine.run_training(cfg, tmp_path / "run", progress=False)
     assert not list((tmp_path / "run").glob("selection-v*.pt"))

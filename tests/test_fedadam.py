@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedmedbench.fl import state
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedadam, fedavg
 from tests.conftest import interrupt_after_round, tiny_run_config, toy_run_config
@@ -108,7 +108,7 @@ def test_fedavg_limit_whole_run(tmp_path, tiny_task):
         progress=False,
     )
     avg = run_training(tiny_run_config(store, split, "fedavg", rounds=2), tmp_path / "avg", progress=False)
-    a, b = (state.load(tmp_path / name / "model_best.pt")["models"]["base"] for name in ("adam", "avg"))
+    a, b = (checkpoint.load_plain(tmp_path / name / "model_best.pt")["models"]["base"] for name in ("adam", "avg"))
     for key in b:
         assert torch.allclose(a[key].double(), b[key].double(), rtol=1e-4, atol=1e-5), key
     for client in avg["test"]:
@@ -120,7 +120,7 @@ def test_resume_is_exact(tmp_path, tiny_task, monkeypatch):
     cfg = tiny_run_config(store, split, "fedadam", rounds=2, method_params={"server_lr": 1e-2})
     straight = run_training(cfg, tmp_path / "straight", progress=False)
     interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
-    saved = state.load_checkpoint(tmp_path / "resumed" / "checkpoint.pt")["server"]
+    saved = checkpoint.load(tmp_path / "resumed" / "checkpoint.pt")["server"]
     assert saved["m"] and any(v.abs().max() > 0 for v in saved["m"].values())
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert straight == resumed

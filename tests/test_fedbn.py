@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from fedmedbench.fl import engine, state
+from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedbn
 from fedmedbench.models import build_model
@@ -92,7 +92,7 @@ def test_model_without_bn_is_fedavg_bitwise(tmp_path, tiny_task, monkeypatch):
     runs = {}
     for method in ("fedbn", "fedavg"):
         final = run_training(tiny_run_config(store, split, method, rounds=2), tmp_path / method, progress=False)
-        runs[method] = (final, state.load(tmp_path / method / "model_best.pt"), (tmp_path / method / "history.csv").read_text())
+        runs[method] = (final, checkpoint.load_plain(tmp_path / method / "model_best.pt"), (tmp_path / method / "history.csv").read_text())
     (bn_final, bn_best, bn_hist), (avg_final, avg_best, avg_hist) = runs["fedbn"], runs["fedavg"]
     assert not any("running_mean" in k for k in avg_best["models"]["base"])  # really no BN
     assert bn_hist == avg_hist and bn_final["test"] == avg_final["test"]
@@ -104,7 +104,7 @@ def test_whole_run_keeps_bn_per_client_and_resumes(tmp_path, tiny_task, monkeypa
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedbn", rounds=2)
     straight = run_training(cfg, tmp_path / "straight", progress=False)
-    best = state.load(tmp_path / "straight" / "model_best.pt")
+    best = checkpoint.load_plain(tmp_path / "straight" / "model_best.pt")
     assert straight["selection"]["per_client"] is False and isinstance(straight["selection"]["best_round"], int)
     bn = {k for k in best["models"]["base"] if k.rsplit(".", 1)[0] + ".running_mean" in best["models"]["base"]}
     for diffs in best["models"]["diffs"].values():

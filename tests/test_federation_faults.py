@@ -304,7 +304,7 @@ def test_a_bad_share_setting_is_refused_at_hello(tmp_path, tiny_task):
 
 # --- a site's opt-out -----------------------------------------------------------------------------
 def test_a_site_may_withhold_its_model_and_predictions_and_the_tables_still_read_the_run(tmp_path, tiny_task):
-    from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl import checkpoint
     from fedmedbench.fl.engine import run_training
     from fedmedbench.fl.transport import serve
 
@@ -323,7 +323,7 @@ def test_a_site_may_withhold_its_model_and_predictions_and_the_tables_still_read
     store, split = tiny_task
     engine = run_training(tiny_run_config(store, split, "fedavg", rounds=2), tmp_path / "engine", threads=1, progress=False)
     assert final["test"] == engine["test"] and final["val"] == engine["val"]
-    saved = ckpt_io.load(tmp_path / "fed" / "model_best.pt")
+    saved = checkpoint.load_plain(tmp_path / "fed" / "model_best.pt")
     assert saved["withheld"] == ["B"] and saved["clients"] == ["A", "B", "C"]
     assert saved["models"]["base_client"] == "A" and set(saved["models"]["diffs"]) == {"C"}
     import numpy as np

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedmedbench.fl import state
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.engine import run_training
 from fedmedbench.methods import fedavg, fednova
 from tests.conftest import interrupt_after_round, tiny_run_config, toy_run_config
@@ -110,7 +110,7 @@ def test_equal_normalizers_give_fedavg_bitwise_on_replies():
 # --- whole runs ------------------------------------------------------------------------------------
 def train(tmp_path, name, cfg):
     final = run_training(cfg, tmp_path / name, progress=False)
-    return final, state.load(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
+    return final, checkpoint.load_plain(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
 
 
 def same_models(a, b):
@@ -148,7 +148,7 @@ def test_resume_is_exact(tmp_path, tiny_task, monkeypatch):
     cfg = tiny_run_config(store, split, "fednova", rounds=2, optimizer=SGD_MOMENTUM, method_params={"server_momentum": 0.5, "proximal_mu": 0.1})
     straight = run_training(cfg, tmp_path / "straight", progress=False)
     interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
-    assert state.load_checkpoint(tmp_path / "resumed" / "checkpoint.pt")["server"]["momentum_buffer"]
+    assert checkpoint.load(tmp_path / "resumed" / "checkpoint.pt")["server"]["momentum_buffer"]
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert straight == resumed
     assert (tmp_path / "straight" / "history.csv").read_text() == (tmp_path / "resumed" / "history.csv").read_text()

@@ -50,7 +50,7 @@ from torch import nn
 
 from fedmedbench.config import load_config, resolve_run
 from fedmedbench.data.store import read_split_csv, write_split_csv
-from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import eval_batches, load_clients, train_batches
 from fedmedbench.fl.engine import run_training
 from fedmedbench.fl.seeding import client_generator
@@ -185,7 +185,7 @@ def engine_round(tmp_path, bn: str):
         optimizer=OPTIMIZER, method_params={"official_code": True},
     )  # fmt: skip
     run_training(cfg, tmp_path / "run", device="cpu", progress=False)
-    best = ckpt_io.load(tmp_path / "run" / "model_best.pt")["models"]["base"]  # the evaluated model after round 1
+    best = checkpoint.load_plain(tmp_path / "run" / "model_best.pt")["models"]["base"]  # the evaluated model after round 1
     ours = {k.removeprefix("net."): v for k, v in best.items() if k.startswith("net.")}
     return RunConfig.from_dict(cfg), ours, best["amplitude"]
 
@@ -354,7 +354,7 @@ def test_official_network_round_and_test_match_the_transcription(tmp_path):
         optimizer={**variant["optimizer"], "lr": OPTIMIZER["lr"]}, method_params=variant["method_params"],
     )  # fmt: skip
     run_training(cfg, tmp_path / "run", device="cpu", progress=False)
-    best = ckpt_io.load(tmp_path / "run" / "model_best.pt")["models"]["base"]
+    best = checkpoint.load_plain(tmp_path / "run" / "model_best.pt")["models"]["base"]
     ours = {official_unet_key(k.removeprefix("net.")): v for k, v in best.items() if k.startswith("net.")}
     final = json.loads((tmp_path / "run" / "final.json").read_text())
     cfg = RunConfig.from_dict(cfg)

@@ -174,14 +174,14 @@ def test_flowers_runtime_says_the_engines_line(tmp_path, tiny_task, plugin_root)
 
 
 def test_what_state_dicts_guard_refuses_is_what_a_checkpoint_cannot_hold(tmp_path):
-    """``hooks.uncheckpointable`` mirrors fl/state.py's checkpoint: the same verdict on every kind
+    """``hooks.uncheckpointable`` mirrors fl/checkpoint.py's checkpoint: the same verdict on every kind
     of value, and the same place named."""
     import collections
 
     import numpy as np
     import torch
 
-    from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl import checkpoint
     from fedmedbench.fl.hooks import uncheckpointable
 
     point = collections.namedtuple("point", "x y")
@@ -191,7 +191,7 @@ def test_what_state_dicts_guard_refuses_is_what_a_checkpoint_cannot_hold(tmp_pat
     for value in values:
         refused = uncheckpointable({"v": value}) is not None
         try:
-            ckpt_io.save_checkpoint({"v": value}, tmp_path / "c.pt")
+            checkpoint.save({"v": value}, tmp_path / "c.pt")
             saved = True
         except TypeError:
             saved = False
@@ -199,4 +199,4 @@ def test_what_state_dicts_guard_refuses_is_what_a_checkpoint_cannot_hold(tmp_pat
     nested = {"clients": [{}, {"anchor": np.zeros(3)}]}
     assert uncheckpointable(nested) == ("['clients'][1]['anchor']", "numpy.ndarray")
     with pytest.raises(TypeError, match=re.escape("at ['clients'][1]['anchor']: numpy.ndarray")):
-        ckpt_io.save_checkpoint(nested, tmp_path / "c.pt")
+        checkpoint.save(nested, tmp_path / "c.pt")

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fedmedbench.fl import state
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import train_batches
 from fedmedbench.fl.engine import run_training
 from fedmedbench.fl.seeding import client_generator
@@ -56,7 +56,7 @@ def test_head_shape_seed_and_no_global_rng_use():
 # --- whole runs ------------------------------------------------------------------------------------
 def train(tmp_path, name, cfg):
     final = run_training(cfg, tmp_path / name, progress=False)
-    return final, state.load(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
+    return final, checkpoint.load_plain(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
 
 
 def test_mu_zero_is_fedavg_bitwise(tmp_path, tiny_task):

@@ -24,7 +24,7 @@ from fedmedbench.fl import engine
 from fedmedbench.fl.evaluation import check_finite
 from fedmedbench.fl.runfolder import restore
 from fedmedbench.fl.selection import Selection
-from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl import checkpoint
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import interrupt_after_round, tiny_run_config
 
@@ -94,7 +94,7 @@ def test_a_checkpoint_restores_onto_a_non_cpu_device(tmp_path, tiny_task, monkey
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedprox", method_params={"mu": 0.1})
     interrupt_after_round(cfg, tmp_path / "run", monkeypatch)
-    saved = ckpt_io.load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    saved = checkpoint.load(tmp_path / "run" / "checkpoint.pt")
     assert all(t.device.type == "cpu" for t in saved["clients"][0]["anchor"])
 
     run_cfg = RunConfig.from_dict(cfg)
@@ -137,7 +137,7 @@ def test_a_job_killed_at_any_moment_resumes_to_the_same_final_json(tmp_path, tin
         assert not (out / "final.json").exists()
         engine.run_training(cfg, out, progress=False)
         assert (out / "final.json").read_text() == expected, moment
-        assert not (out / "checkpoint.pt").exists() and not ckpt_io.previous(out / "checkpoint.pt").exists()
+        assert not (out / "checkpoint.pt").exists() and not checkpoint.previous(out / "checkpoint.pt").exists()
     assert straight["selection"]["rounds"] == 3
 
 
@@ -148,14 +148,14 @@ def test_a_damaged_checkpoint_falls_back_and_gives_the_same_numbers(tmp_path, ti
     engine.run_training(cfg, tmp_path / "straight", progress=False)
     out = tmp_path / "run"
     interrupt_after_round(cfg, out, monkeypatch, round_index=2)
-    checkpoint = out / "checkpoint.pt"
-    data = checkpoint.read_bytes()
+    checkpoint_file = out / "checkpoint.pt"
+    data = checkpoint_file.read_bytes()
     if damage == "truncate":
-        checkpoint.write_bytes(data[: len(data) // 2])
+        checkpoint_file.write_bytes(data[: len(data) // 2])
     else:
-        checkpoint.write_bytes(data[:1000] + bytes([data[1000] ^ 0xFF]) + data[1001:])
+        checkpoint_file.write_bytes(data[:1000] + bytes([data[1000] ^ 0xFF]) + data[1001:])
     if damage == "both_damaged":
-        ckpt_io.previous(checkpoint).write_bytes(b"garbage")
+        checkpoint.previous(checkpoint_file).write_bytes(b"garbage")
     with caplog.at_level("INFO", logger="fedmedbench.engine"):
         engine.run_training(cfg, out, progress=False)
     messages = " ".join(r.getMessage() for r in caplog.records)

@@ -120,9 +120,9 @@ def copy_atomic(source: Path, target: Path) -> None:
 
 def round_done(path: Path) -> int | None:
     """The round whose end the state file ``path`` holds (None: mid-round, or no such file)."""
-    from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl import checkpoint
 
-    return ckpt_io.load(path).get("round_done") if path.is_file() else None
+    return checkpoint.load_plain(path).get("round_done") if path.is_file() else None
 
 
 def take_snapshot(context: Context, round_index: int, done: int | None) -> None:
@@ -167,12 +167,12 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
 
 
 def load_site(context: Context) -> Site:
-    from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl import checkpoint
 
     path = state_file(context)
     if not path.is_file():
         raise SiteError(f"site {node_setting(context, 'client')}: no state at {path} (the run was not set up on this node, or its state-dir changed)")
-    saved = ckpt_io.load(path)
+    saved = checkpoint.load_plain(path)
     site = build_site(saved["cfg"], context, saved["train_rows"])
     site.load_state_dict(saved["site"])
     site.cfg_json, site.train_rows, site.round_done = saved["cfg"], saved["train_rows"], saved.get("round_done")
@@ -202,7 +202,7 @@ def approve(context: Context, fingerprint: str) -> None:
 def save_site(site: Site, context: Context, done: int | None = None) -> None:
     """``done``: the round this state is the end of (after its evaluate or keep message; 0 after
     setup), what a resumed server may go back to; None mid-round."""
-    from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl import checkpoint
 
     path = state_file(context)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -375,7 +375,7 @@ def resume(message: Message, context: Context) -> Message:
     its state at the end of that round, or refuses in one line naming the site and round."""
     name = str(context.node_config.get("client", "?"))
     try:
-        from fedmedbench.fl import state as ckpt_io
+        from fedmedbench.fl import checkpoint
 
         config = config_of(message.content)
         round_index, path = int(config["round"]), state_file(context)
@@ -384,7 +384,7 @@ def resume(message: Message, context: Context) -> Message:
         if snapshot is None and round_done(path) == round_index:
             # The state file is that round's end: with the keep the dead server never sent applied,
             # it becomes the round's snapshot (a later restart may need it again).
-            if ckpt_io.load(path)["cfg"] != config["cfg"]:
+            if checkpoint.load_plain(path)["cfg"] != config["cfg"]:
                 raise SiteError(f"site {name}: cannot resume after round {round_index}: its state file {path} was made for another run config; refused")
             if keep_here:
                 kept_model(context, round_index)
@@ -396,7 +396,7 @@ def resume(message: Message, context: Context) -> Message:
                 f"site {name}: cannot resume after round {round_index}: no snapshot of that round in {path.parent} "
                 f"(snapshots of round(s) {have or 'none'}; the state file is {'missing' if not path.is_file() else f'at round {round_done(path)}' if round_done(path) is not None else 'mid-round'}); refused"
             )
-        saved = ckpt_io.load(snapshot)
+        saved = checkpoint.load_plain(snapshot)
         if saved["cfg"] != config["cfg"]:
             raise SiteError(f"site {name}: cannot resume after round {round_index}: its snapshot {snapshot} was made for another run config; refused")
         copy_atomic(snapshot, path)

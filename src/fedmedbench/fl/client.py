@@ -20,7 +20,7 @@ from torch import nn
 
 from fedmedbench.errors import ConfigError
 from fedmedbench import faults
-from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import ClientSplits, train_batches
 from fedmedbench.losses import build_loss
 from fedmedbench.ops.aggregate import batchnorm_keys, buffer_keys
@@ -170,4 +170,4 @@ class Client:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         for key in set(state) - {"model", "optimizer", "generator"}:
-            state[key] = ckpt_io.to_device(state[key], self.device)
+            state[key] = checkpoint.to_device(state[key], self.device)

@@ -28,7 +28,7 @@ from fedmedbench import faults
 from fedmedbench.errors import ConfigError
 from fedmedbench.files import new_folder
 from fedmedbench.fl.placement import pick_device
-from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, load_clients, load_test_only
 from fedmedbench.fl.evaluation import final_test, ood_test
 from fedmedbench.fl.hooks import load_method  # the method's Server and Client, their failures named
@@ -127,7 +127,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     check_batch_norm_batches(model, clients, cfg)
     fingerprints = (cfg.fingerprint(), data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients]))
 
-    history_log = ckpt_io.HistoryLog(history_file(out_dir))
+    history_log = checkpoint.HistoryLog(history_file(out_dir))
     last_round, history = restore(checkpoint_path, *fingerprints, server, clients, selection, history_log)
     saved_version = selection.version  # the selection file the last checkpoint refers to
     remove_stale_files(out_dir, saved_version)

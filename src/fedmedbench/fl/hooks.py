@@ -13,7 +13,7 @@ The wrappers sit on the class, not at the call sites, so every caller gets them:
 site's ClientApp, which builds its client through ``load_method`` too: both runtimes say the same
 line. A hook called by another (the base ``train`` calls ``loss``) is named itself.
 
-``state_dict``'s value is also checked for what a checkpoint cannot hold (fl/state.py), so a numpy
+``state_dict``'s value is also checked for what a checkpoint cannot hold (fl/checkpoint.py), so a numpy
 array in a method's state is named with its hook and client before anything is written. The state a
 hook hands on (the server's global state after ``aggregate``, a package, a client's reply) is checked
 for integer or boolean tensors where the model's are floating (``wrong_dtype``). Each call is recorded
@@ -22,7 +22,6 @@ in fl/hookwatch.py while it runs, so that SIGTERM, Ctrl-C or ``hook_timeout_s`` 
 
 from __future__ import annotations
 
-import collections
 import types
 
 import torch
@@ -30,6 +29,7 @@ import torch
 from fedmedbench import registry
 from fedmedbench.errors import FedmedbenchError, MethodError
 from fedmedbench.fl import hookwatch
+from fedmedbench.fl import checkpoint
 
 # Every hook the engine calls (fl/engine.py, transport.py, runfolder.py, evaluation.py) and the ones
 # the base Client.train calls (before_epoch, loss, after_backward, train_step).
@@ -69,12 +69,9 @@ def described(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-# What fl/state.py's checkpoint holds (its _Packer): tensors, these leaves, and these containers
-# (exact types: a defaultdict or a namedtuple is refused there too). tests/test_method_errors.py
-# checks that the two agree.
-CHECKPOINT_LEAVES = (type(None), str, int, bool, float, complex, bytes, bytearray, torch.Size, torch.dtype, torch.device)
-CHECKPOINT_MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
-CHECKPOINT_SEQUENCES = (list, tuple, set)
+# What a checkpoint holds: tensors, these leaves, and these containers (exact types: a defaultdict
+# or a namedtuple is refused there too). tests/test_method_errors.py checks that the two agree.
+CHECKPOINT_LEAVES, CHECKPOINT_MAPPINGS, CHECKPOINT_SEQUENCES = checkpoint.LEAVES, checkpoint.MAPPINGS, checkpoint.SEQUENCES
 
 
 def uncheckpointable(value, at: str = "", seen: set | None = None) -> tuple[str, str] | None:

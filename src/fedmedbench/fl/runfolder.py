@@ -22,7 +22,7 @@ import torch
 from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_file, atomic_write_text
 from fedmedbench.finals import write_final
-from fedmedbench.fl import state as ckpt_io
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.seeding import global_rng_state, set_global_rng_state
 from fedmedbench.fl.selection import Selection
 from fedmedbench.metrics import METRIC_DESCRIPTIONS, cohort_flag_texts
@@ -37,28 +37,27 @@ def selection_file(out_dir: Path, version: int) -> Path:
 
 
 def history_file(out_dir: Path) -> Path:
-    """The checkpointed history rows (``ckpt_io.HistoryLog``), beside ``checkpoint.pt``."""
+    """The checkpointed history rows (``checkpoint.HistoryLog``), beside ``checkpoint.pt``."""
     return out_dir / "checkpoint-history.jsonl"
 
 
 def checkpoint_files(checkpoint_path: Path) -> tuple[Path, Path, Path]:
     """What resuming reads besides the selection files; removed once the outputs are written."""
-    return checkpoint_path, ckpt_io.previous(checkpoint_path), history_file(checkpoint_path.parent)
+    return checkpoint_path, checkpoint.previous(checkpoint_path), history_file(checkpoint_path.parent)
 
 
-def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, server, clients, selection: Selection, history_log: ckpt_io.HistoryLog | None = None) -> tuple[int, list[dict]]:
+def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, server, clients, selection: Selection, history_log: checkpoint.HistoryLog | None = None) -> tuple[int, list[dict]]:
     """Resume state from the checkpoint (or, if it is damaged, the previous one): (last round, history).
     (0, []) when there is nothing usable, and training starts from scratch. A checkpoint of another
     configuration, or of data rebuilt since it was written (``data_digest``), is not used. The
-    history rows are those of the checkpoint's position in the history log (a checkpoint of the
-    earlier format holds them itself; they move into the log); ``history_log``, when given,
-    continues from there."""
-    reader = history_log or ckpt_io.HistoryLog(history_file(checkpoint_path.parent))
-    for candidate in (checkpoint_path, ckpt_io.previous(checkpoint_path)):
+    history rows are those of the checkpoint's position in the history log; ``history_log``, when
+    given, continues from there."""
+    reader = history_log or checkpoint.HistoryLog(history_file(checkpoint_path.parent))
+    for candidate in (checkpoint_path, checkpoint.previous(checkpoint_path)):
         if not candidate.exists():
             continue
         try:
-            saved = ckpt_io.load_checkpoint(candidate)
+            saved = checkpoint.load(candidate)
             if saved["config_hash"] != fingerprint:
                 log.warning("ignoring %s: it was written for a different configuration", candidate)
                 return 0, []
@@ -66,9 +65,9 @@ def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, serv
                 log.warning("ignoring %s: the data it was trained on changed since (split file or store rebuilt); training starts afresh", candidate)
                 return 0, []
             version = saved["selection"]["version"]
-            heavy = ckpt_io.load_checkpoint(selection_file(candidate.parent, version)) if version else {}
-            history = saved["history"] if "history" in saved else reader.read(saved["history_log"])
-        except (ckpt_io.CorruptCheckpoint, FileNotFoundError) as err:
+            heavy = checkpoint.load(selection_file(candidate.parent, version)) if version else {}
+            history = reader.read(saved["history_log"])
+        except (checkpoint.CorruptCheckpoint, FileNotFoundError) as err:
             log.warning("%s; falling back to the previous checkpoint or a fresh start", err)
             continue
         server.load_state_dict(saved["server"])
@@ -77,11 +76,7 @@ def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, serv
         selection.load_state_dict(saved["selection"], heavy)
         set_global_rng_state(saved["rng"])
         if history_log is not None:
-            if "history" in saved:  # an FMBCKPT1 checkpoint: its rows start the log
-                history_log.reset()
-                history_log.append(history)
-            else:
-                history_log.continue_from(saved["history_log"])
+            history_log.continue_from(saved["history_log"])
         log.info("resumed from %s after round %d", candidate, saved["round"])
         return saved["round"], history
     return 0, []
@@ -109,7 +104,7 @@ def remove_stale_files(out_dir: Path, selection_version: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprints: tuple[str, str], server, clients, selection: Selection, history: list[dict], previous_version: int, history_log: ckpt_io.HistoryLog) -> int:
+def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprints: tuple[str, str], server, clients, selection: Selection, history: list[dict], previous_version: int, history_log: checkpoint.HistoryLog) -> int:
     """The checkpoint of this round. The selected models live in ``selection-v<version>.pt``, written
     only when the selection changed; kept are the files of this checkpoint and of its ``.prev``
     (``previous_version``). The history rows since the last checkpoint are appended to
@@ -118,7 +113,7 @@ def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerpri
     current = selection_file(out_dir, selection.version)
     if selection.version and not current.exists():
         with writing(current, round_index):
-            ckpt_io.save_checkpoint(selection.heavy_state(), current)
+            checkpoint.save(selection.heavy_state(), current)
     state = {
         "config_hash": fingerprints[0],
         "data_digest": fingerprints[1],
@@ -133,7 +128,7 @@ def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerpri
             history_log.append(history[history_log.rows :])
         state["history_log"] = history_log.position()
         with writing(checkpoint_path, round_index):
-            ckpt_io.save_checkpoint(state, checkpoint_path)
+            checkpoint.save(state, checkpoint_path)
     except DataError:
         if selection.version != previous_version:
             current.unlink(missing_ok=True)  # no checkpoint refers to it
@@ -178,7 +173,7 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
     shared = {n: best_models[n] for n in names if best_models[n] is not None}
     withheld = {"withheld": [n for n in names if n not in shared]} if len(shared) < len(names) else {}
     with writing(out_dir / "model_best.pt", None):
-        ckpt_io.save_atomic({"clients": names, "models": compact_models(shared) if shared else None, **withheld}, out_dir / "model_best.pt")
+        checkpoint.save_plain({"clients": names, "models": compact_models(shared) if shared else None, **withheld}, out_dir / "model_best.pt")
     predictions = {f"{n}|{k}": v.numpy() for entry in selection.best.values() for n, preds in entry["predictions"].items() for k, v in preds.items()}
     with writing(out_dir / "predictions.npz", None):
         save_npz_atomic(predictions, out_dir / "predictions.npz")

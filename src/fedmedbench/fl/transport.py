@@ -302,7 +302,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     engine writes them. ``cfg``: a ``RunConfig`` whose method params are merged.
 
     Checkpoints as the engine's (``runfolder.save_state``: server state, selection, history log, the
-    global RNG; FMBCKPT2) at the engine's cadence (``checkpoint_every`` rounds, once
+    global RNG; fl/checkpoint.py) at the engine's cadence (``checkpoint_every`` rounds, once
     ``checkpoint_every_seconds`` have passed, and after the last round), each announced to the sites
     first (``transport.snapshot``: they keep their own state of that round). The checkpoint holds no
     client state: the sites hold it. A restarted server (``resume``) whose run folder holds a valid
@@ -315,7 +315,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
 
     from fedmedbench.errors import ConfigError
     from fedmedbench import faults
-    from fedmedbench.fl import state as ckpt_io
+    from fedmedbench.fl import checkpoint
     from fedmedbench.fl.hooks import load_method
     from fedmedbench.fl.seeding import seed_everything
     from fedmedbench.models import build_model
@@ -343,7 +343,7 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     metric = cfg.selection_metric
     checkpoint_path = out_dir / "checkpoint.pt"
     fingerprints = (cfg.fingerprint(), transport.data_fingerprint())
-    history_log = ckpt_io.HistoryLog(runfolder.history_file(out_dir))
+    history_log = checkpoint.HistoryLog(runfolder.history_file(out_dir))
     last_round, history = runfolder.restore(checkpoint_path, *fingerprints, server, [], selection, history_log) if resume else (0, [])
     saved_version = selection.version
     runfolder.remove_stale_files(out_dir, saved_version)
@@ -391,30 +391,3 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
         ood = transport.ood({name: finals[name]["model"] for name in names})
         warn_cohort_flags(ood)  # the cohorts' collapse check, as the engine's ood_test says it
     return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
-
-
-def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
-    """Every client of ``cfg`` as a ``Site`` in this process, built as the engine builds them."""
-    from pathlib import Path
-
-    from fedmedbench.fl.data import load_clients
-    from fedmedbench.fl.hooks import load_method
-    from fedmedbench.fl.seeding import client_generator, seed_everything
-    from fedmedbench.models import build_model
-
-    device = device or torch.device("cpu")
-    method = load_method(cfg.method, cfg.method_module)
-    data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)
-    seed_everything(cfg.seed, device)
-    model = build_model(cfg.model)
-    return [Site(cfg, method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device), device) for i, d in enumerate(data)]
-
-
-def in_process_cohorts(cfg, device: torch.device | None = None) -> list[Cohort]:
-    """The test-only cohorts of ``cfg`` (``ood_clients``) as ``Cohort``s in this process."""
-    from pathlib import Path
-
-    from fedmedbench.fl.data import load_test_only
-
-    splits = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients)) if cfg.ood_clients else {}
-    return [Cohort(cfg, name, split, device or torch.device("cpu")) for name, split in splits.items()]
