@@ -277,12 +277,6 @@ def _to_uint8(array: np.ndarray, path: Path) -> tuple[np.ndarray, dict]:
 DAMAGED_HINT = "if it is cut short or damaged, copy it again from its source, or remove it (and its mask)"
 
 
-def _tiff_orientation(tif) -> int:
-    tag = tif.pages[0].tags.get(274)  # TIFF Orientation, the same values as EXIF's
-    value = getattr(tag, "value", 1)
-    return int(value) if isinstance(value, int) and 1 <= value <= 8 else 1
-
-
 def is_tiff(path: Path) -> bool:
     return path.suffix.lower() in (".tif", ".tiff")
 
