@@ -23,6 +23,7 @@ one SuperLink and one SuperNode per site started, the run, and where its results
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -389,6 +390,19 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--cold", action="store_true", help="start a fresh Python process for every message, as Flower does by default (seconds slower per message)")
     p.add_argument("--restart", action="store_true", help="train a finished run again from round 1 (its results are replaced); without it a finished run only says where its results are")
     p.set_defaults(func=run_local)
+    text = ("a site's SuperNode: flower-supernode with the options given, once its --port is free here and the SuperLink answers "
+            "at --superlink (waiting up to --max-wait-time s, default 600; then one line naming the address)")  # fmt: skip
+    # Flower's options pass through as they are: '+' is no option prefix of theirs (argparse would refuse '--port').
+    p = actions.add_parser("supernode", help=text, description=text, prefix_chars="+", add_help=False)
+    p.add_argument("flower_args", nargs=argparse.REMAINDER, metavar="flower-supernode options")
+    p.set_defaults(func=run_supernode)
+
+
+def run_supernode(args) -> None:
+    """The ``federation supernode`` command (``federation.supernode``: imported only when it runs)."""
+    from fedmedbench.federation import supernode
+
+    supernode.run_supernode(args)
 
 
 def run_local(args) -> None:
