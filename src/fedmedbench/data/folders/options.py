@@ -107,7 +107,7 @@ class FoldersOptions(Strict):
             return d
         if not isinstance(d, Mapping):
             raise ConfigError(f"{where}: expected a mapping of options, got {type(d).__name__}")
-        # As a YAML or JSON config holds them (the schema's string and array): a Path, a tuple.
+        # A Path as a string, a tuple as a list: the forms of a YAML or JSON config, which the schema types.
         d = {k: os.fspath(v) if isinstance(v, os.PathLike) else list(v) if isinstance(v, tuple) else v for k, v in d.items()}
         values.check(d, options_schema(), where)
         kind, classes = d.get("kind", "segmentation"), d.get("classes")
