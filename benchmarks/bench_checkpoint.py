@@ -16,11 +16,13 @@ Numbers:
   *unique*: each distinct content once, found independently of the checkpoint code (SHA-256 of the
   bytes of every storage); *file*: the checkpoint's size on disk. Target: file <= 1.1 x unique.
 - write times, medians over ``--reps`` interleaved repetitions (after two untimed rounds, so each write
-  replaces the one before, as in a run): ``checkpoint.save``; the same distinct tensors (one of each
-  content) through a plain ``torch.save`` to a file on the same disk, then fsynced ("torch.save +
-  fsync": as durable as a checkpoint) and without the fsync ("torch.save"). Target: checkpoint <= 1.5 x
-  torch.save + fsync. The ratios are also given as the median of each repetition's own ratio (steadier
-  when other processes come and go).
+  replaces the one before, as in a run): ``checkpoint.save``, against a plain ``torch.save`` to a file
+  on the same disk, then fsynced (as durable as a checkpoint), of the same state (every tensor of it,
+  copies included: what ``torch.save(state)`` writes; target: checkpoint <= 1.5 x it), and of the
+  distinct tensors alone (one of each content: the bytes a checkpoint must write at least, with nothing
+  of its work: the deduplication's compares, the checksum, the renames); the latter also without the
+  fsync. The ratios are also given as the median of each repetition's own ratio (steadier when other
+  processes come and go).
 """
 
 from __future__ import annotations
@@ -150,7 +152,12 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, device: str) -> dic
     checkpoint.save(heavy, tmp / "selection.pt")
     sel_state, sel_unique = distinct(heavy)
     sizes = {"selection_state": sel_state, "selection_unique": sum(t.numel() for t in sel_unique), "selection_file": (tmp / "selection.pt").stat().st_size}
-    variants = {"checkpoint": (checkpoint.save, obj, tmp / "checkpoint.pt"), "torch_save_fsync": (torch_save_fsync, plain, tmp / "plain-fsync.pt"), "torch_save": (torch.save, plain, tmp / "plain.pt")}
+    variants = {
+        "checkpoint": (checkpoint.save, obj, tmp / "checkpoint.pt"),
+        "state_fsync": (torch_save_fsync, obj, tmp / "state.pt"),
+        "distinct_fsync": (torch_save_fsync, plain, tmp / "distinct-fsync.pt"),
+        "distinct": (torch.save, plain, tmp / "distinct.pt"),
+    }
     times = {key: [] for key in variants} | {f"{key}_cpu": [] for key in variants}
     loads = [os.getloadavg()[0]]
     for rep in range(reps + 2):
@@ -162,13 +169,13 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, device: str) -> dic
     loads.append(os.getloadavg()[0])
     back = checkpoint.load(tmp / "checkpoint.pt")
     assert all(torch.equal(a.cpu(), b) for a, b in zip(tensors_of(obj), tensors_of(back))), "the checkpoint read back differs"
-    file_bytes = (tmp / "checkpoint.pt").stat().st_size
+    file_bytes, state_file_bytes = (tmp / "checkpoint.pt").stat().st_size, (tmp / "state.pt").stat().st_size
     for path in tmp.iterdir():
         path.unlink()
     median = {k: statistics.median(v) for k, v in times.items()}
-    per_rep = {f"checkpoint_per_{k}": statistics.median(a / b for a, b in zip(times["checkpoint"], times[k])) for k in ("torch_save_fsync", "torch_save")}
+    per_rep = {f"checkpoint_per_{k}": statistics.median(a / b for a, b in zip(times["checkpoint"], times[k])) for k in ("state_fsync", "distinct_fsync", "distinct")}
     model_bytes = sum(v.numel() * v.element_size() for v in clients[0].model.state_dict().values())
-    return {"task": task, "model": cfg.model.name, "clients": len(cfg.clients), "optimizer": cfg.optimizer.name, "device": device, "model_bytes": model_bytes, "state_bytes": state_bytes, "unique_bytes": unique_bytes, "file_bytes": file_bytes, **sizes, "times": median | per_rep, "load": loads}
+    return {"task": task, "model": cfg.model.name, "clients": len(cfg.clients), "optimizer": cfg.optimizer.name, "device": device, "model_bytes": model_bytes, "state_bytes": state_bytes, "unique_bytes": unique_bytes, "file_bytes": file_bytes, "state_file_bytes": state_file_bytes, **sizes, "times": median | per_rep, "load": loads}
 
 
 def mb(n: int) -> str:
@@ -176,15 +183,16 @@ def mb(n: int) -> str:
 
 
 def report(results: list[dict]) -> None:
-    print("| task (model, K, optimizer, device) | model MB | state MB | unique MB | file MB | **file / unique** | selection: state / unique / file MB |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("| task (model, K, optimizer, device) | model MB | state MB | unique MB | checkpoint file MB | **file / unique** | torch.save(state) file MB | selection: state / unique / file MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
-        print(f"| {r['task']} ({r['model']}, K={r['clients']}, {r['optimizer']}, {r['device']}) | {mb(r['model_bytes'])} | {mb(r['state_bytes'])} | {mb(r['unique_bytes'])} | {mb(r['file_bytes'])} | **{r['file_bytes'] / r['unique_bytes']:.3f}** | {mb(r['selection_state'])} / {mb(r['selection_unique'])} / {mb(r['selection_file'])} |")
-    print("\n| task | load, start → end | checkpoint s | torch.save + fsync s | torch.save s | **checkpoint / torch.save + fsync** (per repetition) | checkpoint / torch.save (per repetition) | CPU s: checkpoint / torch.save + fsync / torch.save |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+        print(f"| {r['task']} ({r['model']}, K={r['clients']}, {r['optimizer']}, {r['device']}) | {mb(r['model_bytes'])} | {mb(r['state_bytes'])} | {mb(r['unique_bytes'])} | {mb(r['file_bytes'])} | **{r['file_bytes'] / r['unique_bytes']:.3f}** | {mb(r['state_file_bytes'])} | {mb(r['selection_state'])} / {mb(r['selection_unique'])} / {mb(r['selection_file'])} |")
+    print("\n| task | load, start → end | checkpoint s | torch.save(state) + fsync s | torch.save(distinct) + fsync s | torch.save(distinct) s | **checkpoint / torch.save(state) + fsync** (per repetition) | checkpoint / torch.save(distinct) + fsync (per repetition) | checkpoint / torch.save(distinct) (per repetition) | CPU s: checkpoint / state + fsync / distinct + fsync / distinct |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         t = r["times"]
-        print(f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['checkpoint']:.3f} | {t['torch_save_fsync']:.3f} | {t['torch_save']:.3f} | **{t['checkpoint'] / t['torch_save_fsync']:.2f}** ({t['checkpoint_per_torch_save_fsync']:.2f}) | {t['checkpoint'] / t['torch_save']:.2f} ({t['checkpoint_per_torch_save']:.2f}) | {t['checkpoint_cpu']:.2f} / {t['torch_save_fsync_cpu']:.2f} / {t['torch_save_cpu']:.2f} |")
+        ratios = " | ".join(f"{t['checkpoint'] / t[k]:.2f} ({t[f'checkpoint_per_{k}']:.2f})" for k in ("state_fsync", "distinct_fsync", "distinct"))
+        print(f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['checkpoint']:.3f} | {t['state_fsync']:.3f} | {t['distinct_fsync']:.3f} | {t['distinct']:.3f} | **{ratios.split(' | ')[0]}** | {' | '.join(ratios.split(' | ')[1:])} | {t['checkpoint_cpu']:.2f} / {t['state_fsync_cpu']:.2f} / {t['distinct_fsync_cpu']:.2f} / {t['distinct_cpu']:.2f} |")
 
 
 def main() -> None:
