@@ -4,7 +4,7 @@
 # short still leaves what it measured, and the next step runs:
 #   1. the device and the software;
 #   2. benchmarks/bench_engine.py at the papers' shapes: plain loop vs engine, fp32/bf16, 1/2/4 jobs;
-#   3. the checkpoint writer's GPU path (benchmarks/bench_checkpoint_gpu.py): the same file as the host path;
+#   3. checkpoints of a state in GPU memory (benchmarks/bench_checkpoint.py --device cuda): bytes and write time;
 #   4. where a prostate FedAvg round goes on the device (benchmarks/bench_round.py, 3 rounds, test every
 #      10th round as the 500-round job does) on a store of the paper's shapes and counts;
 #   5. `fedmedbench estimate` on such stores (benchmarks/paper_shaped_stores.py), one experiment at a
@@ -34,7 +34,7 @@ step() {  # step FILE LIMIT COMMAND...: run with the smaller of LIMIT and the ti
 
 { nvidia-smi; $PY -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; free -g; } >"$OUT/device.txt" 2>&1
 step bench_engine.md 230 $PY benchmarks/bench_engine.py --json "$OUT/bench_engine.json"
-step checkpoint_gpu.md 45 $PY benchmarks/bench_checkpoint_gpu.py
+step checkpoint_gpu.md 45 $PY benchmarks/bench_checkpoint.py --device cuda --tasks camelyon17 prostate --reps 3
 step stores.txt 60 $PY benchmarks/paper_shaped_stores.py --out "$STORES/paper-shaped" --tasks prostate prostate_lwr nuclei skin
 step bench_round.md 90 $PY benchmarks/bench_round.py --config config/config.yaml "$STORES/paper-shaped/overlay.yaml" \
     --task prostate --run fedavg --rounds 3 --curve-every 10 --device cuda --json "$OUT/bench_round.json"
