@@ -49,7 +49,8 @@ def lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name.startswith("fedmedbench")]
 
 
-def test_a_line_per_round_then_a_resumed_run_says_so_and_counts_the_whole_run(tmp_path, tiny_task, task_identity, caplog):
+@pytest.mark.usefixtures("task_identity")
+def test_a_line_per_round_then_a_resumed_run_says_so_and_counts_the_whole_run(tmp_path, tiny_task, caplog):
     caplog.set_level(logging.INFO, logger="fedmedbench")
     # Uninterrupted: a line per round, as `fedmedbench train` prints.
     whole = serverapp_run(tmp_path, tmp_path / "whole" / "out", 11, grid_for(tmp_path, tiny_task, "whole"))
