@@ -1,5 +1,5 @@
 """A full disk while the store is written is one line naming the file, the bytes it needs and the
-bytes free, not an OSError that names no file (issue 41). The disk is filled by a write that raises
+bytes free, not an OSError that names no file. The disk is filled by a write that raises
 ENOSPC, as the kernel does."""
 
 from __future__ import annotations

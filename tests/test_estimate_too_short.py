@@ -1,6 +1,6 @@
 """`estimate` never prints an impossible figure: a round of 0 s (the k-round run no longer than the
 1-round one, clamped) or an evaluation longer than the round it is part of. It says the measurement
-was too short and what to do (issue 41)."""
+was too short and what to do."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_a_k_round_run_no_longer_than_the_one_round_run_is_too_short_not_0_s_a_r
 
 
 def test_an_evaluation_longer_than_its_round_is_too_short_not_a_share_of_100_percent(monkeypatch, tiny_task):
-    # The issue's FedAvg: evaluation 2.06 s a round, the round measured at 1.46 s
+    # A FedAvg measured as reported: evaluation 2.06 s a round, the round measured at 1.46 s
     timing, job, evaluation = timed(monkeypatch, tiny_task, {1: 5.0, 4: 5.0 + 3 * 1.46}, val_seconds=2.06, k=4)
     assert timing.too_short and timing.seconds_per_round == pytest.approx(2.06)
     text = estimate.format_evaluation([job], {"k": timing}, evaluation, rounds_to_time=4)

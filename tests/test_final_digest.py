@@ -1,4 +1,4 @@
-"""A score edited by hand in final.json never reaches a table (issue 41): the training job seals each
+"""A score edited by hand in final.json never reaches a table: the training job seals each
 final.json with a digest of its content (fedmedbench/finals.py) and every report job checks it,
 refusing a mismatch in one line naming the file."""
 

@@ -1,5 +1,5 @@
 """A method hook that hands on a non-floating tensor (int64, bool) where the model's is floating is
-one line naming the method, the hook, the round and the key (issue 41), as a wrong shape is: the
+one line naming the method, the hook, the round and the key, as a wrong shape is: the
 next ``receive`` would cast it back without a word, the weights rounded. The method is a user's
 plug-in, defined here."""
 

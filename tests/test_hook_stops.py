@@ -1,4 +1,4 @@
-"""A method hook that never returns (issue 41): SIGTERM or Ctrl-C print one line naming the method,
+"""A method hook that never returns: SIGTERM or Ctrl-C print one line naming the method,
 the hook, the round and the client that was running, and ``hook_timeout_s`` (off by default) ends
 it with the same line. The stuck hook is a user's plug-in, defined here, that even swallows
 exceptions (``except Exception``)."""

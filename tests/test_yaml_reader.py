@@ -1,5 +1,5 @@
 """The reader of every YAML file a user gives (config, overlays, profiles' config files): a key given
-twice and an alias bomb are refused in one line naming the file (issue 41)."""
+twice and an alias bomb are refused in one line naming the file."""
 
 from __future__ import annotations
 
