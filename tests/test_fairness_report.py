@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from fedmedbench.report import fairness
+from fedmedbench.report import fedlwr
 from fedmedbench.report.tables import seed_summary
 
 
@@ -24,32 +24,32 @@ def final(per_client=False):
 
 
 def test_avg_and_population_std_curves():
-    curve = fairness.avg_std_curves([history()], "dice_paper")
+    curve = fedlwr.avg_std_curves([history()], "dice_paper")
     assert curve.loc[1, "avg"] == pytest.approx(60.0) and curve.loc[1, "std"] == pytest.approx(10.0)  # ddof = 0
     assert curve.loc[2, "std"] == pytest.approx(15.0)
 
 
 def test_select_on_test_picks_the_best_mean_test_round_or_per_client():
-    out = fairness.select_on_test(final(), history(), "dice_paper")
+    out = fedlwr.select_on_test(final(), history(), "dice_paper")
     assert out["test"]["A"]["dice_paper"] == 0.8 and out["test"]["B"]["dice_paper"] == 0.8  # round 3: mean 0.8
-    personal = fairness.select_on_test(final(per_client=True), history(), "dice_paper")
+    personal = fedlwr.select_on_test(final(per_client=True), history(), "dice_paper")
     assert personal["test"]["A"]["dice_paper"] == 0.9 and personal["test"]["B"]["dice_paper"] == 0.8
     sparse = history()[history()["round"] != 2]
     sparse = pd.concat([sparse, pd.DataFrame([{"round": 2, "client": "A", "split": "train", "metric": "loss", "value": 1.0}])])
     with pytest.raises(ValueError, match="curve_every"):
-        fairness.select_on_test(final(), sparse, "dice_paper")
+        fedlwr.select_on_test(final(), sparse, "dice_paper")
 
 
 def test_layer_cka_table_keeps_model_order():
-    table = fairness.layer_cka_table(history())
+    table = fedlwr.layer_cka_table(history())
     assert list(dict.fromkeys(table["layer"])) == ["enc.0", "enc.1", "head"]
     assert table[(table["round"] == 1) & (table["client"] == "A")]["cka"].tolist() == pytest.approx([0.5, 0.4, 0.3])
 
 
 def test_figures_are_written(tmp_path):
-    fairness.layer_cka_figure(history(), tmp_path / "cka", "Fig. 1b")
-    fairness.fairness_curves({"fedlwr": [history()]}, "dice_paper", tmp_path / "curves", "Fig. 2")
+    fedlwr.layer_cka_figure(history(), tmp_path / "cka", "Fig. 1b")
+    fedlwr.fairness_curves({"fedlwr": [history()]}, "dice_paper", tmp_path / "curves", "Fig. 2")
     summary = seed_summary([final()], "dice_paper", std_row=True)
-    fairness.fairness_bars(summary, ["fedlwr"], tmp_path / "bars", "bars", "dice_paper")
+    fedlwr.fairness_bars(summary, ["fedlwr"], tmp_path / "bars", "bars", "dice_paper")
     for name in ("cka", "curves", "bars"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000 and (tmp_path / f"{name}.pdf").exists()

@@ -14,7 +14,7 @@ import torch
 from fedmedbench.errors import ConfigError
 from fedmedbench.methods import fedlwr
 from fedmedbench.registry import merge_params
-from fedmedbench.report import fairness
+from fedmedbench.report import fedlwr as fedlwr_report
 from tests.conftest import build_federation, tiny_run_config
 from tests.test_fedlwr_official import write_task
 
@@ -127,9 +127,9 @@ def pair_history():
 
 def test_layer_cka_figure_plots_the_mean_and_range_over_pairs_of_local_models(tmp_path, monkeypatch):
     figures = []
-    original = fairness.save_figure
-    monkeypatch.setattr(fairness, "save_figure", lambda fig, prefix: figures.append(fig) or original(fig, prefix))
-    paths = fairness.layer_cka_figure(pair_history(), tmp_path / "cka", "Fig. 1b")
+    original = fedlwr_report.save_figure
+    monkeypatch.setattr(fedlwr_report, "save_figure", lambda fig, prefix: figures.append(fig) or original(fig, prefix))
+    paths = fedlwr_report.layer_cka_figure(pair_history(), tmp_path / "cka", "Fig. 1b")
     assert all(p.exists() for p in paths)
     axes = figures[0].axes
     assert [ax.get_title() for ax in axes] == ["round 1", "round 3"]  # the rounds that have pairs

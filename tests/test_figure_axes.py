@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedmedbench.report import fairness, figures, prrfl, qualitative, sweeps
+from fedmedbench.report import fedlwr, figures, prrfl, qualitative, sweeps
 
 CLIENTS = ("A", "B", "C")
 
@@ -66,14 +66,14 @@ def test_fig5c_sweep_starts_at_zero(drawn, tmp_path):
 
 
 def test_fairness_curves_and_cka_start_at_their_floor(drawn, tmp_path):
-    fairness.fairness_curves({"fedavg": [history(0.0)], "fedlwr": [history(0.02)]}, "dice_paper", tmp_path / "f", "T")
+    fedlwr.fairness_curves({"fedavg": [history(0.0)], "fedlwr": [history(0.02)]}, "dice_paper", tmp_path / "f", "T")
     fig = drawn[-1]
     ax_avg, ax_std = fig.axes[:2]
     assert ax_avg.get_ylim()[0] == 0.0 and ax_std.get_ylim()[0] == 0.0
     assert outside(fig, ax_std, ax_std.get_legend())
     rows = [{"round": 1, "client": c, "split": "server", "metric": f"cka:{layer}", "value": 0.8 + 0.05 * i}
             for c in CLIENTS for i, layer in enumerate(("enc.0", "enc.1", "head"))]  # fmt: skip
-    fairness.layer_cka_figure(pd.DataFrame(rows), tmp_path / "cka", "T")
+    fedlwr.layer_cka_figure(pd.DataFrame(rows), tmp_path / "cka", "T")
     assert drawn[-1].axes[0].get_ylim()[0] == 0.0  # CKA 0.80-0.90: from 0
 
 

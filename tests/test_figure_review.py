@@ -20,7 +20,7 @@ import yaml
 from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
 
-from fedmedbench.report import fairness, figure_check, figures, prrfl, qualitative, sweeps
+from fedmedbench.report import fedlwr, figure_check, figures, prrfl, qualitative, sweeps
 from fedmedbench.report.figures import SOURCE_COLUMNS, SYNTHETIC_MARK
 from fedmedbench.report.flags import collect_flags
 from fedmedbench.report.tables import AVG, SYNTHETIC_NOTE, seed_summary, write_table
@@ -88,9 +88,9 @@ def every_figure(folder: Path, synthetic: bool):
         "table1_convergence": lambda p: figures.convergence({"fedavg": high}, "dice_paper", p, "T", finals={"fedavg": [final("fedavg", s, v) for s, v in enumerate(seed_values)]}, synthetic=synthetic),
         "paper_fig5b_sweep": lambda p: sweeps.sweep_figure({"FedAvg": [(1.0, 98.0, 4.5, 3), (2.0, 90.0, 2.0, 3)]}, p, "T", "epochs", "y", error="clients_sem", synthetic=synthetic),
         "paper_fig5c_sweep": lambda p: sweeps.sweep_figure({"HarmoFL": [(0.5, 97.0, 1.0, 3), (1.0, 96.0, 1.0, 3)]}, p, "T", "alpha", "y", error="clients_sem", synthetic=synthetic),
-        "fairness_bars": lambda p: fairness.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], p, "T", "dice_paper", synthetic=synthetic),
-        "fairness_curves": lambda p: fairness.fairness_curves({"fedavg": high}, "dice_paper", p, "T", synthetic=synthetic),
-        "layer_cka": lambda p: fairness.layer_cka_figure(cka_history(), p, "T", synthetic=synthetic),
+        "fairness_bars": lambda p: fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], p, "T", "dice_paper", synthetic=synthetic),
+        "fairness_curves": lambda p: fedlwr.fairness_curves({"fedavg": high}, "dice_paper", p, "T", synthetic=synthetic),
+        "layer_cka": lambda p: fedlwr.layer_cka_figure(cka_history(), p, "T", synthetic=synthetic),
         "ood": lambda p: prrfl.ood_figure(prrfl.ood_summary([ood_final("fedavg", s, 0.99 - 0.2 * s, 0.98) for s in range(2)], "OOD"), ["fedavg"], p, "T", synthetic=synthetic),
         "retrogress": lambda p: prrfl.retrogress_figure({"fedavg": [retro_history()]}, "C", "accuracy", p, "T", n_test=3, synthetic=synthetic),
         "qualitative": lambda p: qualitative.qualitative_figure([qualitative_row()], [("fedavg", "FedAvg")], p, "T", synthetic=synthetic),
@@ -218,7 +218,7 @@ def test_thirteen_bar_series_are_told_apart_and_a_collapsed_rule_is_marked(drawn
     collapsed = {c: {"collapsed": "predicts class 0 on every pixel"} for c in CLIENTS}
     finals = [final(run, 0, [0.05, 0.06, 0.05] if run == "qfedavg-official" else [0.8 + 0.01 * i, 0.85, 0.9], flags=collapsed if run == "qfedavg-official" else None) for i, run in enumerate(FEDLWR_RUNS)]
     flags = collect_flags(finals)
-    fairness.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), FEDLWR_RUNS, tmp_path / "b", "b", "dice_paper", flags=flags)
+    fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), FEDLWR_RUNS, tmp_path / "b", "b", "dice_paper", flags=flags)
     ax = drawn[-1].axes[0]
     firsts = [c.patches[0] for c in ax.containers if not isinstance(c, ErrorbarContainer)]
     assert len(firsts) == 13
@@ -293,11 +293,11 @@ def test_a_flagged_row_is_never_bold_as_best(tmp_path):
 
 
 def test_mri_is_shown_as_its_middle_slice_in_grey(drawn, tmp_path):
-    ampnorm = pytest.importorskip("fedmedbench.report.ampnorm")  # imports torch
+    harmofl = pytest.importorskip("fedmedbench.report.harmofl")  # imports torch
     slices = np.stack([np.full((6, 6), 10), np.full((6, 6), 120), np.full((6, 6), 240)], -1).astype(np.uint8)
     rgb = np.full((6, 6, 3), 90, np.uint8)
     panels = {"prostate": [("HK", slices, slices)], "nuclei": [("TNBC", rgb, rgb)]}
-    ampnorm.ampnorm_figure(panels, tmp_path / "a", "T", centre_slice={"prostate"})
+    harmofl.ampnorm_figure(panels, tmp_path / "a", "T", centre_slice={"prostate"})
     axes = drawn[-1].axes
     prostate, nuclei = axes[0].get_images()[0], axes[2].get_images()[0]
     assert prostate.get_array().ndim == 2 and prostate.get_cmap().name == "gray" and float(prostate.get_array().mean()) == 120.0
@@ -324,7 +324,7 @@ def test_layer_labels_are_legible_and_do_not_overlap(drawn, tmp_path):
     layers += [name for b in range(4) for name in [f"upconvs.{b}"] + [f"decoders.{b}.{k}" for k in (0, 1, 3, 4)]] + ["head"]
     assert len(layers) == 41
     rows = [{"round": r, "client": c, "split": "server", "metric": f"cka:{layer}", "value": 0.5} for r in (1, 2) for c in CLIENTS for layer in layers]
-    fairness.layer_cka_figure(pd.DataFrame(rows), tmp_path / "cka", "T")
+    fedlwr.layer_cka_figure(pd.DataFrame(rows), tmp_path / "cka", "T")
     fig = drawn[-1]
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:

@@ -21,7 +21,7 @@ from matplotlib.transforms import Bbox
 
 from fedmedbench import cli
 from fedmedbench.finals import write_final
-from fedmedbench.report import fairness, figures, prrfl, sweeps
+from fedmedbench.report import fedlwr, figures, prrfl, sweeps
 from fedmedbench.report.metric_names import METRIC_LABELS, metric_label
 from fedmedbench.report.tables import AVG, STD, seed_summary
 
@@ -99,7 +99,7 @@ def _tie_figures(tmp_path):
     labels = {"fedavg": "FedAvg", "fednova": "FedNova", "harmofl": "HarmoFL"}
     same, other = ramp(), ramp(0.03)
     yield "convergence", lambda: figures.convergence({"fedavg": [same], "fednova": [same.copy()], "harmofl": [other]}, "dice_paper", tmp_path / "conv", "T", labels=labels)
-    yield "fairness_curves", lambda: fairness.fairness_curves({"fedavg": [same], "fednova": [same.copy()], "harmofl": [other]}, "dice_paper", tmp_path / "fc", "T", labels=labels)
+    yield "fairness_curves", lambda: fedlwr.fairness_curves({"fedavg": [same], "fednova": [same.copy()], "harmofl": [other]}, "dice_paper", tmp_path / "fc", "T", labels=labels)
     yield "retrogress", lambda: prrfl.retrogress_figure({"fedavg": [retro_history()], "fednova": [retro_history()], "harmofl": [retro_history(0.1)]}, "C", "accuracy", tmp_path / "rg", "T", labels=labels)
     points = {"FedAvg": [(1.0, 80.0, 2.0, 3), (2.0, 78.0, 1.0, 3)], "FedNova": [(1.0, 80.0, 2.0, 3), (2.0, 78.0, 1.0, 3)], "HarmoFL": [(1.0, 85.0, 1.0, 3), (2.0, 84.0, 1.0, 3)]}
     yield "sweep", lambda: sweeps.sweep_figure(points, tmp_path / "sw", "T", "local epochs", "accuracy (%)", error="clients_std")
@@ -135,7 +135,7 @@ def test_only_exact_ties_are_named():
 
 def test_bar_charts_start_at_zero(drawn, tmp_path):
     finals = [final(run, s, [0.9 + 0.01 * s, 0.92, 0.95 - 0.01 * i]) for i, run in enumerate(("fedavg", "fedlwr")) for s in range(2)]
-    fairness.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "bars", "dice_paper")
+    fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "bars", "dice_paper")
     oods = [ood_final(run, s, 0.8 + 0.02 * s, 0.9) for run in ("fedavg", "prrfl") for s in range(2)]
     prrfl.ood_figure(prrfl.ood_summary(oods, "OOD"), ["fedavg", "prrfl"], tmp_path / "ood", "ood")
     for fig in drawn:
@@ -150,7 +150,7 @@ def test_bar_charts_start_at_zero(drawn, tmp_path):
 
 def _figures_with_spread(tmp_path, seeds):
     finals = [final(run, s, [0.8 + 0.01 * s + 0.01 * i, 0.85, 0.9]) for i, run in enumerate(("fedavg", "fedlwr")) for s in range(seeds)]
-    yield "fairness_bars", lambda: fairness.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "b", "dice_paper")
+    yield "fairness_bars", lambda: fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "b", "dice_paper")
     oods = [ood_final(run, s, 0.8 + 0.02 * s, 0.9 - 0.01 * s) for run in ("fedavg", "prrfl") for s in range(seeds)]
     yield "ood", lambda: prrfl.ood_figure(prrfl.ood_summary(oods, "OOD"), ["fedavg", "prrfl"], tmp_path / "ood", "o")
     sweep_finals = finals + [final("fedavg-e2", s, [0.7 + 0.02 * s, 0.75, 0.8]) for s in range(seeds)]
@@ -247,12 +247,12 @@ def test_every_figure_keeps_its_texts_inside_the_saved_image(drawn, saves, tmp_p
     summary = seed_summary(finals, "dice_paper", std_row=True)
     oods = [ood_final(run, 0, 0.8, 0.9) for run in runs]
     draw = {
-        "fairness_bars": lambda: fairness.fairness_bars(summary, runs, tmp_path / "f", LONG_TITLE, "dice_paper"),
-        "fairness_curves": lambda: fairness.fairness_curves({r: [ramp(0.01 * i)] for i, r in enumerate(runs)}, "dice_paper", tmp_path / "f", LONG_TITLE),
+        "fairness_bars": lambda: fedlwr.fairness_bars(summary, runs, tmp_path / "f", LONG_TITLE, "dice_paper"),
+        "fairness_curves": lambda: fedlwr.fairness_curves({r: [ramp(0.01 * i)] for i, r in enumerate(runs)}, "dice_paper", tmp_path / "f", LONG_TITLE),
         "ood": lambda: prrfl.ood_figure(prrfl.ood_summary(oods, "OOD"), runs, tmp_path / "f", LONG_TITLE),
         "retrogress": lambda: prrfl.retrogress_figure({r: [retro_history(0.01 * i)] for i, r in enumerate(runs)}, "C", "accuracy", tmp_path / "f", LONG_TITLE),
         "sweep": lambda: sweeps.sweep_figure({r: [(1.0, 80.0 + i, 1.0, 1), (2.0, 79.0 + i, 1.0, 1)] for i, r in enumerate(runs)}, tmp_path / "f", LONG_TITLE, "x", "y", error="clients_std"),
-        "layer_cka": lambda: fairness.layer_cka_figure(_cka_history(), tmp_path / "f", LONG_TITLE),
+        "layer_cka": lambda: fedlwr.layer_cka_figure(_cka_history(), tmp_path / "f", LONG_TITLE),
     }[kind]
     draw()
     (record,) = saves
@@ -292,9 +292,9 @@ def _all_text(fig) -> str:
 
 def test_axes_name_metrics_in_words(drawn, tmp_path, capsys):
     figures.convergence({"fedavg": [ramp()]}, "dice_paper", tmp_path / "c", "T")
-    fairness.fairness_curves({"fedavg": [ramp()]}, "dice_paper", tmp_path / "fc", "T")
+    fedlwr.fairness_curves({"fedavg": [ramp()]}, "dice_paper", tmp_path / "fc", "T")
     finals = [final("fedavg", 0, [0.8, 0.85, 0.9]), final("fedavg-e2", 0, [0.7, 0.8, 0.9])]
-    fairness.fairness_bars(seed_summary(finals[:1], "dice_paper", std_row=True), ["fedavg"], tmp_path / "fb", "T", "dice_paper")
+    fedlwr.fairness_bars(seed_summary(finals[:1], "dice_paper", std_row=True), ["fedavg"], tmp_path / "fb", "T", "dice_paper")
     prrfl.retrogress_figure({"fedavg": [retro_history()]}, "C", "accuracy", tmp_path / "rg", "T")
     # the sweep's axis label comes from the CLI, as the workflow calls it
     paths = []
@@ -319,7 +319,7 @@ def test_axes_name_metrics_in_words(drawn, tmp_path, capsys):
 def test_fairness_bars_error_bars_and_legend_are_the_tables_numbers(drawn, tmp_path):
     finals = [final(run, s, [0.80 + 0.013 * s * (k + 1) + 0.02 * i for k in range(3)]) for i, run in enumerate(("fedavg", "fedlwr")) for s in range(3)]
     summary = seed_summary(finals, "dice_paper", std_row=True)
-    fairness.fairness_bars(summary, ["fedavg", "fedlwr"], tmp_path / "b", "b", "dice_paper")
+    fedlwr.fairness_bars(summary, ["fedavg", "fedlwr"], tmp_path / "b", "b", "dice_paper")
     ax = drawn[-1].axes[0]
     containers = error_bars(ax)
     assert len(containers) == 2
@@ -332,7 +332,7 @@ def test_fairness_bars_error_bars_and_legend_are_the_tables_numbers(drawn, tmp_p
 
 def test_fairness_curves_std_is_the_tables_std_row(drawn, tmp_path):
     seeds = [history([[0.5, 0.7, 0.6], [0.9, 0.6, 0.8]]), history([[0.55, 0.65, 0.7], [0.8, 0.7, 0.9]])]
-    fairness.fairness_curves({"fedlwr": seeds}, "dice_paper", tmp_path / "fc", "T")
+    fedlwr.fairness_curves({"fedlwr": seeds}, "dice_paper", tmp_path / "fc", "T")
     ax_avg, ax_std = drawn[-1].axes
     for rnd, values in ((1, ([0.5, 0.7, 0.6], [0.55, 0.65, 0.7])), (2, ([0.9, 0.6, 0.8], [0.8, 0.7, 0.9]))):
         table = seed_summary([final("fedlwr", s, v) for s, v in enumerate(values)], "dice_paper", std_row=True).set_index("client_label")
@@ -387,7 +387,7 @@ def test_ten_methods_get_ten_palette_colours_and_markers(drawn, tmp_path):
     assert len({(figures.method_style(i)["color"], figures.method_style(i)["marker"]) for i in range(20)}) == 20
     # bars: ten palette colours, each with its own hatch
     finals = [final(run, 0, [0.8, 0.85, 0.9]) for run in runs]
-    fairness.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), list(runs), tmp_path / "b", "b", "dice_paper")
+    fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), list(runs), tmp_path / "b", "b", "dice_paper")
     ax = drawn[-1].axes[0]
     firsts = [container.patches[0] for container in ax.containers if not isinstance(container, ErrorbarContainer)]
     assert len(firsts) == 10

@@ -325,7 +325,7 @@ def test_the_figure_command_reads_the_flags_beside_the_histories(tmp_path):
 
 
 def test_a_fairness_bar_of_a_collapsed_model_says_so_in_its_csv(tmp_path):
-    from fedmedbench.report.fairness import fairness_bars
+    from fedmedbench.report.fedlwr import fairness_bars
     from fedmedbench.report.flags import collect_flags
     from fedmedbench.report.tables import seed_summary
 

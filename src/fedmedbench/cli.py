@@ -334,7 +334,7 @@ def _experiment_finals(exp: Experiment, finals: list[dict], paths: list[str]) ->
     a switch, off by default) each run's test scores at its best mean test round, from history.csv."""
     if exp.select_on == "val":
         return finals
-    from fedmedbench.report.fairness import select_on_test
+    from fedmedbench.report.fedlwr import select_on_test
     from fedmedbench.report.inputs import read_history
 
     return [select_on_test(f, read_history(Path(p).with_name("history.csv"), f), exp.metric) for f, p in zip(finals, paths)]
@@ -398,7 +398,7 @@ def cmd_qualitative_figure(args) -> None:
 
 
 def cmd_ampnorm_figure(args) -> None:
-    from fedmedbench.report.ampnorm import ampnorm_figure, normalized_examples
+    from fedmedbench.report.harmofl import ampnorm_figure, normalized_examples
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     panels = {}
@@ -413,7 +413,7 @@ def cmd_ampnorm_figure(args) -> None:
 
 
 def cmd_layer_cka_figure(args) -> None:
-    from fedmedbench.report.fairness import layer_cka_figure
+    from fedmedbench.report.fedlwr import layer_cka_figure
     from fedmedbench.report.inputs import is_synthetic, read_run_history
 
     exp = Experiment.from_dict(json.loads(args.experiment))
@@ -424,7 +424,7 @@ def cmd_layer_cka_figure(args) -> None:
 
 
 def cmd_fairness_curves(args) -> None:
-    from fedmedbench.report.fairness import fairness_curves
+    from fedmedbench.report.fedlwr import fairness_curves
     from fedmedbench.report.inputs import finals_beside, histories_by_run, is_synthetic
 
     exp = Experiment.from_dict(json.loads(args.experiment))
@@ -433,7 +433,7 @@ def cmd_fairness_curves(args) -> None:
 
 
 def cmd_fairness_bars(args) -> None:
-    from fedmedbench.report.fairness import fairness_bars
+    from fedmedbench.report.fedlwr import fairness_bars
     from fedmedbench.report.flags import collect_flags
     from fedmedbench.report.inputs import is_synthetic
     from fedmedbench.report.tables import seed_summary

@@ -84,7 +84,7 @@ def _metric_value(final: dict, split: str, client: str, metric: str, where: str)
 
 
 # The spreads the tables print, one function each. The figures call these same functions
-# (report/figures.py, sweeps.py, fairness.py), so an error bar or a Std curve is the table's number.
+# (report/figures.py, sweeps.py, fedlwr.py), so an error bar or a Std curve is the table's number.
 
 
 def std_over_seeds(values) -> np.ndarray:
