@@ -91,7 +91,7 @@ import torch  # noqa: E402
 
 from fedmedbench.federation.messages import pack  # noqa: E402
 from fedmedbench.fl.engine import run_training  # noqa: E402
-from fedmedbench.fl.transport import InProcessTransport, serve  # noqa: E402
+from fedmedbench.fl.rounds import InProcessTransport, serve  # noqa: E402
 from fedmedbench.registry import merge_params  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
 from tests.in_process import in_process_sites  # noqa: E402  (the sites as the engine builds them)

@@ -108,7 +108,7 @@ class Clock:
 
 def instrument(clock: Clock, method_name: str, method_module: str | None) -> None:
     from fedmedbench import metrics
-    from fedmedbench.fl import checkpoint, client, data, engine, evaluation, selection, transport
+    from fedmedbench.fl import checkpoint, client, data, engine, evaluation, rounds, selection
     from fedmedbench.registry import load_method
 
     method = load_method(method_name, method_module)
@@ -116,7 +116,7 @@ def instrument(clock: Clock, method_name: str, method_module: str | None) -> Non
     w = clock.wrap
     # Per client, per round: the global weights in (Site.evaluate receives them after aggregation).
     w(method.Client, "receive", "receive weights")
-    w(transport, "check_finite", "check finite")
+    w(rounds, "check_finite", "check finite")
     w(method.Client, "reply", "reply (state to server)")
     # Training: a batch (gather from the store, to the device, augment, to float) vs the step.
     w(data, "gather", "gather (store -> uint8 batch)")
@@ -140,13 +140,13 @@ def instrument(clock: Clock, method_name: str, method_module: str | None) -> Non
 
     evaluation.build_loss = timed_loss
     clock.restore.append((evaluation, "build_loss", original_build_loss))
-    w(transport.Site, "train", "site train")
-    w(transport.Site, "evaluate", "site evaluate")
-    w(transport, "evaluate", "evaluate split")
+    w(rounds.Site, "train", "site train")
+    w(rounds.Site, "evaluate", "site evaluate")
+    w(rounds, "evaluate", "evaluate split")
     # Selection: the models and predictions kept when the validation score improves.
-    w(transport.Site, "keep", "selection keep")
-    w(transport, "detached", "model copy to host")
-    w(transport, "predict_samples", "predictions (qualitative)")
+    w(rounds.Site, "keep", "selection keep")
+    w(rounds, "detached", "model copy to host")
+    w(rounds, "predict_samples", "predictions (qualitative)")
     w(selection.Selection, "improved", "selection compare")
     w(selection.Selection, "record", "selection record")
     # Server: aggregation and packages.

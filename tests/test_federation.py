@@ -15,7 +15,7 @@ import torch
 flwr = pytest.importorskip("flwr")
 
 from fedmedbench.federation.messages import check_reply, pack, unpack  # noqa: E402
-from fedmedbench.fl.transport import SiteError  # noqa: E402
+from fedmedbench.fl.rounds import SiteError  # noqa: E402
 from tests.federation_matrix import FIRST_HALF, MATRIX, assert_equals_the_engine, federated_runs  # noqa: E402
 
 

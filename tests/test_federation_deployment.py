@@ -173,7 +173,7 @@ class PushPullGrid:
 
 def test_a_lost_nodes_error_reply_from_the_superlink_is_filed_under_its_site(tmp_path, tiny_task, monkeypatch):
     from fedmedbench.federation.serverapp import FlowerTransport, read_run_config
-    from fedmedbench.fl.transport import SiteError
+    from fedmedbench.fl.rounds import SiteError
 
     for key, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
         monkeypatch.setattr(TaskIdentity, key, value)

@@ -27,7 +27,7 @@ from fedmedbench.federation import clientapp  # noqa: E402
 from fedmedbench.federation.messages import check_final, check_reply, check_same_shape, pack, unpack  # noqa: E402
 from fedmedbench.federation.serverapp import FlowerTransport, read_run_config  # noqa: E402
 from fedmedbench.fl.data import data_digest  # noqa: E402
-from fedmedbench.fl.transport import SiteError, run_rounds  # noqa: E402
+from fedmedbench.fl.rounds import SiteError, run_rounds  # noqa: E402
 from tests.conftest import tiny_run_config  # noqa: E402
 
 HANDLERS = {
@@ -306,7 +306,7 @@ def test_a_bad_share_setting_is_refused_at_hello(tmp_path, tiny_task):
 def test_a_site_may_withhold_its_model_and_predictions_and_the_tables_still_read_the_run(tmp_path, tiny_task):
     from fedmedbench.fl import checkpoint
     from fedmedbench.fl.engine import run_training
-    from fedmedbench.fl.transport import serve
+    from fedmedbench.fl.rounds import serve
 
     node_config = {"B": {"share-model": False}, "C": {"share-predictions": "false"}}
     sent_up = {}
@@ -355,7 +355,7 @@ def test_a_test_only_cohort_scores_the_sites_models_as_the_engine(tmp_path, tiny
     import filecmp
 
     from fedmedbench.fl.engine import run_training
-    from fedmedbench.fl.transport import serve
+    from fedmedbench.fl.rounds import serve
 
     cfg, run, grid, transport = cohort_run(tmp_path, tiny_task)
     assert transport.node == {"A": 100, "B": 101} and transport.cohort_node == {"C": 102}
@@ -387,7 +387,7 @@ def test_a_site_that_withholds_its_model_from_a_run_with_a_cohort_is_refused_at_
     ids=["a-site-missing", "infinite", "keys"],
 )
 def test_a_bad_cohort_reply_is_refused_naming_the_cohort(tmp_path, tiny_task, change, message):
-    from fedmedbench.fl.transport import serve
+    from fedmedbench.fl.rounds import serve
 
     def tamper(sent, reply):
         return rewrite(sent, reply, change) if sent.metadata.message_type == "query.ood" else reply

@@ -264,7 +264,7 @@ def test_a_run_that_fails_is_told_in_one_line_with_the_servers_last_error(tmp_pa
         address = "127.0.0.1:1"
 
         def stream(self, run_config, log, echo=None):
-            log.write_text("INFO : Start `flwr-serverapp` process\nfedmedbench.fl.transport.SiteError: round 1 train: site HK: its ClientApp raised an exception\nINFO : done\n")
+            log.write_text("INFO : Start `flwr-serverapp` process\nfedmedbench.fl.rounds.SiteError: round 1 train: site HK: its ClientApp raised an exception\nINFO : done\n")
             return 0
 
     monkeypatch.chdir(REPO)
@@ -275,7 +275,7 @@ def test_a_run_that_fails_is_told_in_one_line_with_the_servers_last_error(tmp_pa
     workdir = tmp_path / "results" / "demo" / "federation" / "prostate" / "fedavg" / "seed0-flower"
     assert str(failed.value) == (
         f"federation local: the run ended without {workdir.with_name('seed0')}/final.json: "
-        f"fedmedbench.fl.transport.SiteError: round 1 train: site HK: its ClientApp raised an exception; logs: {workdir}"
+        f"fedmedbench.fl.rounds.SiteError: round 1 train: site HK: its ClientApp raised an exception; logs: {workdir}"
     )
     # What it ran: the run config it wrote, two sites, one round.
     written = json.loads((workdir.with_name("seed0") / "run_config.json").read_text())

@@ -1,4 +1,4 @@
-"""A restarted ServerApp resumes from its last checkpoint as the engine does (fl/transport.serve,
+"""A restarted ServerApp resumes from its last checkpoint as the engine does (fl/rounds.serve,
 federation.clientapp's snapshots).
 
 The end-to-end test starts one real ``flower-superlink`` and three ``flower-supernode`` processes
@@ -99,7 +99,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedmedbench.federation import clientapp  # noqa: E402
 from fedmedbench.federation.serverapp import FlowerTransport, read_run_config  # noqa: E402
-from fedmedbench.fl.transport import SiteError, serve  # noqa: E402
+from fedmedbench.fl.rounds import SiteError, serve  # noqa: E402
 
 HANDLERS = {
     "query.hello": clientapp.hello, "query.setup": clientapp.setup, "query.resume": clientapp.resume, "train": clientapp.train,

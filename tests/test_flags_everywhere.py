@@ -204,7 +204,7 @@ def test_a_run_whose_cohort_collapses_says_so_in_final_json_and_its_log(tmp_path
 def test_a_federated_cohorts_reply_may_carry_its_flags_and_nothing_else_unknown():
     pytest.importorskip("flwr")
     from fedmedbench.federation.messages import check_ood
-    from fedmedbench.fl.transport import SiteError
+    from fedmedbench.fl.rounds import SiteError
 
     scores = {"accuracy": 0.6}
     reply = {"mean": scores, "ensemble": scores, "per_model": {"A": scores}}

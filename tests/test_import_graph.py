@@ -149,7 +149,7 @@ def test_the_scan_sees_circles_and_layers(tmp_path):
         "fl/__init__.py": "",
         "fl/faults.py": "",
         "fl/engine.py": "from fedmedbench.methods import load_method\n",
-        "fl/transport.py": "def f():\n    from fedmedbench.fl.engine import evaluate\n",  # below the engine
+        "fl/rounds.py": "def f():\n    from fedmedbench.fl.engine import evaluate\n",  # below the engine
         "federation/__init__.py": "",
         "federation/simulation.py": "def f():\n    from fedmedbench.fl.engine import pick_device\n",  # below the engine too
         "methods/__init__.py": "",
@@ -170,7 +170,7 @@ def test_the_scan_sees_circles_and_layers(tmp_path):
         "fedmedbench.data.store imports fedmedbench.fl.faults: the data layer knows nothing of training",
         "fedmedbench.federation.simulation imports fedmedbench.fl.engine: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)",
         "fedmedbench.fl.engine imports fedmedbench.methods: the engine knows no method (find it by name: fedmedbench.registry)",
-        "fedmedbench.fl.transport imports fedmedbench.fl.engine: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)",
+        "fedmedbench.fl.rounds imports fedmedbench.fl.engine: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)",
         "fedmedbench.methods.cffl imports fedmedbench.fl.engine: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)",
     ]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -181,10 +181,10 @@ def test_the_import_graph_has_no_circle():
     assert len(graph) > 50  # the scan found the package
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
-    # The last circle, fl.engine <-> fl.transport, was broken by moving what both use below both:
+    # The last circle, fl.engine <-> fl.rounds, was broken by moving what both use below both:
     # the round protocol imports the engine's old helpers from their new homes, never the engine.
-    assert "fedmedbench.fl.transport" in graph["fedmedbench.fl.engine"]
-    assert "fedmedbench.fl.engine" not in graph["fedmedbench.fl.transport"]
+    assert "fedmedbench.fl.rounds" in graph["fedmedbench.fl.engine"]
+    assert "fedmedbench.fl.engine" not in graph["fedmedbench.fl.rounds"]
 
 
 def test_imports_point_down_the_layers():

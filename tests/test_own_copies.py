@@ -97,7 +97,7 @@ def test_in_place_edits_reach_no_other_site_in_the_engine(tmp_path, tiny_task, e
 def test_the_server_state_is_not_the_clients_and_a_package_is_not_the_servers(tmp_path, tiny_task, editing_plugin):
     """Direct look at the tensors: after a round of the engine's transport, no client's model
     shares memory with the server's global state, and a package a site received is its own."""
-    from fedmedbench.fl.transport import InProcessTransport
+    from fedmedbench.fl.rounds import InProcessTransport
     from tests.in_process import in_process_sites
     from fedmedbench.registry import load_method, merge_params
     from fedmedbench.runconfig import RunConfig
@@ -139,7 +139,7 @@ def test_the_editing_method_gives_the_flower_runtimes_numbers(tmp_path, tiny_tas
 def test_a_copy_has_the_same_numbers_layout_and_containers_and_shares_nothing():
     from collections import OrderedDict
 
-    from fedmedbench.fl.transport import own_copy
+    from fedmedbench.fl.rounds import own_copy
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).to(memory_format=torch.channels_last)
     state = model.state_dict()  # an OrderedDict with the modules' versions in _metadata

@@ -61,12 +61,12 @@ def test_the_clock_charges_each_phase_its_own_time(monkeypatch):
 def test_a_tiny_run_has_the_phases_and_counts_of_its_rounds(tmp_path, monkeypatch):
     """3 clients with 8, 6, 4 training samples in batches of 4: 5 steps a round; val and test (2
     samples each, test every round of a 2-round run) one batch each: 6 evaluated splits a round."""
-    from fedmedbench.fl import engine, transport
+    from fedmedbench.fl import engine, rounds
 
     bench = bench_round()
     store, split = write_tiny_task(tmp_path)
     cfg = tiny_run_config(store, split, rounds=2)
-    originals = (engine.save_state, transport.detached, engine.build_model)
+    originals = (engine.save_state, rounds.detached, engine.build_model)
     # The clock reads this thread's CPU time instead of the wall clock: the coverage check below then
     # does not depend on what else the machine runs (one thread: measure's threads=1, no data workers).
     monkeypatch.setattr(bench.time, "perf_counter", time.thread_time)
@@ -74,7 +74,7 @@ def test_a_tiny_run_has_the_phases_and_counts_of_its_rounds(tmp_path, monkeypatc
     clock = bench.measure(cfg, 2, "cpu", 1, 0)
     spent = time.perf_counter() - started
     monkeypatch.undo()
-    assert (engine.save_state, transport.detached, engine.build_model) == originals  # nothing left patched
+    assert (engine.save_state, rounds.detached, engine.build_model) == originals  # nothing left patched
     for period in ("round 1", "round 2"):
         calls = clock.calls[period]
         assert calls["site train/train step (forward, backward, optimizer)"] == 5
@@ -142,7 +142,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 def test_a_kept_model_is_copied_to_the_host_once(device):
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from fedmedbench.fl.transport import detached
+    from fedmedbench.fl.rounds import detached
 
     class Copies(TorchDispatchMode):
         def __init__(self):

@@ -53,7 +53,7 @@ from flwr.clientapp import ClientApp
 
 from fedmedbench.federation.messages import config_of, pack, unpack
 from fedmedbench.errors import MethodError
-from fedmedbench.fl.transport import Site, SiteError
+from fedmedbench.fl.rounds import Site, SiteError
 
 app = ClientApp()
 
@@ -275,7 +275,7 @@ def handle(message: Message, context: Context, step, ends_round: bool = False) -
 def build_cohort(cfg_json: str, context: Context):
     """This node's ``Cohort`` (a test-only cohort of the run): its own test rows only."""
     from fedmedbench.fl.data import load_test_only
-    from fedmedbench.fl.transport import Cohort
+    from fedmedbench.fl.rounds import Cohort
     from fedmedbench.runconfig import RunConfig
 
     cfg = RunConfig.from_dict(json.loads(cfg_json))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedmedbench.fl.transport import SiteError
+from fedmedbench.fl.rounds import SiteError
 
 KIND, METRICS, BLOBS, ARRAYS, SCORES, TENSORS = "kind", "m", "b", "a:", "s:", "t:"
 # Where a tensor was in a nested payload (its bytes travel in the entry's "t:" ArrayRecord).

@@ -1,5 +1,5 @@
 """The generic ServerApp: any method's ``Server`` over Flower's ``Grid``, with the engine's round loop
-(``fedmedbench.fl.transport.run_rounds``) and the engine's outputs.
+(``fedmedbench.fl.rounds.run_rounds``) and the engine's outputs.
 
 Run config (``flwr run ... --run-config``): ``run-config`` (a resolved run config as JSON, what
 Snakemake passes to ``fedmedbench train``; its data paths are not opened here: the server opens no
@@ -33,7 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedmedbench.federation.messages import check_evaluation, check_final, check_finite_payload, check_ood, check_reply, check_same_shape, pack, unpack
 from fedmedbench.errors import MethodError
-from fedmedbench.fl.transport import SiteError, serve
+from fedmedbench.fl.rounds import SiteError, serve
 
 app = ServerApp()
 

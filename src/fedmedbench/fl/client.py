@@ -10,7 +10,7 @@ The base behaviour is FedAvg's client.
 
 The package (and a query) a client receives is its own copy, in either runtime: editing it in place
 changes nothing the server or another client holds. What ``reply`` returns is copied on its way up,
-so the server's edits never reach the client's models (fl/transport.py ``own_copy``).
+so the server's edits never reach the client's models (fl/rounds.py ``own_copy``).
 """
 
 from __future__ import annotations

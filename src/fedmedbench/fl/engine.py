@@ -7,7 +7,7 @@ one line naming the method, hook, round and client. Model selection uses the val
 (mean over clients for a global model, per client for personalized methods); the test split is
 evaluated every round for the curves and reported at the selected round.
 
-The rounds themselves are ``fl/transport.run_rounds`` over the clients of this process; what the
+The rounds themselves are ``fl/rounds.run_rounds`` over the clients of this process; what the
 engine shares with the server side of a federation lies below both: scoring (``fl/evaluation.py``),
 the selection (``fl/selection.py``) and the run folder's checkpoints and outputs
 (``fl/runfolder.py``).
@@ -36,7 +36,7 @@ from fedmedbench.fl.runfolder import history_file, remove_stale_files, restore, 
 from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.fl.seeding import client_generator, seed_everything
 from fedmedbench.fl.selection import Selection
-from fedmedbench.fl.transport import InProcessTransport, Site, run_rounds
+from fedmedbench.fl.rounds import InProcessTransport, Site, run_rounds
 from fedmedbench.metrics import METERS
 from fedmedbench.models import build_model
 from fedmedbench.progress import Progress
@@ -149,7 +149,7 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
             last_saved = time.monotonic()
             faults.reached("round_end")
 
-    # The one round loop of the project (fl/transport.py), here over the clients of this process.
+    # The one round loop of the project (fl/rounds.py), here over the clients of this process.
     # The sites hold no kept models of their own: ``keep`` hands the evaluated model to the
     # ``Selection``, the one copy (final_test and ood_test read it there).
     transport = InProcessTransport([Site(cfg, client, device, hold_kept=False) for client in clients])

@@ -1,7 +1,7 @@
 """Scoring models on a split: every round's val/test scores, the local-epoch probe, the divergence
 check, and the selected models' final test scores (and on test-only cohorts).
 
-Below both the engine (``fl/engine.py``) and the round protocol (``fl/transport.py``): the sites
+Below both the engine (``fl/engine.py``) and the round protocol (``fl/rounds.py``): the sites
 score their models with these, the engine scores its selection with them after the last round.
 """
 
@@ -164,7 +164,7 @@ def ood_test(selection: Selection, clients, cohorts: dict, cfg: RunConfig, devic
 def score_cohort(models: dict[str, torch.nn.Module], split, cfg: RunConfig, device: torch.device) -> dict[str, dict]:
     """One test-only cohort scored with ``models`` ({client: its selected model}, in client order):
     {"mean", "ensemble", "per_model"} as ``ood_test`` reports it. A federated cohort's own site calls
-    it with the models the server sends it (``fl.transport.Cohort``). The collapse check of the
+    it with the models the server sends it (``fl.rounds.Cohort``). The collapse check of the
     test clients covers the cohort too: ``flags`` (only when one is raised) holds
     ``{"ensemble": {kind: why}, "per_model": {client: {kind: why}}}`` (``metrics.degenerate_flags``)."""
     meters = {name: evaluate_meter(model, split, cfg, device) for name, model in models.items()}

@@ -9,7 +9,7 @@ A method's ``Server`` and ``Client`` (a built-in's or a plug-in's) run as subcla
 already and pass unchanged, as do KeyboardInterrupt and SystemExit (not ``Exception``s).
 
 The wrappers sit on the class, not at the call sites, so every caller gets them: the round loop
-(fl/transport.py), the checkpoints (fl/runfolder.py), the scoring (fl/evaluation.py) and a Flower
+(fl/rounds.py), the checkpoints (fl/runfolder.py), the scoring (fl/evaluation.py) and a Flower
 site's ClientApp, which builds its client through ``load_method`` too: both runtimes say the same
 line. A hook called by another (the base ``train`` calls ``loss``) is named itself.
 
@@ -31,7 +31,7 @@ from fedmedbench.errors import FedmedbenchError, MethodError
 from fedmedbench.fl import hookwatch
 from fedmedbench.fl import checkpoint
 
-# Every hook the engine calls (fl/engine.py, transport.py, runfolder.py, evaluation.py) and the ones
+# Every hook the engine calls (fl/engine.py, rounds.py, runfolder.py, evaluation.py) and the ones
 # the base Client.train calls (before_epoch, loss, after_backward, train_step).
 CLIENT_HOOKS = ("__init__", "receive", "before_epoch", "loss", "after_backward", "train_step", "train", "reply", "answer", "eval_model", "state_dict", "load_state_dict")
 SERVER_HOOKS = ("__init__", "package", "query", "aggregate", "round_log", "state_dict", "load_state_dict")

@@ -5,7 +5,7 @@ read back on resume; then the finished run's outputs (``history.csv``, ``final.j
 federated rerun with ``flwr run``), which replace them.
 
 Below both the engine (``fl/engine.py``) and the server side of the round protocol
-(``fl/transport.serve``): a run folder is the same whichever of them trained it.
+(``fl/rounds.serve``): a run folder is the same whichever of them trained it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Model selection on validation: which rounds may be selected, and the best round(s) with the
 models and predictions kept at them (one global choice, or one per client).
 
-Below both the engine (``fl/engine.py``) and the round protocol (``fl/transport.py``, whose loop
+Below both the engine (``fl/engine.py``) and the round protocol (``fl/rounds.py``, whose loop
 records the selections); the run folder (``fl/runfolder.py``) checkpoints it.
 """
 

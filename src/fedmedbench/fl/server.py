@@ -2,7 +2,7 @@
 
 The replies (and answers) it aggregates are its own copies, and each client receives its own copy of
 its package, in either runtime: an in-place edit on either side reaches no one else
-(fl/transport.py ``own_copy``). A hook that fails is named with its method, round and client
+(fl/rounds.py ``own_copy``). A hook that fails is named with its method, round and client
 (fl/hooks.py)."""
 
 from __future__ import annotations

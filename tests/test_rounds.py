@@ -1,4 +1,4 @@
-"""The round loop over a transport (fl/transport.py) is the engine's, bit for bit: the same run through
+"""The round loop over a transport (fl/rounds.py) is the engine's, bit for bit: the same run through
 ``serve`` + ``InProcessTransport`` writes byte-identical final.json, history.csv, model_best.pt and
 predictions.npz. Methods: a global one, a personalized one, one with a query/answer exchange, one
 with client-side deputies and a two-stage client."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedmedbench.fl.engine import run_training
-from fedmedbench.fl.transport import InProcessTransport, SiteError, serve
+from fedmedbench.fl.rounds import InProcessTransport, SiteError, serve
 from tests.in_process import in_process_cohorts, in_process_sites
 from fedmedbench.registry import merge_params
 from fedmedbench.runconfig import RunConfig

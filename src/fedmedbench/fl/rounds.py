@@ -1,4 +1,4 @@
-"""The round protocol over a transport: the same loop whether the clients live in this process or
+"""The round loop, over a transport: the same loop whether the clients live in this process or
 behind Flower's SuperNodes (``fedmedbench.federation``).
 
 A round, seen from the server: every site trains and replies (``train``); the method's server may
