@@ -8,10 +8,11 @@ is a ``torch.save`` payload followed by a trailer::
 
 **Structural deduplication.** A federated state repeats itself: after the server's package is
 distributed, every client's shared keys hold the global model's values, and the selection keeps one
-global model per client. So a tensor stored under a dict key is checked against the *first* tensor
-stored under the same key (same dtype, shape and strides) with an exact ``torch.equal`` of their
-bits (NaN payloads and the sign of zero included); an equal one is left out of the tree and listed
-in ``copies`` by its path and its source's path. The global state is written once, each client adds
+global model per client. So a tensor under a dict key (or list position) is checked against the
+*first* tensor met under the same key with the same dtype, shape and strides, with an exact
+``torch.equal`` of their bits (NaN payloads and the sign of zero count); an equal one is left out of
+the tree and listed in ``copies`` by its path and its source's path. Nothing is hashed or sampled: one
+compare per tensor, and tensors that differ are told apart in their first elements. The global state is written once, each client adds
 its own keys, its optimizer and generator state, and any shared key it holds differently (mid-round,
 or a method that keeps it). Loading puts back a clone of the source: each copy gets its own memory,
 so an in-place step on one client's model reaches no other. One object in two places stays one
@@ -97,7 +98,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if ints is None:
         return False  # complex128: never merged (no such tensor in a federated state)
     a, b = a.detach().view(ints), b.detach().view(ints)
-    if a.is_contiguous() and not torch.equal(a.view(-1)[:1024], b.view(-1)[:1024]):
+    if a.numel() > 1024 and a.is_contiguous() and not torch.equal(a.view(-1)[:1024], b.view(-1)[:1024]):
         return False
     return torch.equal(a, b)
 
