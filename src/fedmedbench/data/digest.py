@@ -25,6 +25,7 @@ from pathlib import Path
 from stat import S_ISREG
 
 from .skipped import skipped
+from ..files import atomic_write_text
 
 # A file whose modification or change time is this close to the moment it was hashed is not kept in
 # the cache: the file system stamps times from a coarse clock, so a second edit within the same tick
@@ -34,7 +35,7 @@ CACHE_VERSION = 1
 
 
 def _loop_error(link: str, target: str):
-    from .folders.options import FoldersDataError  # here, not at the top: the DAG imports this module, numpy-free
+    from .folders.options import FoldersDataError  # noqa: PLC0415  (error path only: fedmedbench.data.folders costs 35-350 ms (numpy, pandas); the DAG hashes through here)
 
     return FoldersDataError(f"{link}: a symbolic link loop (it leads back to {target}, a folder that contains it); remove the link or point it at a folder outside")
 
@@ -82,9 +83,7 @@ class _HashCache:
     def save(self) -> None:
         if self.path is None or self.new == self.old:
             return  # an unchanged tree writes nothing
-        from fedmedbench.files import atomic_write_text  # a temporary beside it, renamed: concurrent DAG builds never see half a file
-
-        try:
+        try:  # a temporary beside it, renamed: concurrent DAG builds never see half a file
             atomic_write_text(self.path, json.dumps({"version": CACHE_VERSION, "root": self.root, "files": self.new}))
         except OSError:
             pass
@@ -104,7 +103,7 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
         with os.scandir(folder) as listing:
             entries = sorted(listing, key=lambda e: e.name)
     except OSError as err:
-        from .folders.options import FoldersDataError
+        from .folders.options import FoldersDataError  # noqa: PLC0415  (error path only; see _loop_error)
 
         raise FoldersDataError(f"{folder}: cannot list the folder ({err.strerror})") from None
     folders = []
@@ -133,7 +132,7 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
         try:
             content = cache.content(name, entry.path, stat)
         except OSError as err:
-            from .folders.options import FoldersDataError
+            from .folders.options import FoldersDataError  # noqa: PLC0415  (error path only; see _loop_error)
 
             raise FoldersDataError(f"{entry.path}: cannot read the file ({err.strerror})") from None
         digest.update(_encoded(f"{name}\0{stat.st_size}\0{content}\n"))

@@ -36,6 +36,7 @@ from ..errors import DataError
 from ..files import new_folder
 from .staging import locked_atomic_file, remove_stale
 from .store import atomic_write_text
+from .digest import file_stamp
 
 __all__ = ["DownloadError", "DownloadSpec", "fetch", "fetch_spec", "looks_like_html"]
 
@@ -193,7 +194,7 @@ def _fetch_http(url: str, sink: _HashingSink, manual_step: str | None) -> None:
 
 def _fetch_gdrive(file_id: str, sink: _HashingSink, manual_step: str | None) -> None:
     try:
-        import gdown  # lazy: only Drive sources need it, and it pulls in requests/bs4
+        import gdown  # noqa: PLC0415  (only Drive sources need it: ~150 ms, it pulls in requests/bs4)
     except ImportError as exc:
         raise DownloadError(f"gdrive:{file_id} needs the 'gdown' package, which is not installed") from exc
     try:
@@ -237,8 +238,6 @@ def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str
         if not src_path.is_file():
             raise DownloadError(f"local archive {src_path} does not exist or is not a file (source {source!r})")
         if source_stamp is not None:
-            from .digest import file_stamp
-
             if file_stamp(src_path) != source_stamp:
                 raise DownloadError(f"local archive {src_path} changed after the workflow planned this job (now {file_stamp(src_path)!r}, "
                                     f"planned {source_stamp!r}); run the workflow again")

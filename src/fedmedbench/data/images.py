@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
 from ..errors import DataError
 
@@ -66,8 +67,6 @@ def open_image(path: Path, error: type[DataError] = DataError):
     """``Image.open`` (lazy: the header only), with Pillow's guard against decompression bombs told in
     one line naming the file: an image of more than twice ``Image.MAX_IMAGE_PIXELS`` pixels (about
     179 million) is refused before any pixel is decoded."""
-    from PIL import Image
-
     try:
         return Image.open(path)
     except Image.DecompressionBombError as exc:
@@ -125,8 +124,6 @@ def read_mask(path: str | os.PathLike, *, error: type[DataError] = DataError, co
 
 def _read_grey(path: Path, error: type[DataError], colour: str, page: int = 0, palette: str = "colours") -> tuple[np.ndarray, int]:
     """The mask's grey values as stored, and its EXIF Orientation."""
-    from PIL import UnidentifiedImageError
-
     if colour not in ("refuse", "max"):
         raise ValueError(f"colour must be 'refuse' or 'max', got {colour!r}")
     if palette not in ("colours", "index"):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import Image
 
 from ...errors import plain
 from ...progress import Progress
@@ -132,8 +133,6 @@ def _slide_name(patient: str, node: int) -> str:
 
 def load_patch(path: str | os.PathLike, size: int | None = None) -> np.ndarray:
     """One patch as uint8 H x W x 3 (alpha dropped). ``size=None`` demands the native 96x96."""
-    from PIL import Image
-
     try:
         with Image.open(path) as img:
             img.load()

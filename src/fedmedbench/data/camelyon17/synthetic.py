@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import Image, ImageFilter
 
 from ...files import atomic_file
 from .download import ARCHIVE
@@ -39,8 +40,6 @@ _CENTER_STYLE = {
 def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
     """Smooth random field in [0, 1]: a coarse random grid upsampled bilinearly. ``cells`` per 96 px,
     so a smaller twin patch is a crop of the same tissue, not a shrunken one."""
-    from PIL import Image
-
     cells = max(2, round(cells * size / PATCH_SIZE))
     coarse = rng.random((cells, cells)).astype(np.float32)
     return np.asarray(Image.fromarray(coarse, "F").resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32)
@@ -86,8 +85,6 @@ def _tissue(rng: np.random.Generator, tumor: bool, size: int) -> tuple[np.ndarra
 def _synthetic_patch(rng: np.random.Generator, center: int, tumor: bool, size: int) -> np.ndarray:
     """An H&E-like RGBA patch at native resolution (a smaller ``size`` is a crop, like the real
     label's central 32 x 32 region): the class's tissue seen through the center's stain and scanner."""
-    from PIL import Image, ImageFilter
-
     style = _CENTER_STYLE[center]
     hema, eosin = _tissue(rng, tumor, size)
     od = style["strength"] * (hema[..., None] * np.array(style["h"]) + eosin[..., None] * np.array(style["e"]))
@@ -104,8 +101,6 @@ def _synthetic_patch(rng: np.random.Generator, center: int, tumor: bool, size: i
 
 
 def _png_bytes(array: np.ndarray, mode: str) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(array, mode).save(buf, format="PNG", compress_level=1)  # fast; content is noise anyway
     return buf.getvalue()

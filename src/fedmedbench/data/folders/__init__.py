@@ -116,6 +116,7 @@ from .reading import (  # noqa: F401
 )
 from .groups import assign_groups
 from .splits import split  # noqa: F401
+from .inspect import inspect_folders
 
 
 __all__ = [
@@ -287,8 +288,6 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
         if not _is_int(size) or size < 1:
             raise ValueError(f"size must be a positive integer or None, got {size!r}")
         options = replace(options, image_size=int(size))
-    from .inspect import inspect_folders  # imported here: inspect reads the data through this module
-
     for line in inspect_folders(options).lines():  # the log starts with what `fedmedbench check-data` prints
         log(line)
     root = _check_root(options.root)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import Image
 
 from ..store import staged_dir
 from .options import KINDS, LABELS_FILE
@@ -25,8 +26,6 @@ EXAMPLE_LABELS = ("benign", "malignant", "normal")
 
 
 def _png(array: np.ndarray) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(array).save(buf, format="PNG")
     return buf.getvalue()
@@ -117,7 +116,7 @@ def _write_png_example(tmp: Path, sites, counts, seed, size, n_classes, result) 
 
 
 def _write_nifti_example(tmp: Path, sites, counts, seed, size, n_classes, depth, result) -> dict:
-    import SimpleITK as sitk
+    import SimpleITK as sitk  # noqa: PLC0415  (SimpleITK costs ~70 ms; only 3-D volumes need it, and the DAG loads this module)
 
     pixels = {}
     for s, site in enumerate(sites):

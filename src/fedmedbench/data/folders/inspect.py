@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import UnidentifiedImageError
 
 from ..images import exif_orientation, open_image
 from ..store import SPLITS
@@ -205,8 +206,6 @@ def _header(path: Path, page: int = 0) -> tuple[int, int, str, int, int]:
             raise
         except Exception as exc:  # tifffile raises many types (bad tags, truncated header)
             errors.append(f"tifffile: {exc}")
-    from PIL import UnidentifiedImageError
-
     try:
         with open_image(path, FoldersDataError) as img:
             pages = getattr(img, "n_frames", 1) if is_tiff(path) else 1
@@ -231,7 +230,7 @@ def _header(path: Path, page: int = 0) -> tuple[int, int, str, int, int]:
 def _volume_header(path: Path, nifti_axis: int) -> tuple[tuple[int, int, int], dict]:
     """(slices, H, W) of a NIfTI volume cut along ``nifti_axis``, and its geometry as
     ``reading._read_volume`` gives it, from the header alone."""
-    import SimpleITK as sitk
+    import SimpleITK as sitk  # noqa: PLC0415  (SimpleITK costs ~70 ms; only 3-D volumes need it, and the DAG loads this module)
 
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(path))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import UnidentifiedImageError, Image
 
 from ...errors import closest
 from ..images import apply_orientation, deep_rawmode, exif_orientation, open_image, read_mask
@@ -115,7 +116,7 @@ def discover_sites(root: str | os.PathLike, kind: str | None = None) -> list[str
 def _header_size(path: Path, nifti_axis: int) -> tuple[int, int]:
     """(H, W) of a 2-D image or of a NIfTI volume's slices along ``nifti_axis``, from the header only."""
     if _stem_and_format(path)[1] == "nifti":
-        import SimpleITK as sitk
+        import SimpleITK as sitk  # noqa: PLC0415  (SimpleITK costs ~70 ms; only 3-D volumes need it, and the DAG loads this module)
 
         reader = sitk.ImageFileReader()
         reader.SetFileName(str(path))
@@ -285,8 +286,6 @@ def _decode(path: Path, page: int = 0) -> tuple[np.ndarray, int, int]:
     """The pixels of a 2-D image file as a viewer shows them, at their real bit depth (H x W, or
     H x W x C with C = 2, 3 or 4), the file's EXIF (TIFF) Orientation: 1 upright, 2..8 to be
     applied, and its page count (a TIFF is read at ``page``; other formats have one)."""
-    from PIL import UnidentifiedImageError
-
     errors = []
     if is_tiff(path):
         # tifffile reads 16-bit colour and float TIFFs that Pillow cannot (or reads truncated to 8 bits);
@@ -381,7 +380,7 @@ GEOMETRY_TOLERANCE = 1e-3
 def _read_volume(path: Path, nifti_axis: int) -> tuple[np.ndarray, dict]:
     """A NIfTI volume as (slices, H, W) along the NIfTI voxel axis ``nifti_axis``, in its own dtype,
     and its geometry (SimpleITK's direction, origin and spacing, in (i, j, k) order)."""
-    import SimpleITK as sitk  # imported here: only preprocessing needs it
+    import SimpleITK as sitk  # noqa: PLC0415  (SimpleITK costs ~70 ms; only 3-D volumes need it, and the DAG loads this module)
 
     # SimpleITK reads a cut-short .nii.gz, and NaN or infinite voxels, as zeros without complaint
     check_nifti_complete(path, FoldersDataError, finite=True)
@@ -471,8 +470,6 @@ def _image_samples(image_path: Path, mask_path: Path, options: FoldersOptions) -
 
 def _resize(image: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Square resize: bilinear (with Pillow's antialiasing when shrinking) images, nearest masks (no new classes)."""
-    from PIL import Image
-
     if image.shape[:2] == (size, size):
         return image, mask
     image = np.asarray(Image.fromarray(image, "RGB").resize((size, size), Image.Resampling.BILINEAR))

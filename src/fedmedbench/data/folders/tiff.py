@@ -22,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import tifffile
+from tifffile import PHOTOMETRIC
 
 from .options import FoldersDataError
 
@@ -32,8 +34,6 @@ ASSOCIATED_ALPHA = 1  # ExtraSamples value
 
 def tiff_pages(path: str | Path) -> int:
     """The number of pages (image directories) of a TIFF file, from its headers."""
-    import tifffile
-
     with tifffile.TiffFile(path) as tif:
         return len(tif.pages)
 
@@ -49,8 +49,6 @@ def read_tiff(path: Path, page: int = 0) -> tuple[np.ndarray, int, int]:
     H x W x 3 RGB; the page's TIFF Orientation, 1..8; the file's page count). A file that tifffile
     cannot decode raises its own error (the caller tries Pillow); a page it decodes but that cannot
     be shown faithfully is one ``FoldersDataError`` naming the file."""
-    import tifffile
-
     with tifffile.TiffFile(path) as tif:
         pages = len(tif.pages)
         if not pages:
@@ -70,9 +68,6 @@ def tiff_header(path: Path, page: int = 0) -> tuple[int, int, int, int, int]:
     """(H, W, channels: 1 grey or 3 colour, the page's TIFF Orientation, the file's page count) of
     page ``page`` as ``read_tiff`` will show it, from the headers alone (no pixel decoded), with its
     checks: the page exists, is 2-D, and its photometric interpretation and samples can be shown."""
-    import tifffile
-    from tifffile import PHOTOMETRIC
-
     with tifffile.TiffFile(path) as tif:
         pages = len(tif.pages)
         if not pages:
@@ -102,8 +97,6 @@ def _shown_samples(path: Path, ifd, samples: int) -> int:
     """Of a page's ``samples`` samples per pixel, how many its photometric interpretation shows (1:
     grey or a palette index, 3: RGB or YCbCr, 4: CMYK), the rest being alpha or one unnamed extra
     sample; a page a viewer cannot show as one picture is refused."""
-    from tifffile import PHOTOMETRIC
-
     photometric = PHOTOMETRIC(ifd.photometric)
     extra = tuple(ifd.extrasamples or ())
     colour = samples - len(extra)
@@ -121,8 +114,6 @@ def _shown_samples(path: Path, ifd, samples: int) -> int:
 
 
 def _as_viewed(path: Path, ifd, samples: np.ndarray) -> np.ndarray:
-    from tifffile import PHOTOMETRIC
-
     photometric = PHOTOMETRIC(ifd.photometric)
     expected = _shown_samples(path, ifd, samples.shape[-1] if samples.ndim == 3 else 1)
     pixels = samples[..., :expected] if samples.ndim == 3 else samples

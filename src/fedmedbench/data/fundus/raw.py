@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import Image, UnidentifiedImageError
 
 from ..images import read_mask
 from ..store import atomic_write_text, staged_dir, write_client
@@ -182,8 +183,6 @@ def group_of(domain: str, name: str) -> str:
 
 
 def _read(path: Path, mode: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
     try:
         with Image.open(path) as img:
             return np.asarray(img.convert(mode), dtype=np.uint8)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, ImageFilter
 
 from ..archive import write_zip_atomic
 from .download import ARCHIVE
@@ -49,8 +50,6 @@ def _coverage(rng_center: tuple[float, float], radii: tuple[float, float], size:
 
 
 def _synthetic_pair(rng: np.random.Generator, domain: str, size: int) -> tuple[np.ndarray, np.ndarray]:
-    from PIL import Image, ImageFilter
-
     st = _DOMAIN_STYLE[domain]
     center = (size / 2 + rng.uniform(-0.06, 0.06) * size, size / 2 + rng.uniform(-0.06, 0.06) * size)
     disc_r = (rng.uniform(0.26, 0.34) * size, rng.uniform(0.24, 0.32) * size)
@@ -79,8 +78,6 @@ def _synthetic_pair(rng: np.random.Generator, domain: str, size: int) -> tuple[n
 
 
 def _png(array: np.ndarray) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(array).save(buf, format="PNG")
     return buf.getvalue()

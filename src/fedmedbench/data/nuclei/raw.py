@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import tifffile
+from PIL import Image
+from skimage.draw import polygon
 
 from .. import check_protocol
 from ..images import read_mask
@@ -79,14 +82,10 @@ def _to_rgb(array: np.ndarray, path: Path) -> np.ndarray:
 
 def read_rgb(path: str | os.PathLike) -> np.ndarray:
     """An image as uint8 H x W x 3; TIFF through tifffile (Pillow as fallback), others through Pillow."""
-    from PIL import Image
-
     path = Path(path)
     errors = []
     if path.suffix.lower() in (".tif", ".tiff"):
         try:
-            import tifffile
-
             return _to_rgb(np.asarray(tifffile.imread(path)), path)
         except NucleiDataError:
             raise
@@ -131,8 +130,6 @@ def xml_to_mask(
     than 3 vertices are skipped. Annotations named ``Ambiguous`` are skipped
     (``ambiguous="ignore"``) or drawn (``"foreground"``).
     """
-    from skimage.draw import polygon
-
     if ambiguous not in AMBIGUOUS_POLICIES:
         raise ValueError(f"ambiguous must be one of {AMBIGUOUS_POLICIES}, got {ambiguous!r}")
     xml_path = Path(xml_path)
@@ -347,8 +344,6 @@ def find_tnbc(raw_dir: str | os.PathLike, raw_name: str = TNBC_ZIP) -> Discovery
 
 def resize_pair(image: np.ndarray, mask: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Whole image to size x size: bilinear for the image, nearest for the mask."""
-    from PIL import Image
-
     if image.shape[:2] == (size, size):
         return image, mask
     img = Image.fromarray(image, "RGB").resize((size, size), Image.Resampling.BILINEAR)

@@ -8,6 +8,9 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import tifffile
+from PIL import Image, ImageFilter
+from skimage.draw import polygon
 
 from ...files import atomic_path
 from .download import MONUSAC_TEST, MONUSAC_TRAIN, MONUSEG_TEST, MONUSEG_TRAIN, TNBC_ZIP
@@ -40,8 +43,6 @@ MONUSEG_SYNTHETIC_IDS = {
 
 
 def _smooth(rng: np.random.Generator, h: int, w: int, cells: int) -> np.ndarray:
-    from PIL import Image
-
     coarse = rng.random((cells, cells)).astype(np.float32)
     return np.asarray(Image.fromarray(coarse, "F").resize((w, h), Image.Resampling.BILINEAR), np.float32)
 
@@ -61,9 +62,6 @@ def _nucleus_polygon(rng, h, w, radius) -> np.ndarray:
 
 def _render(rng, h, w, style, polygons, hazy=()) -> tuple[np.ndarray, np.ndarray]:
     """H&E-like RGB image and its binary mask (rasterised exactly as the parser will)."""
-    from PIL import Image, ImageFilter
-    from skimage.draw import polygon
-
     eosin = 0.2 + 0.4 * _smooth(rng, h, w, 7)
     eosin *= _smooth(rng, h, w, 5) > 0.12
     hema = 0.05 * _smooth(rng, h, w, 9)
@@ -113,8 +111,6 @@ def _imagescope_xml(annotations: list[tuple[str, list[np.ndarray]]], microns_per
 
 
 def _tif_bytes(array: np.ndarray) -> bytes:
-    import tifffile
-
     buf = io.BytesIO()
     if array.shape[-1] == 4:
         tifffile.imwrite(buf, array, photometric="rgb", extrasamples=[2])  # 2 = unassociated alpha
@@ -124,8 +120,6 @@ def _tif_bytes(array: np.ndarray) -> bytes:
 
 
 def _png_bytes(array: np.ndarray, mode: str) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(array, mode).save(buf, format="PNG", compress_level=1)  # fast; content is noise anyway
     return buf.getvalue()

@@ -89,7 +89,7 @@ def write_synthetic_release(
     and BMC). Deterministic in ``seed``. Returns, per release site, the client
     name, case ids, mask values and the number of HarmoFL slices it will give.
     """
-    import SimpleITK as sitk
+    import SimpleITK as sitk  # noqa: PLC0415  (SimpleITK costs ~70 ms; only 3-D volumes need it, and the DAG loads this module)
 
     if not 1 <= cases_per_site <= min(len(c) for c in RELEASE_CASES.values()):
         raise ValueError(f"cases_per_site must be between 1 and 12, got {cases_per_site}")

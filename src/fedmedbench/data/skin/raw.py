@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import Image, UnidentifiedImageError
 
 from ..store import atomic_write_text, staged_dir, write_client
 from .download import DOWNLOADS, HAM_METADATA, HAM_PART1, HAM_PART2, ISIC_GT, ISIC_IMAGES
@@ -167,8 +168,6 @@ def find_images(folders: dict[str, Path]) -> dict[str, tuple[str, Path]]:
 
 def load_square(path: str | os.PathLike, size: int) -> tuple[np.ndarray, tuple[int, int]]:
     """Centre square crop on the shorter side, resized to ``size`` x ``size`` RGB; also (width, height)."""
-    from PIL import Image, UnidentifiedImageError
-
     try:
         with Image.open(path) as img:
             img = img.convert("RGB")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from PIL import Image, ImageFilter
 
 from ..archive import write_zip_atomic
 from ..store import atomic_write_text
@@ -41,8 +42,6 @@ def _class_sizes(n: int, fractions: np.ndarray) -> list[int]:
 
 
 def _synthetic_image(rng: np.random.Generator, label: int, source: str, width: int, height: int) -> np.ndarray:
-    from PIL import Image, ImageFilter
-
     st, cl = _SOURCE_STYLE[source], _CLASS_STYLE[label]
     y, x = np.mgrid[0:height, 0:width].astype(np.float64)
     short = min(width, height)
@@ -73,8 +72,6 @@ def _synthetic_image(rng: np.random.Generator, label: int, source: str, width: i
 
 
 def _jpeg(array: np.ndarray) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(array, "RGB").save(buf, format="JPEG", quality=92)
     return buf.getvalue()
@@ -98,8 +95,6 @@ def write_synthetic(
     Each source has its own colour cast, brightness, contrast, blur, noise and vignette; the class
     drives lesion colour, size, shape and texture. Returns per-client class counts.
     """
-    from PIL import Image
-
     if images_per_client < 12 or ood_images < 3:
         raise ValueError(f"need images_per_client >= 12 and ood_images >= 3, got {images_per_client}, {ood_images}")
     if width < 8 or height < 8:
