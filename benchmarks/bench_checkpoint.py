@@ -21,7 +21,8 @@ Numbers:
   copies included: what ``torch.save(state)`` writes; target: checkpoint <= 1.5 x it), and of the
   distinct tensors alone (one of each content: the bytes a checkpoint must write at least, with nothing
   of its work: the deduplication's compares, the checksum, the renames); the latter also without the
-  fsync. The ratios are also given as the median of each repetition's own ratio (steadier when other
+  fsync. Every write starts after an untimed ``sync``, so none pays for the writeback of the one before.
+  The ratios are also given as the median of each repetition's own ratio (steadier when other
   processes come and go).
 """
 
@@ -162,6 +163,7 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, device: str) -> dic
     loads = [os.getloadavg()[0]]
     for rep in range(reps + 2):
         for key, (fn, *args) in variants.items():
+            os.sync()  # untimed: the writeback of the write before (the fsync-less one's) is not charged to this one
             wall, cpu = timed(fn, *args)
             if rep >= 2:  # two untimed rounds first: the files of a run's steady state
                 times[key].append(wall)
