@@ -3,8 +3,8 @@ to prove that a job resumes from anywhere with the same numbers.
 
 ``FEDMEDBENCH_KILL_AT=<point>:<n>`` kills at the n-th time ``point`` is reached. Points:
 ``round_end`` (after round n's checkpoint), ``round_trained`` (round n's training replies in, nothing aggregated), ``train_step``, ``eval_batch`` and ``checkpoint_write``
-(a checkpoint's tensor data handed to its writer thread, the index not yet written: a torn temporary,
-before the rename); for the data steps ``extract_member`` (before
+(a checkpoint's payload written to its temporary, the checksum not yet: a torn temporary, before
+the rename); for the data steps ``extract_member`` (before
 the n-th archive member is written; ``safe_extract`` arms itself) and ``store_write`` (a store
 client folder half written: images saved, labels not yet). Unset: every call is one dict lookup.
 
