@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import subprocess
 from pathlib import Path
+import re
 
 # The checkout holding src/fedmedbench (an editable install or PYTHONPATH=src), if this is one.
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -17,13 +18,11 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 @functools.lru_cache(maxsize=1)
 def version() -> str:
-    import importlib.metadata
+    import importlib.metadata  # noqa: PLC0415  (~20 ms (email, zipfile): only --version and a job's log header need it, not --help)
 
     try:
         return importlib.metadata.version("fedmedbench")
     except importlib.metadata.PackageNotFoundError:  # run from the source tree without installing
-        import re
-
         pyproject = CHECKOUT / "pyproject.toml"
         found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.MULTILINE) if pyproject.is_file() else None
         return found.group(1) if found else "unknown"

@@ -20,6 +20,11 @@ from fedmedbench.errors import ConfigError, closest, unknown_key
 from fedmedbench.runconfig import RunConfig, Strict, field_names
 from fedmedbench.schema import SCHEMA, YAML_LOADER, schema  # noqa: F401  (SCHEMA: config.SCHEMA for callers)
 
+# Start-up: the CLI imports this module for every command, --help included, and the Snakefile at DAG
+# time. What only some calls need is imported in the function that needs it (noqa: PLC0415): the
+# method registry (~30 ms: ast, importlib.metadata), jsonschema (~55 ms) and fedmedbench.data.folders
+# (~350 ms: numpy, pandas; only for a `family: folders` data section).
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # The workflow's configuration, relative to the working directory, where the Snakemake workflow
 # catalog's layout puts it (the Snakefile's `configfile:`, the CLI's default --config).
@@ -95,7 +100,7 @@ def complete_user_data(config: dict, source: str = "config") -> None:
     data = config.get("data")
     if not isinstance(data, dict) or not any(isinstance(s, dict) and s.get("family") == "folders" for s in data.values()):
         return
-    from fedmedbench.data import folders
+    from fedmedbench.data import folders  # noqa: PLC0415  (start-up: see the comment at the top)
 
     options = {}
     for name, section in data.items():
@@ -130,7 +135,7 @@ def validate(config: dict, source: str = "config") -> None:
     (the method's DEFAULTS/PARAM_SCHEMA, the task schema); and the references between sections
     (an experiment's tasks and runs, a task's dataset and protocol). Errors name the key path and,
     for a variant, the run; a misspelt key gets its closest spelling."""
-    import jsonschema
+    import jsonschema  # noqa: PLC0415  (start-up: see the comment at the top)
 
     for key, value in config.items():  # before the schema: its ranges let .inf through and compare .nan as false
         values.check_finite(value, f"{source}: {key}")
@@ -156,7 +161,7 @@ def validate(config: dict, source: str = "config") -> None:
 def check_method_section(method: str, section: dict, where: str) -> None:
     """The method's parameters, and each variant's keys: a method parameter (typed by the method)
     or a task key (typed by the task schema, as a partial override)."""
-    from fedmedbench.registry import check_param, merge_params
+    from fedmedbench.registry import check_param, merge_params  # noqa: PLC0415  (start-up: see the comment at the top)
 
     module = section.get("module")
     merge_params(method, method_section_params(section), where, module)
@@ -231,7 +236,7 @@ def task_image_size(config: dict, task: str, source: str = "config") -> tuple[st
         size = config["data"][dataset].get("image_size")
         if size is not None:
             return f"data.{dataset}.image_size", (size, size), ""
-        from fedmedbench.data import folders
+        from fedmedbench.data import folders  # noqa: PLC0415  (start-up: see the comment at the top)
 
         found = folders.native_size(folders_options(config, dataset))
         if found is None:
@@ -294,7 +299,7 @@ def check_run_method(method: str, methods: dict, where: str) -> None:
     which YAML lines to add."""
     if method in methods:
         return
-    from fedmedbench.registry import available_methods
+    from fedmedbench.registry import available_methods  # noqa: PLC0415  (start-up: see the comment at the top)
 
     if method in available_methods():
         return
@@ -587,7 +592,7 @@ def method_params(config: dict, run: str) -> tuple[dict, dict]:
     method, variant = split_run(run)
     check_run_method(method, config.get("methods") or {}, f"run {run!r}")
     section = config.get("methods", {}).get(method) or {}  # none: a built-in's or installed plug-in's DEFAULTS
-    from fedmedbench.registry import merge_params
+    from fedmedbench.registry import merge_params  # noqa: PLC0415  (start-up: see the comment at the top)
 
     params = merge_params(method, method_section_params(section), f"methods.{method}", section.get("module"))
     overrides: dict = {}
@@ -608,7 +613,7 @@ def resolve_run(config: dict, task: str, run: str, seed: int) -> dict:
     defaults included (read strictly through RunConfig, so a wrong key fails here, at DAG time)."""
     if task not in config["tasks"]:
         raise ConfigError(f"unknown task {task!r}; tasks in the config: {', '.join(config['tasks'])}")
-    from fedmedbench.registry import find_method
+    from fedmedbench.registry import find_method  # noqa: PLC0415  (start-up: see the comment at the top)
 
     spec = config["tasks"][task]
     method, variant = split_run(run)

@@ -36,7 +36,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from fedmedbench import config as cfgmod
+from fedmedbench.fl.data import BatchReader, load_clients
+from fedmedbench.fl.evaluation import curve_every, evaluate
+from fedmedbench.models import build_model
+from fedmedbench.runconfig import RunConfig
+from fedmedbench.fl import engine  # engine.run_training looked up when called: the tests replace it
+from fedmedbench.errors import DataError
 
 log = logging.getLogger("fedmedbench.estimate")
 
@@ -96,13 +104,6 @@ def eval_key(run_cfg: dict) -> str:
 def measure_evaluation(run_cfg: dict, device: str, threads: int | None, data_workers: int = 0) -> EvalCost:
     """One timed pass of the run's model over every client's validation and test split, as the
     engine evaluates them (``evaluation.evaluate``: batched, on ``device``, read by ``data_workers``)."""
-    import torch
-
-    from fedmedbench.fl.data import BatchReader, load_clients
-    from fedmedbench.fl.evaluation import curve_every, evaluate
-    from fedmedbench.models import build_model
-    from fedmedbench.runconfig import RunConfig
-
     cfg = RunConfig.from_dict(run_cfg)
     if threads:
         torch.set_num_threads(threads)
@@ -141,9 +142,6 @@ def cost_key(run_cfg: dict) -> str:
 
 
 def jobs_of(config: dict, experiments: list[str]) -> list[Job]:
-    from fedmedbench.fl.evaluation import curve_every
-    from fedmedbench.runconfig import RunConfig
-
     jobs = []
     for experiment in experiments:
         for task, run, seed in cfgmod.experiment_runs(config, experiment):
@@ -202,8 +200,6 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
     """Per cost key: fixed, per-round and test-pass seconds. With ``evaluation`` (a dict to fill),
     also the evaluation cost of each kind of job, keyed like the timings (measured once per
     ``eval_key``)."""
-    from fedmedbench.fl.engine import run_training
-
     timings: dict[str, Timing] = {}
     by_eval_key: dict[str, EvalCost] = {}
     warmed_up = False
@@ -213,19 +209,17 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
         run_cfg = cfgmod.resolve_run(config, job.task, job.run, job.seed)
         store = Path(run_cfg["data"]["store"])
         if not store.exists():
-            from fedmedbench.errors import DataError
-
             raise DataError(f"{store} does not exist: prepare the data first (e.g. snakemake {store.parent}/split.csv)")
         if not warmed_up:  # the first run in a process pays one-off costs (kernels, allocator, caches)
             with tempfile.TemporaryDirectory(prefix="fedmedbench-estimate-") as out:
-                run_training({**run_cfg, "rounds": 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
+                engine.run_training({**run_cfg, "rounds": 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
             warmed_up = True
         seconds = []
         for rounds in (1, k):
             with tempfile.TemporaryDirectory(prefix="fedmedbench-estimate-") as out:
                 started = time.perf_counter()
                 # Test in the last round only (curve_every beyond it): see the module's docstring.
-                run_training({**run_cfg, "rounds": rounds, "curve_every": k + 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
+                engine.run_training({**run_cfg, "rounds": rounds, "curve_every": k + 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
                 seconds.append(time.perf_counter() - started)
         key = eval_key(run_cfg)
         if key not in by_eval_key:

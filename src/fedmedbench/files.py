@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fedmedbench.errors import DiskFullError
+
 
 def _umask() -> int:
     mask = os.umask(0)  # the only portable way to read it
@@ -87,8 +89,6 @@ def naming_full_disk(path: str | os.PathLike, needed: int) -> Iterator[None]:
     except OSError as err:
         if err.errno not in DISK_FULL:
             raise
-        from fedmedbench.errors import DiskFullError
-
         # The free space of the disk it goes to: its nearest folder that exists (a folder being staged may not yet).
         folder = next((p for p in Path(path).absolute().parents if p.is_dir()), Path("/"))
         try:

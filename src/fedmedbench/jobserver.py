@@ -41,6 +41,7 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
+import traceback
 
 SOCKET_ENV = "FEDMEDBENCH_JOBSERVER"
 SCOPE_ENV = "FEDMEDBENCH_JOBSERVER_SCOPE"
@@ -84,8 +85,6 @@ def _child(conn: socket.socket, request: dict, fds: list[int], run: Run) -> None
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # a bug: its traceback goes to the job's log, as in-process
-        import traceback
-
         traceback.print_exc()
         code = 1
     finally:

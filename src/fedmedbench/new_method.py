@@ -25,6 +25,7 @@ from pathlib import Path
 
 from fedmedbench.errors import ConfigError
 from fedmedbench.files import atomic_write_text, new_folder, public_mode
+from fedmedbench.registry import builtin_methods, entry_point_methods
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 # The longest file name that holds NAME, beyond NAME itself: the wheel `pip install -e` builds,
@@ -170,8 +171,6 @@ def check_name(name: str) -> None:
     """``name`` can be a new package and method: a lowercase identifier that names nothing installed,
     importable or built in, so that the package's own ``pip install -e`` never replaces a distribution
     and its import never shadows a module (or is shadowed by one). One line naming ``name`` and why."""
-    from fedmedbench.registry import builtin_methods, entry_point_methods
-
     where = f"new-method: {name!r}"
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"{where} is not a valid method name (lowercase letters, digits and _, starting with a letter)")

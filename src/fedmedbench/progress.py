@@ -13,6 +13,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from tqdm import tqdm
+
 
 class Progress:
     def __init__(self, total: int, desc: str, log: logging.Logger, unit: str = "it", initial: int = 0, interval: float = 30.0, enabled: bool = True,
@@ -23,8 +25,6 @@ class Progress:
         self.enabled = enabled
         self.bar = None
         if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, mininterval=2.0)
         self.started = self.last = self.clock()
         self.initial = initial

@@ -27,9 +27,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+import types
 
 from fedmedbench import values
 from fedmedbench.errors import ConfigError, closest, unknown_key
+from fedmedbench.sources import source_digest
+from fedmedbench import sources
 
 ENTRY_POINT_GROUP = "fedmedbench.methods"
 BUILTIN_PACKAGE = "fedmedbench.methods"
@@ -55,8 +58,6 @@ class MethodRef:
         """Every source file the plug-in depends on (its package's .py files and the user's modules
         they import, fedmedbench.sources), hashed: in its runs' config, so editing any of them re-runs
         exactly its jobs. Computed once per process (Snakemake asks for it once per job)."""
-        from fedmedbench.sources import source_digest
-
         return source_digest(self.module, str(self.path))
 
 
@@ -231,11 +232,9 @@ def bn_statistics(name: str, module: str | None = None) -> str:
     """Where the method keeps batch-norm statistics, read from its own classes (a plug-in's too):
     whether its ``Server.package`` sends anything after the common start, and which keys of a probe
     model with one BN layer its ``Client.declare_local_keys`` keeps local. Imports torch and the method."""
-    import types
+    from torch import nn  # noqa: PLC0415  (torch: the DAG and the data jobs import this module, torch-free (tests/test_import_graph.py))
 
-    from torch import nn
-
-    from fedmedbench.ops.aggregate import batchnorm_keys, buffer_keys
+    from fedmedbench.ops.aggregate import batchnorm_keys, buffer_keys  # noqa: PLC0415  (imports torch; see above)
 
     loaded = load_method(name, module)
     params = method_defaults(name, module)
@@ -266,8 +265,6 @@ def bn_statistics(name: str, module: str | None = None) -> str:
 
 def forget() -> None:
     """Drop what this process has read about methods (for a process that outlives an edit: tests)."""
-    from fedmedbench import sources
-
     for cached in (find_method, _declarations, _param_schemas, entry_point_methods, _docstring_line):
         cached.cache_clear()
     sources.forget()

@@ -16,6 +16,14 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
+from fedmedbench.data.store import write_client, write_split_csv
+from fedmedbench.config import deep_merge
+from fedmedbench.registry import merge_params
+from fedmedbench.runconfig import RunConfig
+
 SITES = ("siteA", "siteB", "siteC")
 IMAGES_PER_SITE = 10
 IMAGE_SIZE = 16  # the UNet halves it four times
@@ -25,11 +33,6 @@ def write_tiny_federation(root: str | Path, sites=SITES, seed: int = 0) -> tuple
     """Write (once) a segmentation federation under ``root``: per site 10 images of 16 x 16 pixels with
     a bright 6 x 6 square whose pixels are the class-1 label; 6 train, 2 val, 2 test images. Returns
     (store folder, split CSV). Deterministic in ``seed``; an existing one is reused."""
-    import numpy as np
-    import pandas as pd
-
-    from fedmedbench.data.store import write_client, write_split_csv
-
     root = Path(root)
     store, split = root / "store", root / "split.csv"
     if split.is_file():
@@ -61,10 +64,6 @@ def tiny_run_config(method_module: str, root: str | Path, method: str | None = N
     any run-config key (``rounds=3``, ``model={"init_features": 4}``), merged in. Read strictly, as
     the pipeline reads a run config: an unknown key is an error naming it.
     """
-    from fedmedbench.config import deep_merge
-    from fedmedbench.registry import merge_params
-    from fedmedbench.runconfig import RunConfig
-
     method = method or method_module.split(".")[0]
     store, split = write_tiny_federation(root)
     cfg = {

@@ -43,7 +43,7 @@ def describe(schema: dict) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _validator(schema_json: str):
-    import jsonschema
+    import jsonschema  # noqa: PLC0415  (jsonschema: ~55 ms; the CLI imports this module at start-up (through config), --help checks nothing)
 
     return jsonschema.Draft202012Validator(json.loads(schema_json))
 
@@ -83,7 +83,7 @@ def check_finite(value, where: str) -> None:
 def check(value, schema: dict, where: str) -> None:
     """Raise a ConfigError naming ``where``, the expected type or range and the value given; an
     unknown key names its closest spelling, a missing one what it is for."""
-    import jsonschema
+    import jsonschema  # noqa: PLC0415  (see _validator)
 
     check_finite(value, where)
 

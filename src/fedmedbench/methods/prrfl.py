@@ -42,6 +42,7 @@ from fedmedbench.fl.client import build_optimizer
 from fedmedbench.ops.aggregate import aggregation_weights, batchnorm_keys, weighted_average
 from fedmedbench.ops.distill import NO_STAGE, STAGE_NAMES, EXCHANGE, RECOVER, SUBLIMATE, det_stage, kl_to_teacher
 from fedmedbench.ops.fourier import fourier_aggregate, progressive_radius
+from fedmedbench.fl.evaluation import evaluate
 
 DEFAULTS = {
     "pfa": True,
@@ -136,8 +137,6 @@ class Client(client.Client):
         return [self.optimizer, self.deputy_optimizer] if self.params["det"] else [self.optimizer]
 
     def phi(self, model: nn.Module) -> float:
-        from fedmedbench.fl.evaluation import evaluate
-
         split = self.data.val if self.params["phi_split"] == "val" else self.data.train
         score = evaluate(model, split, self.cfg, self.device)[self.params["phi_metric"]]
         model.train()

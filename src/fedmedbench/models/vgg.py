@@ -22,7 +22,7 @@ SLIM_BLOCKS = ((1, 1), (2, 2), (4, 4, 4), (4, 4, 4), (8, 8, 8))  # channels in u
 
 
 def vgg16_bn_128(num_classes: int = 3, in_channels: int = 3) -> nn.Module:
-    from torchvision.models import vgg16_bn
+    from torchvision.models import vgg16_bn  # noqa: PLC0415  (torchvision: ~1.3 s after torch; VGGSlim, in this module too, does not need it)
 
     model = vgg16_bn(weights=None, num_classes=num_classes)
     if in_channels != 3:

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from PIL import Image
 
 from fedmedbench.report.figures import SOURCE_COLUMNS, SYNTHETIC_MARK
 from fedmedbench.report.flags import MARKS
@@ -40,8 +41,6 @@ PAPER_FIGURE = re.compile(r"^(?P<paper>[a-z]+_fig\d+)[a-z]?_")
 
 def png_title(png: Path) -> str:
     """The title ``save_figure`` stored in the PNG's metadata (empty when there is none)."""
-    from PIL import Image
-
     with Image.open(png) as image:
         return str(image.info.get("Title", ""))
 

@@ -15,6 +15,7 @@ This module must stay light (no torch): report jobs import it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+import sys
 
 KINDS = ("collapsed", "no_foreground")  # footnote order
 MARKS = {"collapsed": "†", "no_foreground": "‡"}
@@ -137,8 +138,6 @@ def summary_mark(final: Mapping, sites: Iterable[str] | None = None) -> str:
 def print_score_summary(final: Mapping, line: str, out=None, err=None) -> None:
     """Print a run's summary ``line`` (its mean test score) with its mark, after one WARNING line per
     flagged score (on ``err``, standard error by default): no score is printed without its flag."""
-    import sys
-
     out, err = out or sys.stdout, err or sys.stderr
     warnings = score_warnings(final)
     if warnings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+import logging
 
 import numpy as np
 
@@ -82,8 +83,6 @@ def load_rows(prediction_files: dict[str, Path], task: str, clients: list[str], 
     for client in clients:
         withheld = [run for run, a in arrays.items() if f"{client}|pred" not in a.files or f"{client}|image" not in a.files]
         if withheld:
-            import logging
-
             logging.getLogger("fedmedbench.report").warning("qualitative figure: %s has no predictions of site %s (withheld by the site); its row is left out", ", ".join(withheld), client)
             continue
         for i in range(min(per_client, len(first[f"{client}|image"]))):
