@@ -150,10 +150,6 @@ class ClientData:
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
-    @property
-    def is_segmentation(self) -> bool:
-        return self.labels.ndim == 3
-
 
 def _check_client_name(client: str) -> None:
     if (
