@@ -17,6 +17,13 @@ from pathlib import Path
 from fedmedbench import version_line
 from fedmedbench.config import DEFAULT_CONFIG, Experiment
 from fedmedbench.errors import ConfigError, FedmedbenchError, HookStopped, closest
+from fedmedbench import config as cfgmod
+from fedmedbench.errors import DataError
+from fedmedbench.federation.local import add_subcommand as add_federation_command  # light: no Flower, no torch
+
+# Each command imports what it runs inside its own function (ruff's PLC0415 is off for this module,
+# pyproject.toml): `--help`, the data steps and the report steps start without torch (~1.5 s) or
+# Flower, and `--help` without pandas or matplotlib either.
 
 
 class _CurrentStderr(logging.StreamHandler):
@@ -64,7 +71,6 @@ def config_files(paths: list[str]) -> list[str]:
 
 
 def cmd_train(args) -> None:
-    from fedmedbench import config as cfgmod
     from fedmedbench.fl.engine import run_training
 
     if args.run_config:
@@ -103,7 +109,6 @@ def cmd_train(args) -> None:
 
 
 def cmd_estimate(args) -> None:
-    from fedmedbench import config as cfgmod
     from fedmedbench import estimate
     from fedmedbench.fl.placement import pick_device
 
@@ -167,7 +172,6 @@ def warm_up_jobs() -> None:
 def cmd_methods(args) -> None:
     """Every method: built in, installed plug-ins (entry points) and the config's `module:` plug-ins;
     per method what it is, its paper, where its BN statistics live and its parameters."""
-    from fedmedbench import config as cfgmod
     from fedmedbench.registry import available_methods, bn_statistics, find_method, is_personalized, method_defaults, summary
 
     configured = {}
@@ -248,9 +252,7 @@ def cmd_preprocess(args) -> None:
 
 def cmd_check_data(args) -> None:
     """What the pipeline will understand of each data section, before anything trains; exit 1 on any problem."""
-    from fedmedbench import config as cfgmod
     from fedmedbench.data.folders import inspect
-    from fedmedbench.errors import closest
 
     # Merged but not completed: completing a `folders` section reads its layout, whose problems are
     # what this command reports (one line each) instead of stopping at the first.
@@ -295,7 +297,6 @@ def cmd_split(args) -> None:
 
     if args.split_csv_digest:  # the workflow keyed this job on the split_csv's content: the same content is split
         from fedmedbench.data.digest import file_digest
-        from fedmedbench.errors import DataError
 
         path = json.loads(args.options or "{}").get("split_csv")
         now = file_digest(path) if path else None
@@ -697,8 +698,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("with-jobserver", "run a command (e.g. snakemake) whose fedmedbench steps start warm (forked from a process with torch imported)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     p.set_defaults(func=cmd_with_jobserver)
-
-    from fedmedbench.federation.local import add_subcommand as add_federation_command  # light: no Flower, no torch
 
     add_federation_command(sub)  # `federation local`: docs/federation.md
 

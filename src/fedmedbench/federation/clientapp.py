@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import hashlib
+import sys
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -54,6 +56,14 @@ from flwr.clientapp import ClientApp
 from fedmedbench.federation.messages import config_of, pack, unpack
 from fedmedbench.errors import MethodError
 from fedmedbench.fl.rounds import Site, SiteError
+from fedmedbench.files import atomic_file
+from fedmedbench.fl import checkpoint
+from fedmedbench.fl.data import load_clients, SplitData, load_test_only, data_digest
+from fedmedbench.fl.seeding import client_generator, seed_everything
+from fedmedbench.fl.hooks import load_method  # the engine's guarded hooks: a failure reads as the engine's line
+from fedmedbench.models import build_model
+from fedmedbench.runconfig import RunConfig
+from fedmedbench.fl.rounds import Cohort
 
 app = ClientApp()
 
@@ -84,8 +94,6 @@ def withheld(context: Context) -> list[str]:
 def run_key(context: Context) -> str:
     """The name of this run's state folder, the same for a restarted server: a digest of the run
     folder the server writes (``out``), else Flower's run id."""
-    import hashlib
-
     out = context.run_config.get("out") if context.run_config else None
     return hashlib.sha256(str(out).encode()).hexdigest()[:16] if out else str(context.run_id)
 
@@ -112,16 +120,12 @@ def snapshots(context: Context) -> dict[int, Path]:
 
 
 def copy_atomic(source: Path, target: Path) -> None:
-    from fedmedbench.files import atomic_file
-
     with atomic_file(target) as handle:
         handle.write(source.read_bytes())
 
 
 def round_done(path: Path) -> int | None:
     """The round whose end the state file ``path`` holds (None: mid-round, or no such file)."""
-    from fedmedbench.fl import checkpoint
-
     return checkpoint.load_plain(path).get("round_done") if path.is_file() else None
 
 
@@ -141,12 +145,6 @@ def take_snapshot(context: Context, round_index: int, done: int | None) -> None:
 def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -> Site:
     """This node's ``Site`` for the run config ``cfg_json``, built as the engine builds a client
     (the same seed, model initialisation and data generator), from the node's own data only."""
-    from fedmedbench.fl.data import load_clients
-    from fedmedbench.fl.seeding import client_generator, seed_everything
-    from fedmedbench.fl.hooks import load_method  # the engine's guarded hooks: a failure reads as the engine's line
-    from fedmedbench.models import build_model
-    from fedmedbench.runconfig import RunConfig
-
     cfg = RunConfig.from_dict(json.loads(cfg_json))
     name = str(node_setting(context, "client"))
     if name not in cfg.clients:
@@ -155,8 +153,6 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
     method = load_method(cfg.method, cfg.method_module)
     data = load_clients(Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name], False)[0]
     if train_rows is not None:  # truncate_to_smallest: the smallest site's size, from the server
-        from fedmedbench.fl.data import SplitData
-
         train = data.train
         data.train = SplitData(train.images, train.labels, train.rows[:train_rows], train.groups[:train_rows], train.reader)
     device = torch.device(str(context.node_config.get("device", "cpu")))
@@ -167,8 +163,6 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
 
 
 def load_site(context: Context) -> Site:
-    from fedmedbench.fl import checkpoint
-
     path = state_file(context)
     if not path.is_file():
         raise SiteError(f"site {node_setting(context, 'client')}: no state at {path} (the run was not set up on this node, or its state-dir changed)")
@@ -184,8 +178,6 @@ def load_site(context: Context) -> Site:
 
 def check_fingerprint(site: Site, context: Context, config) -> None:
     """The server's run config must be the one this site's state was made for."""
-    from fedmedbench.runconfig import RunConfig
-
     mine = RunConfig.from_dict(json.loads(site.cfg_json)).fingerprint()
     if config.get("fingerprint") != mine:
         raise SiteError(f"site {node_setting(context, 'client')}: the server runs config fingerprint {config.get('fingerprint')}, this site's state at {state_file(context)} was made for {mine}; refused")
@@ -202,8 +194,6 @@ def approve(context: Context, fingerprint: str) -> None:
 def save_site(site: Site, context: Context, done: int | None = None) -> None:
     """``done``: the round this state is the end of (after its evaluate or keep message; 0 after
     setup), what a resumed server may go back to; None mid-round."""
-    from fedmedbench.fl import checkpoint
-
     path = state_file(context)
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint.save_plain({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict(), "round_index": site.client.round_index, "round_done": done}, path)
@@ -212,8 +202,6 @@ def save_site(site: Site, context: Context, done: int | None = None) -> None:
 def say_here(text: str) -> None:
     """A refusal in the site's own log too (the ClientApp's output is its SuperNode's): the site's IT
     team reads why, not only the server's operator."""
-    import sys
-
     print(f"fedmedbench: refused: {text}", file=sys.stderr, flush=True)
 
 
@@ -274,10 +262,6 @@ def handle(message: Message, context: Context, step, ends_round: bool = False) -
 
 def build_cohort(cfg_json: str, context: Context):
     """This node's ``Cohort`` (a test-only cohort of the run): its own test rows only."""
-    from fedmedbench.fl.data import load_test_only
-    from fedmedbench.fl.rounds import Cohort
-    from fedmedbench.runconfig import RunConfig
-
     cfg = RunConfig.from_dict(json.loads(cfg_json))
     name = str(node_setting(context, "client"))
     split = Path(str(node_setting(context, "split")))
@@ -299,9 +283,6 @@ def hello(message: Message, context: Context) -> Message:
     cohort says so (``test_only``) and has none."""
     name = str(context.node_config.get("client", "?"))
     try:
-        from fedmedbench.fl.data import data_digest
-        from fedmedbench.runconfig import RunConfig
-
         cfg_json = config_of(message.content)["cfg"]
         kept_here = withheld(context)  # a bad share-* value stops the run now, not at its end
         fingerprint = RunConfig.from_dict(json.loads(cfg_json)).fingerprint()
@@ -375,8 +356,6 @@ def resume(message: Message, context: Context) -> Message:
     its state at the end of that round, or refuses in one line naming the site and round."""
     name = str(context.node_config.get("client", "?"))
     try:
-        from fedmedbench.fl import checkpoint
-
         config = config_of(message.content)
         round_index, path = int(config["round"]), state_file(context)
         keep_here = int(config.get("keep", -1)) == round_index  # the dead server's selection kept this site at that round
@@ -424,8 +403,6 @@ def ood(message: Message, context: Context) -> Message:
     """A test-only cohort scores every site's selected model on its own test rows (nothing is kept)."""
     name = str(context.node_config.get("client", "?"))
     try:
-        from fedmedbench.runconfig import RunConfig
-
         config = config_of(message.content)
         fingerprint = RunConfig.from_dict(json.loads(config["cfg"])).fingerprint()
         approve(context, fingerprint)

@@ -34,9 +34,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+import threading
+import importlib.util
 
 from fedmedbench.errors import ConfigError, FedmedbenchError
 from fedmedbench.federation.processes import process_guard, spawn
+from fedmedbench import config as cfgmod
+from fedmedbench.runconfig import RunConfig
+
+# The CLI imports this module to build its parser, for `--help` too: as in cli.py, each subcommand
+# imports what it runs inside its own function (ruff's PLC0415 is off for this module): the warm app
+# server and the SuperNode's code, the TLS credentials (cryptography, ~40 ms), the registry
+# (~15-30 ms), the run folder's writer (torch, ~1.5 s).
 
 APP_DIR = Path(__file__).resolve().parents[3] / "flower-app"
 CONNECTION = "fedmedbench-local"
@@ -120,8 +129,6 @@ class LocalFederation:
         A run whose ServerApp has not started ``SERVERAPP_START_TIMEOUT`` seconds after the CLI
         started is ended with one line naming the SuperLink's log and what it says (Flower's CLI
         would wait forever: a SuperLink whose own SuperExec cannot reach it starts no ServerApp)."""
-        import threading
-
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
         command = [str(Path(sys.executable).with_name("flwr")), "run", str(app_dir), CONNECTION, "--run-config", overrides, "--stream"]
         started, fired, expired, lines = threading.Event(), threading.Event(), threading.Event(), []
@@ -417,12 +424,8 @@ def run_local(args) -> None:
 
 
 def _run_local(args) -> None:
-    import importlib.util
-
-    from fedmedbench import config as cfgmod
     from fedmedbench.fl.runlock import run_folder_lock
     from fedmedbench.registry import merge_params
-    from fedmedbench.runconfig import RunConfig
 
     if importlib.util.find_spec("flwr") is None:
         raise ConfigError("federation local: Flower is not installed; install the flower extra: pip install -e '.[flower]'")

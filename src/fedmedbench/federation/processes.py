@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+import inspect
 
 # Every process of one guarded group carries MARKER_ENV=<its id> in its environment (module docstring).
 MARKER_ENV = "FEDMEDBENCH_FEDERATION"
@@ -84,8 +85,6 @@ def watchdog(fd: int, value: str) -> None:
 def _watchdog_code(fd: int, value: str) -> str:
     """The watchdog's program: these functions' own source and the standard library only (``-S``),
     so it starts in milliseconds and does not depend on the package importing cleanly."""
-    import inspect
-
     functions = "\n\n".join(inspect.getsource(f) for f in (marked_processes, end_marked, watchdog))
     return f"import contextlib, os, signal, time\nMARKER_ENV = {MARKER_ENV!r}\n\n{functions}\n\nwatchdog({fd}, {value!r})\n"
 
@@ -96,7 +95,7 @@ def _die_with_parent():
     worker thread that ends would take a live federation with it."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
-    import ctypes
+    import ctypes  # noqa: PLC0415  (ctypes: ~2 ms, for Linux's parent-death signal only; the CLI imports this module for --help)
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
     parent = os.getpid()

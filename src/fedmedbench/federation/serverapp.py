@@ -26,6 +26,9 @@ import math
 import os
 import time
 from pathlib import Path
+import hashlib
+import logging
+import sys
 
 import torch
 from flwr.app import Context, Message
@@ -34,6 +37,11 @@ from flwr.serverapp import Grid, ServerApp
 from fedmedbench.federation.messages import check_evaluation, check_final, check_finite_payload, check_ood, check_reply, check_same_shape, pack, unpack
 from fedmedbench.errors import MethodError
 from fedmedbench.fl.rounds import SiteError, serve
+from fedmedbench.files import atomic_write_text
+from fedmedbench.registry import merge_params
+from fedmedbench.runconfig import RunConfig
+from fedmedbench.fl.runlock import RunFolderBusy, run_folder_lock
+from fedmedbench import faults
 
 app = ServerApp()
 
@@ -220,8 +228,6 @@ class FlowerTransport:
             saved = {k: v for k, v in saved.items() if k.isdigit() and int(k) < round_index}  # the checkpoint's .prev stays
             keep = sorted(saved, key=int)[-2:]
             saved = {**{k: saved[k] for k in keep}, str(round_index): {"counts": {key: getattr(self, key) for key in TRAFFIC}, "resumed_after": self.resumed_after}}
-            from fedmedbench.files import atomic_write_text
-
             atomic_write_text(path, json.dumps(saved))
 
     def resume(self, round_index, packages, kept=None):
@@ -247,8 +253,6 @@ class FlowerTransport:
     def data_fingerprint(self):
         """What the sites read (each one's data digest from hello, in client order), for the checkpoint:
         a checkpoint of data rebuilt since on any site is not resumed."""
-        import hashlib
-
         # The cohorts' digests after the clients' (a run without cohorts digests what it did before).
         return hashlib.sha256(json.dumps([self.site_digests.get(name) for name in [*self.names, *self.cohort_names]]).encode()).hexdigest()[:16]
 
@@ -330,9 +334,6 @@ class FlowerTransport:
 
 
 def read_run_config(path: str):
-    from fedmedbench.registry import merge_params
-    from fedmedbench.runconfig import RunConfig
-
     cfg = RunConfig.from_dict(json.loads(Path(path).read_text()), where=path)
     return cfg.replace(method_params=merge_params(cfg.method, cfg.method_params, f"run config {path}: method_params", cfg.method_module))
 
@@ -342,9 +343,6 @@ def show_progress() -> None:
     Flower mirrors to ``flwr run --stream``: Flower configures only its own logger, so without a
     handler of ours the terminal stayed silent for the whole run. Not where a handler exists already
     (the simulation route runs this ServerApp inside a job that logs)."""
-    import logging
-    import sys
-
     log = logging.getLogger("fedmedbench")
     if log.handlers or logging.getLogger().handlers:
         return
@@ -371,8 +369,6 @@ FINISHED_OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.n
 def claim(out: Path, run_id: int, restart: bool) -> None:
     """Under the run lock: a finished run folder is another run's result and stays as it is, unless
     ``restart``; then its outputs go before anything is trained."""
-    from fedmedbench.fl.runlock import RunFolderBusy
-
     if (out / "final.json").is_file():
         if not restart:
             raise RunFolderBusy(
@@ -394,8 +390,6 @@ def traffic_file(out: Path) -> Path:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from fedmedbench.fl.runlock import RunFolderBusy, run_folder_lock
-
     settings = context.run_config
     show_progress()
     out = Path(str(settings["out"]))
@@ -423,8 +417,6 @@ def run(grid: Grid, context: Context, settings, out: Path, resume: bool) -> None
     transport = FlowerTransport(grid, cfg, float(settings.get("nodes-timeout", 300)), reply_timeout, expected)
     transport.out = out
     if str(settings.get("kill-at", "")):  # a test hook: the engine's FEDMEDBENCH_KILL_AT (faults.py) for this server
-        from fedmedbench import faults
-
         os.environ[faults.KILL_AT_ENV] = str(settings["kill-at"])
     serve(cfg, out, transport, progress=True, checkpoint_every=int(settings.get("checkpoint-every", 1)),
           checkpoint_every_seconds=float(settings.get("checkpoint-every-seconds", 0)), resume=resume)  # fmt: skip

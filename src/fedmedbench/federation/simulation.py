@@ -32,10 +32,21 @@ import json
 import os
 import shutil
 from pathlib import Path
+import logging
 
 import torch
 
 from fedmedbench.errors import ConfigError, FedmedbenchError
+from fedmedbench.fl.runfolder import checkpoint_files
+from fedmedbench.files import atomic_write_text, new_folder
+from fedmedbench.fl.placement import pick_device
+from fedmedbench.fl.runlock import run_folder_lock
+from fedmedbench.runconfig import RunConfig
+
+# Flower (flwr, Ray) is the optional [flower] extra: it, and the apps built on it (federation.clientapp,
+# federation.serverapp), are imported inside the functions that run a simulation, so that without it
+# `train` stops with one ConfigError saying what to install (ruff's PLC0415 is off for this module).
+
 
 def site_settings(cfg, state_dir: Path, threads: int, device: str) -> dict[int, dict]:
     """partition-id -> the node config a deployed SuperNode of that site would be given: the run's
@@ -122,8 +133,6 @@ def may_resume(out_dir: Path, log) -> bool:
     is there too. A run folder of a killed job from before the sites' state lived in it (its scratch
     ``.flower-simulation-*`` folder, gone with the job's state, is removed here) or one moved since
     (another state key) starts afresh, saying so."""
-    from fedmedbench.fl.runfolder import checkpoint_files
-
     for scratch in out_dir.glob(".flower-simulation-*"):  # the run-folder lock is ours: no job uses it
         shutil.rmtree(scratch, ignore_errors=True)
     checkpoint = [p for p in checkpoint_files(out_dir / "checkpoint.pt")[:2] if p.exists()]
@@ -142,8 +151,6 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
     rerun on the same folder resumes after its checkpoint. The engine's other ways to run
     (``progress``: the ServerApp always logs its round lines; data workers) are accepted, so
     ``train`` calls both routes alike, and do not apply."""
-    import logging
-
     try:
         from flwr.simulation import run_simulation
     except ImportError as err:  # flwr without its simulation extra, or no flwr at all
@@ -153,11 +160,6 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
     except ImportError:
         raise ConfigError("runtime: flower-simulation needs Ray (pip install -e '.[flower]', which brings flwr[simulation])") from None
     from fedmedbench.federation.serverapp import read_run_config
-    from fedmedbench.files import atomic_write_text, new_folder
-    from fedmedbench.fl.placement import pick_device
-    from fedmedbench.fl.runfolder import checkpoint_files
-    from fedmedbench.fl.runlock import run_folder_lock
-    from fedmedbench.runconfig import RunConfig
 
     # The engine's checks, before Ray starts (the ServerApp's serve repeats them inside Flower's log).
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:

@@ -28,8 +28,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+import tempfile
+import gc
 
 from fedmedbench.errors import FedmedbenchError
+from fedmedbench.federation.processes import spawn
 
 COMMANDS = ("flwr-clientapp", "flwr-serverapp")
 
@@ -62,10 +65,6 @@ def write_launchers(folder: Path, socket_path: Path) -> Path:
 def start(workdir: Path, env: dict) -> tuple[subprocess.Popen, Path]:
     """Start the server for a federation whose processes get ``env``: (its process, the launchers'
     folder to put first on their ``PATH``). The caller ends the process (its group)."""
-    import tempfile
-
-    from fedmedbench.federation.processes import spawn
-
     socket_path = workdir / "warm.sock"
     if len(str(socket_path)) > 100:  # a Unix socket path holds at most 107 bytes
         socket_path = Path(tempfile.mkdtemp(prefix="fmb-warm-")) / "s"
@@ -96,18 +95,20 @@ def remove_socket(process) -> None:
 
 
 def preload() -> None:
-    """What every app process would import first (the expensive part of its start)."""
-    import httpcore  # noqa: F401  (Flower's Runtime API client imports it on first use)
-    import pandas  # noqa: F401
-    import torch
-    from flwr.superlink.cli import flwr_serverapp  # noqa: F401
-    from flwr.supernode.cli import flwr_clientapp  # noqa: F401
+    """What every app process would import first (the expensive part of its start). Imported here
+    (noqa: PLC0415), in the warm server before it forks, never by `federation local`, which imports
+    this module and must start without torch or Flower (the optional [flower] extra)."""
+    import httpcore  # noqa: F401, PLC0415  (Flower's Runtime API client imports it on first use)
+    import pandas  # noqa: F401, PLC0415
+    import torch  # noqa: PLC0415
+    from flwr.superlink.cli import flwr_serverapp  # noqa: F401, PLC0415
+    from flwr.supernode.cli import flwr_clientapp  # noqa: F401, PLC0415
 
-    import fedmedbench.federation.clientapp  # noqa: F401
-    import fedmedbench.federation.serverapp  # noqa: F401
-    import fedmedbench.models  # noqa: F401  (the sites and serve() import these on first use)
-    import fedmedbench.progress  # noqa: F401
-    from fedmedbench.registry import available_methods, load_method
+    import fedmedbench.federation.clientapp  # noqa: F401, PLC0415
+    import fedmedbench.federation.serverapp  # noqa: F401, PLC0415
+    import fedmedbench.models  # noqa: F401, PLC0415  (the sites and serve() import these on first use)
+    import fedmedbench.progress  # noqa: F401, PLC0415
+    from fedmedbench.registry import available_methods, load_method  # noqa: PLC0415
 
     for name in available_methods():  # built in and registered plug-ins
         load_method(name)
@@ -133,9 +134,9 @@ def run_child(connection: socket.socket, request: dict) -> None:
         sys.argv = request["argv"]
         command = Path(sys.argv[0]).name
         if command == "flwr-clientapp":
-            from flwr.supernode.cli import flwr_clientapp as entry_point
+            from flwr.supernode.cli import flwr_clientapp as entry_point  # noqa: PLC0415  (Flower: only the forked app process runs it)
         elif command == "flwr-serverapp":
-            from flwr.superlink.cli import flwr_serverapp as entry_point
+            from flwr.superlink.cli import flwr_serverapp as entry_point  # noqa: PLC0415  (Flower: only the forked app process runs it)
         else:
             raise SystemExit(f"warm app server: unknown command {command!r}")
         try:
@@ -156,8 +157,6 @@ def run_child(connection: socket.socket, request: dict) -> None:
 
 def serve(socket_path: Path) -> None:
     """Accept launcher requests forever; one forked child per request (reaped by the kernel)."""
-    import gc
-
     preload()
     gc.freeze()  # the preloaded objects stay out of the children's collections: their pages stay shared
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # no zombies: nobody waits for the children here
