@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+import json
 
 import numpy as np
 import pandas as pd
@@ -240,15 +241,11 @@ def mark_random_pixels(store_dir: str | os.PathLike, made_by: str) -> Path:
     """Say in the store's ``info.json`` that its pixels are random (``"pixels": "random"``): a store
     of the papers' shapes for timing jobs, which a run that does not say its data are synthetic
     refuses to train on (``random_pixels``)."""
-    import json
-
     return atomic_write_text(Path(store_dir) / INFO_FILE, json.dumps({"pixels": "random", "made_by": made_by}, indent=2) + "\n")
 
 
 def store_info(store_dir: str | os.PathLike) -> dict:
     """The store's ``info.json`` (empty when it has none: some families write none)."""
-    import json
-
     path = Path(store_dir) / INFO_FILE
     try:
         info = json.loads(path.read_text(encoding="utf-8"))

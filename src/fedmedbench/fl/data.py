@@ -13,11 +13,17 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+import hashlib
+import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fedmedbench.data.store import open_client, read_split_csv
+from fedmedbench.config import model_size_problem
+from fedmedbench.errors import ConfigError, DataError
+from fedmedbench.data.store import random_pixels, store_info
 
 
 @dataclass
@@ -74,9 +80,6 @@ def check_image_size(clients: list[ClientSplits], model, store_dir: Path) -> Non
     by 16), else one ``ConfigError`` naming the store, the client and the sizes that would fit, not
     a tensor-shape traceback in round 1. The DAG checks the configured size already; this catches a
     store built by hand or at a native size that the DAG could not read."""
-    from fedmedbench.config import model_size_problem
-    from fedmedbench.errors import ConfigError
-
     for client in clients:
         height, width = client.train.images.shape[1:3]
         problem = model_size_problem(model, int(height), int(width))
@@ -109,8 +112,6 @@ def data_digest(store_dir: Path, split_csv: Path, clients: list[str]) -> str:
     """A digest of what a run reads: the split file's bytes and, per client, ``meta.csv``, the
     arrays' headers (shape, dtype) and sizes and evenly spaced samples of their bytes. A checkpoint
     records it, so a job never resumes onto data rebuilt since (another image size, split seed...)."""
-    import hashlib
-
     digest = hashlib.sha256(Path(split_csv).read_bytes())
     for name in clients:
         folder = Path(store_dir) / name
@@ -240,10 +241,6 @@ def augment_flip_rotate(x: torch.Tensor, y: torch.Tensor, generator: torch.Gener
     horizontal and a vertical flip with probability 0.5 each and a rotation by U(-15, 15) degrees
     about the centre (bilinear, reflected border). All draws at once from the client's CPU
     generator; one batched ``grid_sample`` on the batch's device. Returns a float batch."""
-    import math
-
-    import torch.nn.functional as F
-
     count = x.shape[0]
     flip_w = torch.rand(count, generator=generator) < 0.5
     flip_h = torch.rand(count, generator=generator) < 0.5
@@ -327,9 +324,6 @@ def refuse_random_pixels(run_cfg: dict) -> None:
     a store left where the real data belong never turns into a table of results. ``DataError``,
     one line naming the store and what to do. (A run config without a store is left to the
     run's own validation, which names the missing key.)"""
-    from fedmedbench.data.store import random_pixels, store_info
-    from fedmedbench.errors import DataError
-
     data = run_cfg.get("data") if isinstance(run_cfg, dict) else None
     if not isinstance(data, dict) or not data.get("store") or data.get("synthetic"):
         return

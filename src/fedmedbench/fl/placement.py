@@ -22,7 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from fedmedbench.files import try_flock as _try_lock
+from fedmedbench.errors import ConfigError
 
 JOBS_PER_GPU_ENV = "FEDMEDBENCH_JOBS_PER_GPU"
 LOCK_DIR_ENV = "FEDMEDBENCH_GPU_LOCK_DIR"
@@ -44,8 +47,6 @@ class Claim:
 def jobs_per_gpu() -> int:
     value = os.environ.get(JOBS_PER_GPU_ENV, "1")
     if not value.isdigit() or int(value) < 1:
-        from fedmedbench.errors import ConfigError
-
         raise ConfigError(f"{JOBS_PER_GPU_ENV}={value!r}: expected a positive integer")
     return int(value)
 
@@ -94,8 +95,6 @@ def claim(device_ids: list[str], per_gpu: int, directory: Path, poll_seconds: fl
 
 def visible_gpu_ids() -> list[str]:
     """A stable identity per visible CUDA device: its UUID (index-independent)."""
-    import torch
-
     ids = []
     for index in range(torch.cuda.device_count()):
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
@@ -107,8 +106,6 @@ def pick_device(name: str = "auto"):
     """(torch device, claim or None) for a job: ``auto`` claims a GPU slot for the life of the job,
     else the CPU; an explicit device (``cuda:1``, ``cpu``) is used as given, without a claim. The
     engine and Flower's simulation route (federation/simulation.py) both choose their device here."""
-    import torch  # here: the slot bookkeeping above needs no torch
-
     if name == "auto" and torch.cuda.is_available():
         slot = claim(visible_gpu_ids(), jobs_per_gpu(), lock_dir())
         log.info("placed on cuda:%d (%s, slot %d)", slot.device_index, slot.device_id, slot.slot)

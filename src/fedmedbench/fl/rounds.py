@@ -28,6 +28,8 @@ from __future__ import annotations
 import copy
 import time
 from typing import Callable, Protocol
+import logging
+from pathlib import Path
 
 import torch
 
@@ -35,6 +37,14 @@ from fedmedbench.errors import FedmedbenchError
 from fedmedbench.fl import runfolder
 from fedmedbench.fl.evaluation import check_finite, curve_every, evaluate, evaluate_meter, local_epoch_probe, predict_samples, score_cohort, warn_cohort_flags
 from fedmedbench.fl.selection import Selection, selection_open
+from fedmedbench.models import build_model
+from fedmedbench.fl.data import data_digest
+from fedmedbench import faults
+from fedmedbench.errors import ConfigError
+from fedmedbench.fl import checkpoint
+from fedmedbench.fl.hooks import load_method
+from fedmedbench.fl.seeding import seed_everything
+from fedmedbench.progress import Progress
 
 
 class SiteError(FedmedbenchError):
@@ -151,8 +161,6 @@ class Cohort:
         loads the same state into the client's evaluated model, which for every method a test-only
         cohort is run with in this project is that network (a method whose evaluated model wraps
         it, e.g. HarmoFL's amplitude normalisation, is refused here in one line)."""
-        from fedmedbench.models import build_model
-
         if not models:
             raise SiteError(f"cohort {self.name}: no model to score")
         # One initialisation, copied per site: its weights are replaced in full by the loads below.
@@ -247,10 +255,6 @@ class InProcessTransport:
 
     def data_fingerprint(self):
         """The engine's ``data_digest`` of what the sites read (their store rows and split file)."""
-        from pathlib import Path
-
-        from fedmedbench.fl.data import data_digest
-
         cfg = self.sites[0].cfg
         return data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients])
 
@@ -260,8 +264,6 @@ def run_rounds(cfg, server, transport: Transport, names: list[str], selection, h
     ``transport``: appends history.csv's rows to ``history`` and records the selections in
     ``selection`` (a ``fl.selection.Selection``). ``on_round_end(round, val, test)``: progress and
     checkpoints, after the round's rows and selection."""
-    from fedmedbench import faults
-
     for round_index in range(first_round, cfg.rounds + 1):
         server.round_index = round_index  # what a failing server hook's line names (fl/hooks.py)
         trained = transport.train(round_index)
@@ -310,17 +312,6 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     sites which round to go back to and which of them the restored selection kept at that round
     (``transport.resume``: a deferred keep of that round may not have reached the site); a site that
     cannot is refused in one line."""
-    import logging
-    from pathlib import Path
-
-    from fedmedbench.errors import ConfigError
-    from fedmedbench import faults
-    from fedmedbench.fl import checkpoint
-    from fedmedbench.fl.hooks import load_method
-    from fedmedbench.fl.seeding import seed_everything
-    from fedmedbench.models import build_model
-    from fedmedbench.progress import Progress
-
     if list(getattr(transport, "cohort_names", [])) != list(cfg.ood_clients):
         raise SiteError(f"run {cfg.run}: its test-only cohorts (ood_clients) are {list(cfg.ood_clients)}, the transport serves {list(getattr(transport, 'cohort_names', []))}")
     if checkpoint_every < 1:
