@@ -207,8 +207,8 @@ def test_every_task_key_of_the_schema_is_a_run_config_field():
     """The schema (what config.yaml may say) and RunConfig (what a run reads) cannot drift apart."""
     schema = yaml.safe_load(cfgmod.SCHEMA.read_text())
     task_keys = set(schema["properties"]["tasks"]["additionalProperties"]["properties"])
-    # dataset/protocol say which data; checkpoint_every says how to run, not what (not a run-config field).
-    assert task_keys - {"dataset", "protocol", "checkpoint_every"} == set(cfgmod.TRAINING_KEYS)
+    # dataset/protocol say which data; the execution keys say how to run, not what (no run-config field).
+    assert task_keys - {"dataset", "protocol", *cfgmod.EXECUTION_KEYS} == set(cfgmod.TRAINING_KEYS)
 
 
 # --- outputs and logs -------------------------------------------------------------------------------
