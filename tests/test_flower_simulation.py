@@ -201,8 +201,8 @@ def test_a_killed_older_style_run_folder_starts_afresh_and_keeps_nothing_of_it(t
     out = tmp_path / "flower"
     (out / ".flower-simulation-k2j4x" / "sites" / "run-1234").mkdir(parents=True)
     (out / ".flower-simulation-k2j4x" / "run.json").write_text("{}")
-    (out / "checkpoint.pt").write_bytes(b"FMBCKPT2")
-    (out / "checkpoint.pt.prev").write_bytes(b"FMBCKPT2")
+    (out / "checkpoint.pt").write_bytes(b"FMBCKPT3")
+    (out / "checkpoint.pt.prev").write_bytes(b"FMBCKPT3")
     seen = fake_simulation(monkeypatch)
     with pytest.raises(FedmedbenchError, match="ended without final.json"):  # the fake trains nothing
         run_simulated(tiny_run_config(store, split), out, threads=1, checkpoint_every=2, checkpoint_every_seconds=30)
@@ -229,7 +229,7 @@ def test_a_checkpoint_beside_the_sites_state_is_resumed_and_kept_until_the_run_e
     state = sites_state_folder(out.resolve())
     state.mkdir(parents=True)
     (state / "A.round-2.pt").write_bytes(b"site A at the end of round 2")
-    (out / "checkpoint.pt").write_bytes(b"FMBCKPT2")
+    (out / "checkpoint.pt").write_bytes(b"FMBCKPT3")
     seen = fake_simulation(monkeypatch)
     with pytest.raises(FedmedbenchError, match="ended without final.json"):
         run_simulated(tiny_run_config(store, split), out, threads=1)
