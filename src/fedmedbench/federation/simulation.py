@@ -184,7 +184,8 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
             # The first reply (hello) waits for Ray to start its actors, each importing torch: on a
             # 2-core machine busy with other work that took over 2 minutes, hence the generous wait.
             settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": SITES_START_WAIT_S, "reply-timeout": 0.0, "resume": resume,
-                        "checkpoint-every": checkpoint_every, "checkpoint-every-seconds": float(checkpoint_every_seconds)}  # fmt: skip
+                        "checkpoint-every": checkpoint_every, "checkpoint-every-seconds": float(checkpoint_every_seconds),
+                        "lock-owner": os.getpid()}  # fmt: skip  (the ServerApp writes under this process's run lock)
             run_simulation(
                 server_app=server_app(settings),
                 client_app=client_app(site_settings(cfg, work, threads, device), str(out_dir)),
