@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from fedmedbench.data.store import write_client, write_split_csv  # noqa: E402
-from fedmedbench.fl import engine, rounds  # noqa: E402
+from fedmedbench.fl import engine  # noqa: E402
+from fedmedbench.fl import rounds as round_loop  # noqa: E402
 from fedmedbench.fl.client import Client, build_optimizer  # noqa: E402
 from fedmedbench.losses import build_loss  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
@@ -163,9 +164,9 @@ def engine_breakdown(spec: dict, device: str, rounds: int, precision: str = "fp3
         return wrapper
 
     # Patched where they are called: the sites' per-round evaluation, the engine's checkpoint.
-    original = (Client.train, rounds.evaluate, engine.save_state)
+    original = (Client.train, round_loop.evaluate, engine.save_state)
     Client.train = timed("train", Client.train)
-    rounds.evaluate = timed("eval", rounds.evaluate)
+    round_loop.evaluate = timed("eval", round_loop.evaluate)
     engine.save_state = timed("checkpoint", engine.save_state)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -175,7 +176,7 @@ def engine_breakdown(spec: dict, device: str, rounds: int, precision: str = "fp3
                 spent[part] = 0.0
             engine.run_training(run_config(spec, store, split, rounds, precision), Path(tmp) / "run", device=device, progress=False)
     finally:
-        Client.train, rounds.evaluate, engine.save_state = original
+        Client.train, round_loop.evaluate, engine.save_state = original
     steps_per_round = 2 * -(-spec["samples"] // spec["batch"])
     per_round = {k: v / rounds for k, v in spent.items()}
     return {**per_round, "steps_per_round": steps_per_round, "engine_ms_per_step": per_round["train"] / steps_per_round * 1000}

@@ -92,11 +92,11 @@ import torch  # noqa: E402
 from fedmedbench.federation.messages import pack  # noqa: E402
 from fedmedbench.fl.engine import run_training  # noqa: E402
 from fedmedbench.fl.rounds import InProcessTransport, serve  # noqa: E402
-from fedmedbench.registry import merge_params  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
-from tests.in_process import in_process_sites  # noqa: E402  (the sites as the engine builds them)
+from fedmedbench.registry import merge_params  # noqa: E402
 from fedmedbench.runconfig import RunConfig  # noqa: E402
 from tests.conftest import tiny_run_config, write_tiny_task  # noqa: E402
+from tests.in_process import in_process_sites  # noqa: E402  (the sites as the engine builds them)
 
 PAPER_MODELS = {  # the papers' model sizes, for the codec's overhead where the model is not tiny
     "UNet32 (prostate, nuclei)": {"name": "unet", "init_features": 32, "in_channels": 3, "num_classes": 2},

@@ -50,9 +50,8 @@ import psutil  # noqa: E402
 
 def child(args) -> None:
     """One run in this fresh process; prints {"seconds": ...} as its last line."""
-    import torch
-
     import bench_engine as b
+    import torch
 
     torch.set_num_threads(1)
     spec = b.task_spec(args.task, small=not args.paper)

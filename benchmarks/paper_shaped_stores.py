@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from bench_memory import REAL as HOSPITALS  # noqa: E402  (WILDS' patches per hospital)
+
 from fedmedbench import config as cfgmod  # noqa: E402
 from fedmedbench.data.camelyon17.splits import TEST_FRACTION, VAL_FRACTION  # noqa: E402
 from fedmedbench.data.prostate.splits import cut_points  # noqa: E402

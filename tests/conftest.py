@@ -196,7 +196,6 @@ def build_federation(method, cfg, model=None):
     from fedmedbench.fl.data import load_clients
     from fedmedbench.fl.seeding import client_generator
     from fedmedbench.models import build_model
-
     from fedmedbench.runconfig import RunConfig
 
     cfg = RunConfig.from_dict({**cfg, "method_params": {**method.DEFAULTS, **cfg["method_params"]}})

@@ -11,8 +11,8 @@ import torch
 
 from fedmedbench.fl.data import load_clients, load_test_only
 from fedmedbench.fl.hooks import load_method
-from fedmedbench.fl.seeding import client_generator, seed_everything
 from fedmedbench.fl.rounds import Cohort, Site
+from fedmedbench.fl.seeding import client_generator, seed_everything
 from fedmedbench.models import build_model
 
 

@@ -15,8 +15,8 @@ import torch
 from PIL import Image
 
 from fedmedbench.data import camelyon17 as C
-from fedmedbench.data.camelyon17.splits import _slide_level as slide_level
 from fedmedbench.data.archive import safe_extract
+from fedmedbench.data.camelyon17.splits import _slide_level as slide_level
 from fedmedbench.data.store import list_clients, open_client, read_split_csv
 from fedmedbench.ops.fourier import amplitude_normalize, amplitude_spectrum, batch_mean_amplitude
 

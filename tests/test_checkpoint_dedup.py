@@ -4,9 +4,7 @@ run the tiny FedAvg task and compare outputs byte for byte. The format itself: t
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -18,8 +16,7 @@ import pytest
 import torch
 
 from fedmedbench.errors import ConfigError
-from fedmedbench.fl import engine, runfolder
-from fedmedbench.fl import checkpoint
+from fedmedbench.fl import checkpoint, engine, runfolder
 from fedmedbench.fl.runfolder import history_file
 from tests.conftest import interrupt_after_round, tiny_run_config
 from tests.test_checkpoint import saved_copies

@@ -11,7 +11,6 @@ from torch import nn
 from fedmedbench.ops.aggregate import layer_of_keys, layerwise_weighted_average, weighted_average
 from fedmedbench.ops.cka import (
     MinibatchCKA,
-    MinibatchCosine,
     cka_batches,
     cka_from_grams,
     dataset_grams,

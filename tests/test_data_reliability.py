@@ -24,6 +24,7 @@ import pytest
 import SimpleITK as sitk
 from PIL import Image
 
+from fedmedbench import faults
 from fedmedbench.data import fundus as F
 from fedmedbench.data import nuclei as N
 from fedmedbench.data import prostate as P
@@ -33,7 +34,6 @@ from fedmedbench.data.images import read_mask
 from fedmedbench.data.staging import remove_stale
 from fedmedbench.data.store import staged_dir, write_split_csv
 from fedmedbench.errors import DataError
-from fedmedbench import faults
 from tests.conftest import realdata_dir
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,7 @@ import pytest
 
 from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.errors import ConfigError, DataError
-from fedmedbench.fl import engine
-from fedmedbench.fl import checkpoint
+from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl.selection import Selection
 from tests.conftest import interrupt_after_round, tiny_run_config, write_tiny_task
 from tests.test_reliability import train_cli

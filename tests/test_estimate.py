@@ -79,9 +79,8 @@ def test_a_job_is_projected_with_its_own_test_cadence_not_the_short_runs_one(tmp
     the paper config's `curve_every: 0` (test every 10th round: 50 test rounds) then costs exactly
     1 + 500 x 2 + 50 x 3 = 1151 s. Timed with the job's own cadence, a 2-round run would test every
     round and project 1 + 500 x 5 = 2501 s."""
-    from tests.conftest import tiny_run_config
-
     from fedmedbench.fl import engine
+    from tests.conftest import tiny_run_config
 
     store, split = tiny_task
     cfg = tiny_run_config(store, split, rounds=500, curve_every=0)

@@ -12,9 +12,8 @@ from fedmedbench.estimate import EvalCost, Job, Timing
 
 def timed(monkeypatch, tiny_task, run_seconds: dict[int, float], val_seconds: float, k: int = 2) -> Timing:
     """``estimate.measure`` on a fake clock: a timed run of r rounds takes run_seconds[r]."""
-    from tests.conftest import tiny_run_config
-
     from fedmedbench.fl import engine
+    from tests.conftest import tiny_run_config
 
     store, split = tiny_task
     cfg = tiny_run_config(store, split, rounds=100, curve_every=10)

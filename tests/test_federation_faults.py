@@ -102,8 +102,8 @@ def one_round(run, transport):
     """Round 1 of the run's method over ``transport`` (the server's side, as ``serve`` drives it)."""
     from fedmedbench.fl.seeding import seed_everything
     from fedmedbench.fl.selection import Selection
-    from fedmedbench.registry import load_method
     from fedmedbench.models import build_model
+    from fedmedbench.registry import load_method
 
     method = load_method(run.method, run.method_module)
     seed_everything(run.seed, torch.device("cpu"))

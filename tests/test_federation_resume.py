@@ -94,7 +94,7 @@ def test_a_restarted_server_resumes_from_its_checkpoint_as_the_engine(tmp_path, 
 
 
 # --- the same protocol in this process: Flower Messages answered by the ClientApp's own handlers ---
-from flwr.app import Context, Message, RecordDict  # noqa: E402
+from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedmedbench.federation import clientapp  # noqa: E402

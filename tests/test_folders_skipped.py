@@ -15,8 +15,7 @@ from PIL import Image
 
 from fedmedbench.data import digest, skipped
 from fedmedbench.data.digest import listing_digest
-from fedmedbench.data.folders import FoldersDataError, discover_sites, list_pairs, preprocess, write_example
-from fedmedbench.data.folders import reading
+from fedmedbench.data.folders import FoldersDataError, discover_sites, list_pairs, preprocess, reading, write_example
 from fedmedbench.data.skipped import RESULTS_MARK, mark_results
 
 

@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedmedbench.ops.fourier import amplitude_normalize, amplitude_spectrum, batch_mean_amplitude, update_running_amplitude
+from fedmedbench.ops.fourier import (
+    amplitude_normalize,
+    amplitude_spectrum,
+    batch_mean_amplitude,
+    update_running_amplitude,
+)
 
 
 def numpy_normalize(images, target):

@@ -98,9 +98,9 @@ def test_the_server_state_is_not_the_clients_and_a_package_is_not_the_servers(tm
     """Direct look at the tensors: after a round of the engine's transport, no client's model
     shares memory with the server's global state, and a package a site received is its own."""
     from fedmedbench.fl.rounds import InProcessTransport
-    from tests.in_process import in_process_sites
     from fedmedbench.registry import load_method, merge_params
     from fedmedbench.runconfig import RunConfig
+    from tests.in_process import in_process_sites
 
     store, split = tiny_task
     cfg = RunConfig.from_dict(editing_config(store, split))

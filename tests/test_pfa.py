@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedmedbench.ops.fourier import fourier_aggregate, low_frequency_mask, matrix_as_weight, progressive_radius, weight_as_matrix
+from fedmedbench.ops.fourier import (
+    fourier_aggregate,
+    low_frequency_mask,
+    matrix_as_weight,
+    progressive_radius,
+    weight_as_matrix,
+)
 
 
 def clients(shape, count=4, seed=0):

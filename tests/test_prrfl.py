@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.fl.engine import run_training
-from fedmedbench.methods import fedavg, fedbn, fml, ida, prrfl, silobn, solo
+from fedmedbench.methods import fedavg, fml, ida, prrfl, silobn, solo
 from fedmedbench.metrics import ClassificationMeter, macro_auc_ovr, macro_f1
 from fedmedbench.models import build_model
 from fedmedbench.ops.aggregate import batchnorm_keys, buffer_keys, weighted_average

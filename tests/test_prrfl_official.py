@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 from sklearn.metrics import f1_score

@@ -18,13 +18,12 @@ import torch
 import yaml
 
 from fedmedbench import config as cfgmod
-from fedmedbench.errors import ConfigError, DivergenceError
 from fedmedbench import faults
-from fedmedbench.fl import engine
+from fedmedbench.errors import ConfigError, DivergenceError
+from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl.evaluation import check_finite
 from fedmedbench.fl.runfolder import restore
 from fedmedbench.fl.selection import Selection
-from fedmedbench.fl import checkpoint
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import interrupt_after_round, tiny_run_config
 

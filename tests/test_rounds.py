@@ -10,10 +10,10 @@ import torch
 
 from fedmedbench.fl.engine import run_training
 from fedmedbench.fl.rounds import InProcessTransport, SiteError, serve
-from tests.in_process import in_process_cohorts, in_process_sites
 from fedmedbench.registry import merge_params
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import tiny_run_config
+from tests.in_process import in_process_cohorts, in_process_sites
 
 OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedmedbench.fl import runlock
 from fedmedbench.faults import KILL_AT_ENV
+from fedmedbench.fl import runlock
 from tests.conftest import tiny_run_config
 
 SRC = Path(__file__).resolve().parents[1] / "src"

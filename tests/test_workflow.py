@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.tiny import CONFIGFILES  # config.yaml, the demo overlay, tests/tiny.yaml: shared with tests/slurm/run_tiny.sh
+from tests.tiny import (
+    CONFIGFILES,  # config.yaml, the demo overlay, tests/tiny.yaml: shared with tests/slurm/run_tiny.sh
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -8,9 +8,9 @@ which code produced it.
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 from pathlib import Path
-import re
 
 # The checkout holding src/fedmedbench (an editable install or PYTHONPATH=src), if this is one.
 CHECKOUT = Path(__file__).resolve().parents[2]

@@ -14,11 +14,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+from fedmedbench import config as cfgmod
 from fedmedbench import version_line
 from fedmedbench.config import DEFAULT_CONFIG, Experiment
-from fedmedbench.errors import ConfigError, FedmedbenchError, HookStopped, closest
-from fedmedbench import config as cfgmod
-from fedmedbench.errors import DataError
+from fedmedbench.errors import ConfigError, DataError, FedmedbenchError, HookStopped, closest
 from fedmedbench.federation.local import add_subcommand as add_federation_command  # light: no Flower, no torch
 
 # Each command imports what it runs inside its own function (ruff's PLC0415 is off for this module,
@@ -172,7 +171,14 @@ def warm_up_jobs() -> None:
 def cmd_methods(args) -> None:
     """Every method: built in, installed plug-ins (entry points) and the config's `module:` plug-ins;
     per method what it is, its paper, where its BN statistics live and its parameters."""
-    from fedmedbench.registry import available_methods, bn_statistics, find_method, is_personalized, method_defaults, summary
+    from fedmedbench.registry import (
+        available_methods,
+        bn_statistics,
+        find_method,
+        is_personalized,
+        method_defaults,
+        summary,
+    )
 
     configured = {}
     if args.config:
@@ -448,10 +454,9 @@ def cmd_fairness_bars(args) -> None:
 
 def cmd_ood_table(args) -> None:
     """PRR-FL Table 3: an OOD cohort's scores per method (table csv/md/tex + a bar figure)."""
+    from fedmedbench.report.inputs import is_synthetic
     from fedmedbench.report.prrfl import ood_columns, ood_figure, ood_flags, ood_summary
     from fedmedbench.report.tables import write_table
-
-    from fedmedbench.report.inputs import is_synthetic
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     finals = _load_finals(args.finals)

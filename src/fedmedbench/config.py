@@ -535,7 +535,7 @@ def check_names(config: dict, source: str = "config") -> None:
             for site in spec.get(key) or ():
                 if not plain_folder_name(site):
                     raise ConfigError(f"{source}: tasks.{task}.{key}: the site {site!r} is not one folder name of the store (no '/', not starting with '.')")
-    for method, section in (config.get("methods") or {}).items():
+    for method in config.get("methods") or {}:
         name(method, "methods", "the method name", METHOD_PATTERN, "lowercase letters, digits and _; a '-' would start a variant in a run name")
     for experiment, spec in config["experiments"].items():
         name(experiment, "experiments", "the experiment name")

@@ -39,12 +39,12 @@ from pathlib import Path
 import torch
 
 from fedmedbench import config as cfgmod
+from fedmedbench.errors import DataError
+from fedmedbench.fl import engine  # engine.run_training looked up when called: the tests replace it
 from fedmedbench.fl.data import BatchReader, load_clients
 from fedmedbench.fl.evaluation import curve_every, evaluate
 from fedmedbench.models import build_model
 from fedmedbench.runconfig import RunConfig
-from fedmedbench.fl import engine  # engine.run_training looked up when called: the tests replace it
-from fedmedbench.errors import DataError
 
 log = logging.getLogger("fedmedbench.estimate")
 

@@ -39,9 +39,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from pathlib import Path
 from typing import Callable
-import traceback
 
 SOCKET_ENV = "FEDMEDBENCH_JOBSERVER"
 SCOPE_ENV = "FEDMEDBENCH_JOBSERVER_SCOPE"

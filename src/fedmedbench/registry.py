@@ -24,15 +24,14 @@ import importlib.metadata
 import importlib.util
 import pkgutil
 import re
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-import types
 
-from fedmedbench import values
+from fedmedbench import sources, values
 from fedmedbench.errors import ConfigError, closest, unknown_key
 from fedmedbench.sources import source_digest
-from fedmedbench import sources
 
 ENTRY_POINT_GROUP = "fedmedbench.methods"
 BUILTIN_PACKAGE = "fedmedbench.methods"

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.config import deep_merge
+from fedmedbench.data.store import write_client, write_split_csv
 from fedmedbench.registry import merge_params
 from fedmedbench.runconfig import RunConfig
 

@@ -30,9 +30,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedmedbench import faults
 from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_path, new_folder
-from fedmedbench import faults
 
 from .staging import remove_stale, staging_folder
 

@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from stat import S_ISREG
 
-from .skipped import skipped
 from ..files import atomic_write_text
+from .skipped import skipped
 
 # A file whose modification or change time is this close to the moment it was hashed is not kept in
 # the cache: the file system stamps times from a coarse clock, so a second edit within the same tick

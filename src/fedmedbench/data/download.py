@@ -34,9 +34,9 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..files import new_folder
+from .digest import file_stamp
 from .staging import locked_atomic_file, remove_stale
 from .store import atomic_write_text
-from .digest import file_stamp
 
 __all__ = ["DownloadError", "DownloadSpec", "fetch", "fetch_spec", "looks_like_html"]
 

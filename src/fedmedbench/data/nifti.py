@@ -14,7 +14,6 @@ import numpy as np
 
 from ..errors import DataError
 
-
 # NIfTI-1 datatype codes of floating-point voxels, with their numpy types (complex: two floats each).
 FLOAT_DATATYPES = {16: "f4", 64: "f8", 32: "f4", 1792: "f8"}
 

@@ -22,6 +22,7 @@ output that a later step would mistake for a finished one.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -30,14 +31,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-import json
 
 import numpy as np
 import pandas as pd
 
+from .. import faults
 from ..errors import DataError, plain
 from ..files import naming_full_disk, new_folder
-from .. import faults
 from .staging import locked_atomic_file, staging_folder
 
 __all__ = [

@@ -44,26 +44,25 @@ server sends every site's selected model and the cohort replies with their score
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 import hashlib
+import json
 import sys
+from pathlib import Path
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedmedbench.federation.messages import config_of, pack, unpack
 from fedmedbench.errors import MethodError
-from fedmedbench.fl.rounds import Site, SiteError
+from fedmedbench.federation.messages import config_of, pack, unpack
 from fedmedbench.files import atomic_file
 from fedmedbench.fl import checkpoint
-from fedmedbench.fl.data import load_clients, SplitData, load_test_only, data_digest
-from fedmedbench.fl.seeding import client_generator, seed_everything
+from fedmedbench.fl.data import SplitData, data_digest, load_clients, load_test_only
 from fedmedbench.fl.hooks import load_method  # the engine's guarded hooks: a failure reads as the engine's line
+from fedmedbench.fl.rounds import Cohort, Site, SiteError
+from fedmedbench.fl.seeding import client_generator, seed_everything
 from fedmedbench.models import build_model
 from fedmedbench.runconfig import RunConfig
-from fedmedbench.fl.rounds import Cohort
 
 app = ClientApp()
 

@@ -25,21 +25,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-import threading
-import importlib.util
 
+from fedmedbench import config as cfgmod
 from fedmedbench.errors import ConfigError, FedmedbenchError
 from fedmedbench.federation.processes import process_guard, spawn
-from fedmedbench import config as cfgmod
 from fedmedbench.runconfig import RunConfig
 
 # The CLI imports this module to build its parser, for `--help` too: as in cli.py, each subcommand

@@ -17,6 +17,7 @@ app server's (``federation.warm``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
@@ -25,7 +26,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-import inspect
 
 # Every process of one guarded group carries MARKER_ENV=<its id> in its environment (module docstring).
 MARKER_ENV = "FEDMEDBENCH_FEDERATION"

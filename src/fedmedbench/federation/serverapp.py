@@ -21,27 +21,36 @@ run folder (``final.json``) is left as it is unless the run config says ``restar
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
-import hashlib
-import logging
-import sys
 
 import torch
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fedmedbench.federation.messages import check_evaluation, check_final, check_finite_payload, check_ood, check_reply, check_same_shape, pack, unpack
+from fedmedbench import faults
 from fedmedbench.errors import MethodError
-from fedmedbench.fl.rounds import SiteError, serve
+from fedmedbench.federation.messages import (
+    check_evaluation,
+    check_final,
+    check_finite_payload,
+    check_ood,
+    check_reply,
+    check_same_shape,
+    pack,
+    unpack,
+)
 from fedmedbench.files import atomic_write_text
+from fedmedbench.fl.rounds import SiteError, serve
+from fedmedbench.fl.runlock import RunFolderBusy, run_folder_lock
 from fedmedbench.registry import merge_params
 from fedmedbench.runconfig import RunConfig
-from fedmedbench.fl.runlock import RunFolderBusy, run_folder_lock
-from fedmedbench import faults
 
 app = ServerApp()
 

@@ -29,17 +29,17 @@ or a moved run folder) is not resumed: the job starts afresh and says so in one 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
-import logging
 
 import torch
 
 from fedmedbench.errors import ConfigError, FedmedbenchError
-from fedmedbench.fl.runfolder import checkpoint_files
 from fedmedbench.files import atomic_write_text, new_folder
 from fedmedbench.fl.placement import pick_device
+from fedmedbench.fl.runfolder import checkpoint_files
 from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.runconfig import RunConfig
 

@@ -19,6 +19,7 @@ deployment keeps Flower's own process isolation.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -26,10 +27,9 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-import tempfile
-import gc
 
 from fedmedbench.errors import FedmedbenchError
 from fedmedbench.federation.processes import spawn

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedmedbench.errors import ConfigError
 from fedmedbench import faults
+from fedmedbench.errors import ConfigError
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import ClientSplits, train_batches
 from fedmedbench.losses import build_loss

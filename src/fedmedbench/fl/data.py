@@ -9,21 +9,20 @@ the next batches on worker threads while the device computes, and hands them ove
 from __future__ import annotations
 
 import collections
+import hashlib
+import math
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-import hashlib
-import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.data.store import open_client, read_split_csv
 from fedmedbench.config import model_size_problem
+from fedmedbench.data.store import open_client, random_pixels, read_split_csv, store_info
 from fedmedbench.errors import ConfigError, DataError
-from fedmedbench.data.store import random_pixels, store_info
 
 
 @dataclass

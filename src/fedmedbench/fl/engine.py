@@ -27,16 +27,16 @@ import torch
 from fedmedbench import faults
 from fedmedbench.errors import ConfigError
 from fedmedbench.files import new_folder
-from fedmedbench.fl.placement import pick_device
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, load_clients, load_test_only
 from fedmedbench.fl.evaluation import final_test, ood_test
 from fedmedbench.fl.hooks import load_method  # the method's Server and Client, their failures named
+from fedmedbench.fl.placement import pick_device
+from fedmedbench.fl.rounds import InProcessTransport, Site, run_rounds
 from fedmedbench.fl.runfolder import history_file, remove_stale_files, restore, save_state, write_outputs
 from fedmedbench.fl.runlock import run_folder_lock
 from fedmedbench.fl.seeding import client_generator, seed_everything
 from fedmedbench.fl.selection import Selection
-from fedmedbench.fl.rounds import InProcessTransport, Site, run_rounds
 from fedmedbench.metrics import METERS
 from fedmedbench.models import build_model
 from fedmedbench.progress import Progress

@@ -28,8 +28,7 @@ import torch
 
 from fedmedbench import registry
 from fedmedbench.errors import FedmedbenchError, MethodError
-from fedmedbench.fl import hookwatch
-from fedmedbench.fl import checkpoint
+from fedmedbench.fl import checkpoint, hookwatch
 
 # Every hook the engine calls (fl/engine.py, rounds.py, runfolder.py, evaluation.py) and the ones
 # the base Client.train calls (before_epoch, loss, after_backward, train_step).

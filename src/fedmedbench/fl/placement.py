@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fedmedbench.files import try_flock as _try_lock
 from fedmedbench.errors import ConfigError
+from fedmedbench.files import try_flock as _try_lock
 
 JOBS_PER_GPU_ENV = "FEDMEDBENCH_JOBS_PER_GPU"
 LOCK_DIR_ENV = "FEDMEDBENCH_GPU_LOCK_DIR"

@@ -26,24 +26,31 @@ sites and the transports import no method and no Flower.
 from __future__ import annotations
 
 import copy
-import time
-from typing import Callable, Protocol
 import logging
+import time
 from pathlib import Path
+from typing import Callable, Protocol
 
 import torch
 
-from fedmedbench.errors import FedmedbenchError
-from fedmedbench.fl import runfolder
-from fedmedbench.fl.evaluation import check_finite, curve_every, evaluate, evaluate_meter, local_epoch_probe, predict_samples, score_cohort, warn_cohort_flags
-from fedmedbench.fl.selection import Selection, selection_open
-from fedmedbench.models import build_model
-from fedmedbench.fl.data import data_digest
 from fedmedbench import faults
-from fedmedbench.errors import ConfigError
-from fedmedbench.fl import checkpoint
+from fedmedbench.errors import ConfigError, FedmedbenchError
+from fedmedbench.fl import checkpoint, runfolder
+from fedmedbench.fl.data import data_digest
+from fedmedbench.fl.evaluation import (
+    check_finite,
+    curve_every,
+    evaluate,
+    evaluate_meter,
+    local_epoch_probe,
+    predict_samples,
+    score_cohort,
+    warn_cohort_flags,
+)
 from fedmedbench.fl.hooks import load_method
 from fedmedbench.fl.seeding import seed_everything
+from fedmedbench.fl.selection import Selection, selection_open
+from fedmedbench.models import build_model
 from fedmedbench.progress import Progress
 
 

@@ -34,15 +34,14 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
 from fedmedbench.fl import client, server
 from fedmedbench.fl.client import build_optimizer
-from fedmedbench.ops.aggregate import aggregation_weights, batchnorm_keys, weighted_average
-from fedmedbench.ops.distill import NO_STAGE, STAGE_NAMES, EXCHANGE, RECOVER, SUBLIMATE, det_stage, kl_to_teacher
-from fedmedbench.ops.fourier import fourier_aggregate, progressive_radius
 from fedmedbench.fl.evaluation import evaluate
+from fedmedbench.ops.aggregate import aggregation_weights, batchnorm_keys, weighted_average
+from fedmedbench.ops.distill import EXCHANGE, NO_STAGE, RECOVER, STAGE_NAMES, SUBLIMATE, det_stage, kl_to_teacher
+from fedmedbench.ops.fourier import fourier_aggregate, progressive_radius
 
 DEFAULTS = {
     "pfa": True,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from torch import nn
 
 from fedmedbench.errors import ConfigError
-from fedmedbench.runconfig import ModelConfig
 from fedmedbench.models.unet import UNet
-from fedmedbench.models.vgg import vgg16_bn_128, VGGSlim
+from fedmedbench.models.vgg import VGGSlim, vgg16_bn_128
+from fedmedbench.runconfig import ModelConfig
 
 
 def build_model(cfg: ModelConfig | dict) -> nn.Module:

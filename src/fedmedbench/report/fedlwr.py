@@ -19,7 +19,26 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .figures import PALETTE, SourceData, bar_style, clip_band, contrast_colour, draw_error_bars, error_shown, find_ties, finish, mark_every, method_style, place_legend, plt, save_figure, series_styles, set_title, style_key, y_from_floor
+from .figures import (
+    PALETTE,
+    SourceData,
+    bar_style,
+    clip_band,
+    contrast_colour,
+    draw_error_bars,
+    error_shown,
+    find_ties,
+    finish,
+    mark_every,
+    method_style,
+    place_legend,
+    plt,
+    save_figure,
+    series_styles,
+    set_title,
+    style_key,
+    y_from_floor,
+)
 from .flags import MARKS, Flags
 from .metric_names import metric_label, score_range
 from .tables import AVG, STD, site_std_per_seed

@@ -14,8 +14,8 @@ This module must stay light (no torch): report jobs import it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 
 KINDS = ("collapsed", "no_foreground")  # footnote order
 MARKS = {"collapsed": "†", "no_foreground": "‡"}

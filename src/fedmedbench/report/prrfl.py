@@ -20,7 +20,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench.report.figures import PALETTE, SourceData, clip_band, contrast_colour, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key, y_from_floor
+from fedmedbench.report.figures import (
+    PALETTE,
+    SourceData,
+    clip_band,
+    contrast_colour,
+    draw_error_bars,
+    error_shown,
+    finish,
+    mark_every,
+    place_legend,
+    plt,
+    series_styles,
+    set_title,
+    style_key,
+    y_from_floor,
+)
 from fedmedbench.report.flags import KINDS, MARKS, MEANING, Flags
 from fedmedbench.report.metric_names import metric_label
 from fedmedbench.report.tables import SUMMARY_COLUMNS, ReportInputError

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 import logging
+from pathlib import Path
 
 import numpy as np
-
 from matplotlib.patches import Patch
 
 from fedmedbench.report.figures import SourceData, finish, plt, set_title

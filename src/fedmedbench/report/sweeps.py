@@ -12,8 +12,21 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmedbench.report.figures import (
+    SourceData,
+    clip_band,
+    draw_error_bars,
+    error_shown,
+    finish,
+    mark_every,
+    place_legend,
+    plt,
+    series_styles,
+    set_title,
+    style_key,
+    y_from_floor,
+)
 from fedmedbench.report.flags import MARKS, collapsed_texts
-from fedmedbench.report.figures import SourceData, clip_band, draw_error_bars, error_shown, finish, mark_every, place_legend, plt, series_styles, set_title, style_key, y_from_floor
 from fedmedbench.report.metric_names import SWEEP_ERRORS, metric_label  # noqa: F401  (SWEEP_ERRORS: re-exported)
 from fedmedbench.report.tables import AVG, seed_summary, std_over_seeds
 

@@ -17,7 +17,15 @@ from ...progress import Progress
 from .. import check_protocol
 from ..store import IMAGES_FILE, LABELS_FILE, META_FILE, open_client, staged_dir
 from .download import ARCHIVE
-from .sites import CENTER_TO_CLIENT, PATCH_SIZE, PROTOCOLS, REAL_COUNTS, REAL_SLIDES_PER_CENTER, REAL_TOTAL, CamelyonDataError
+from .sites import (
+    CENTER_TO_CLIENT,
+    PATCH_SIZE,
+    PROTOCOLS,
+    REAL_COUNTS,
+    REAL_SLIDES_PER_CENTER,
+    REAL_TOTAL,
+    CamelyonDataError,
+)
 
 METADATA_COLUMNS = ["patient", "node", "x_coord", "y_coord", "tumor", "slide", "center"]
 

@@ -82,12 +82,14 @@ import pandas as pd
 
 from ..store import atomic_write_text, staged_dir, write_client
 from .example import EXAMPLE_CLASSES, EXAMPLE_LABELS, EXAMPLE_MASK_VALUES, write_example  # noqa: F401
+from .groups import assign_groups
+from .inspect import inspect_folders
 from .options import (  # noqa: F401
     DEFAULT_FRACTIONS,
     IMAGE_SUFFIXES,
     KINDS,
-    LABELS_FILE,
     LABEL_COLUMNS,
+    LABELS_FILE,
     META_DETAILS,
     NIFTI_SUFFIXES,
     OPTIONAL_LABEL_COLUMNS,
@@ -99,7 +101,6 @@ from .options import (  # noqa: F401
 from .reading import (  # noqa: F401
     GEOMETRY_TOLERANCE,
     ROBUST_PERCENTILES,
-    _SizeCheck,
     _check_channels,
     _check_root,
     _classification_sites,
@@ -107,6 +108,7 @@ from .reading import (  # noqa: F401
     _pool_map,
     _relative,
     _resize,
+    _SizeCheck,
     _volume_samples,
     discover_sites,
     list_pairs,
@@ -114,10 +116,7 @@ from .reading import (  # noqa: F401
     native_size,
     read_image,
 )
-from .groups import assign_groups
 from .splits import split  # noqa: F401
-from .inspect import inspect_folders
-
 
 __all__ = [
     "DOWNLOADS",

@@ -15,7 +15,6 @@ from PIL import Image
 from ..store import staged_dir
 from .options import KINDS, LABELS_FILE
 
-
 EXAMPLE_CLASSES = {2: ("background", "lesion"), 3: ("background", "ring", "core")}
 
 

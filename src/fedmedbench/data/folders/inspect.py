@@ -34,7 +34,14 @@ from PIL import UnidentifiedImageError
 
 from ..images import exif_orientation, open_image
 from ..store import SPLITS
-from .groups import assign_groups, groups_source, prefix_warning, repeated_stem_warning, shared_group_warning, subject_column_warning
+from .groups import (
+    assign_groups,
+    groups_source,
+    prefix_warning,
+    repeated_stem_warning,
+    shared_group_warning,
+    subject_column_warning,
+)
 from .options import LABEL_COLUMNS, LABELS_FILE, OPTIONAL_LABEL_COLUMNS, FoldersDataError, FoldersOptions
 from .reading import (
     DAMAGED_HINT,

@@ -16,7 +16,6 @@ from ...errors import ConfigError, DataError
 from ...runconfig import Strict
 from ...schema import schema
 
-
 KINDS = ("segmentation", "classification")
 
 

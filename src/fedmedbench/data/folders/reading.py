@@ -10,24 +10,24 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from PIL import UnidentifiedImageError, Image
+from PIL import Image, UnidentifiedImageError
 
 from ...errors import closest
 from ..images import apply_orientation, deep_rawmode, exif_orientation, open_image, read_mask
 from ..nifti import check_nifti_complete, non_finite_message
 from ..skipped import skipped
-from .tiff import check_page, read_tiff
 from .options import (
+    _THREADS,
     IMAGE_SUFFIXES,
     KINDS,
-    LABELS_FILE,
     LABEL_COLUMNS,
+    LABELS_FILE,
     NIFTI_SUFFIXES,
     OPTIONAL_LABEL_COLUMNS,
-    _THREADS,
     FoldersDataError,
     FoldersOptions,
 )
+from .tiff import check_page, read_tiff
 
 
 def _check_root(root: str | os.PathLike) -> Path:

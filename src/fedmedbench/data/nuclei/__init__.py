@@ -56,9 +56,13 @@ The package's parts: ``sites`` (the clients of each protocol and the counts of r
 
 from __future__ import annotations
 
-from . import download, raw, sites, splits, synthetic  # the family's parts: import what you need from them
+# The family's parts, loaded so that `<family>.<part>.<name>` resolves: import what you need from them.
+from . import download, raw, sites, splits, synthetic  # noqa: F401
 from .download import DOWNLOADS
 from .raw import preprocess
 from .sites import PROTOCOLS
 from .splits import split
 from .synthetic import write_synthetic
+
+# The family interface (fedmedbench.data): nothing else is exported.
+__all__ = ["DOWNLOADS", "PROTOCOLS", "preprocess", "split", "write_synthetic"]

@@ -45,9 +45,14 @@ from pathlib import Path
 import pandas as pd
 
 from .. import check_protocol
-from . import download, raw, sites, splits, synthetic  # the family's parts: import what you need from them
+
+# The family's parts, loaded so that `<family>.<part>.<name>` resolves: import what you need from them.
+from . import download, raw, sites, splits, synthetic  # noqa: F401
 from .download import DOWNLOADS
 from .sites import PROTOCOLS
+
+# The family interface (fedmedbench.data): nothing else is exported.
+__all__ = ["DOWNLOADS", "PROTOCOLS", "preprocess", "split", "write_synthetic"]
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.

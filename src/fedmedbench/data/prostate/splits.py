@@ -10,7 +10,14 @@ import numpy as np
 import pandas as pd
 
 from ..store import client_rng, grouped_split, open_client, require_clients, split_groups, write_split_csv
-from .sites import DEFAULT_INDEX_DIR, FEDLWR_CLIENTS, FEDLWR_FRACTIONS, HARMOFL_CLIENTS, HARMOFL_FRACTIONS, ProstateDataError
+from .sites import (
+    DEFAULT_INDEX_DIR,
+    FEDLWR_CLIENTS,
+    FEDLWR_FRACTIONS,
+    HARMOFL_CLIENTS,
+    HARMOFL_FRACTIONS,
+    ProstateDataError,
+)
 
 
 def cut_points(n: int, fractions: Sequence[float] = HARMOFL_FRACTIONS) -> tuple[int, int]:
