@@ -64,8 +64,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
-    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} repeats={args.repeats} (best of)")
-    print(f"{'batch shape':<18} {'numpy loop (s)':>15} {'torch full (s)':>15} {'ratio':>8} {'torch dc (s)':>13} {'ratio':>8}  max|diff| full")
+    print(
+        f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} repeats={args.repeats} (best of)"
+    )
+    print(
+        f"{'batch shape':<18} {'numpy loop (s)':>15} {'torch full (s)':>15} {'ratio':>8} {'torch dc (s)':>13} {'ratio':>8}  max|diff| full"
+    )
     for shape in SHAPES:
         x = torch.rand(shape, generator=generator).to(device)
         reference = numpy_loop(x, None)
@@ -74,7 +78,9 @@ def main() -> None:
         t_full = timed(lambda x=x: torch_batched(x, "full"), device, args.repeats)
         t_dc = timed(lambda x=x: torch_batched(x, "dc"), device, args.repeats)
         label = "x".join(map(str, shape))
-        print(f"{label:<18} {t_np:>15.4f} {t_full:>15.4f} {t_np / t_full:>7.1f}x {t_dc:>13.5f} {t_np / t_dc:>7.0f}x  {diff:.1e}")
+        print(
+            f"{label:<18} {t_np:>15.4f} {t_full:>15.4f} {t_np / t_full:>7.1f}x {t_dc:>13.5f} {t_np / t_dc:>7.0f}x  {diff:.1e}"
+        )
 
 
 if __name__ == "__main__":

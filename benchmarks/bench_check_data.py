@@ -55,7 +55,9 @@ def main() -> None:
                 started = time.perf_counter()
                 inspect_folders(options, name.split()[0], size_problem=layouts.UNET)
                 seconds.append(time.perf_counter() - started)
-            print(f"{name}: inspect_folders {min(seconds):.2f} s (best of {args.reps}; all: {', '.join(f'{s:.2f}' for s in seconds)})")
+            print(
+                f"{name}: inspect_folders {min(seconds):.2f} s (best of {args.reps}; all: {', '.join(f'{s:.2f}' for s in seconds)})"
+            )
 
 
 if __name__ == "__main__":

@@ -96,14 +96,26 @@ def build_state(task: str, small: bool, device: str = "cpu"):
     selection = Selection(list(cfg.clients), cfg.selection_metric, per_client=per_client)
     val = {n: {cfg.selection_metric: 0.5} for n in cfg.clients}
     for key, covered in selection.improved(val, 1).items():
-        models = {n: {k: v.detach().cpu().clone() for k, v in clients[cfg.clients.index(n)].eval_model().state_dict().items()} for n in covered}
+        models = {
+            n: {k: v.detach().cpu().clone() for k, v in clients[cfg.clients.index(n)].eval_model().state_dict().items()}
+            for n in covered
+        }
         selection.record(key, 1, val, models, {n: {} for n in covered})
     return cfg, server, clients, selection
 
 
 def checkpoint_object(server, clients, selection) -> dict:
     """What ``runfolder.save_state`` checkpoints (the history rows live in their own log)."""
-    return {"config_hash": "x", "data_digest": "y", "round": 1, "server": server.state_dict(), "clients": [c.state_dict() for c in clients], "selection": selection.state_dict(), "rng": global_rng_state(), "history_log": {"bytes": 0, "crc32": 0, "rows": 0}}
+    return {
+        "config_hash": "x",
+        "data_digest": "y",
+        "round": 1,
+        "server": server.state_dict(),
+        "clients": [c.state_dict() for c in clients],
+        "selection": selection.state_dict(),
+        "rng": global_rng_state(),
+        "history_log": {"bytes": 0, "crc32": 0, "rows": 0},
+    }
 
 
 def tensors_of(tree):
@@ -125,7 +137,9 @@ def distinct(tree) -> tuple[int, list[torch.Tensor]]:
         if (s.device, s.data_ptr(), s.nbytes()) not in storages:
             storages[(s.device, s.data_ptr(), s.nbytes())] = s
             data = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s).cpu().numpy()
-            contents.setdefault(hashlib.sha256(data).digest(), torch.empty(0, dtype=torch.uint8, device=s.device).set_(s))
+            contents.setdefault(
+                hashlib.sha256(data).digest(), torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
+            )
     return sum(s.nbytes() for s in storages.values()), list(contents.values())
 
 
@@ -152,7 +166,11 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, device: str) -> dic
     plain = {i: t for i, t in enumerate(unique)}  # the same distinct tensors, for torch.save
     checkpoint.save(heavy, tmp / "selection.pt")
     sel_state, sel_unique = distinct(heavy)
-    sizes = {"selection_state": sel_state, "selection_unique": sum(t.numel() for t in sel_unique), "selection_file": (tmp / "selection.pt").stat().st_size}
+    sizes = {
+        "selection_state": sel_state,
+        "selection_unique": sum(t.numel() for t in sel_unique),
+        "selection_file": (tmp / "selection.pt").stat().st_size,
+    }
     variants = {
         "checkpoint": (checkpoint.save, obj, tmp / "checkpoint.pt"),
         "state_fsync": (torch_save_fsync, obj, tmp / "state.pt"),
@@ -170,14 +188,33 @@ def bench_task(task: str, small: bool, reps: int, tmp: Path, device: str) -> dic
                 times[f"{key}_cpu"].append(cpu)
     loads.append(os.getloadavg()[0])
     back = checkpoint.load(tmp / "checkpoint.pt")
-    assert all(torch.equal(a.cpu(), b) for a, b in zip(tensors_of(obj), tensors_of(back))), "the checkpoint read back differs"
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(tensors_of(obj), tensors_of(back))), (
+        "the checkpoint read back differs"
+    )
     file_bytes, state_file_bytes = (tmp / "checkpoint.pt").stat().st_size, (tmp / "state.pt").stat().st_size
     for path in tmp.iterdir():
         path.unlink()
     median = {k: statistics.median(v) for k, v in times.items()}
-    per_rep = {f"checkpoint_per_{k}": statistics.median(a / b for a, b in zip(times["checkpoint"], times[k])) for k in ("state_fsync", "distinct_fsync", "distinct")}
+    per_rep = {
+        f"checkpoint_per_{k}": statistics.median(a / b for a, b in zip(times["checkpoint"], times[k]))
+        for k in ("state_fsync", "distinct_fsync", "distinct")
+    }
     model_bytes = sum(v.numel() * v.element_size() for v in clients[0].model.state_dict().values())
-    return {"task": task, "model": cfg.model.name, "clients": len(cfg.clients), "optimizer": cfg.optimizer.name, "device": device, "model_bytes": model_bytes, "state_bytes": state_bytes, "unique_bytes": unique_bytes, "file_bytes": file_bytes, "state_file_bytes": state_file_bytes, **sizes, "times": median | per_rep, "load": loads}
+    return {
+        "task": task,
+        "model": cfg.model.name,
+        "clients": len(cfg.clients),
+        "optimizer": cfg.optimizer.name,
+        "device": device,
+        "model_bytes": model_bytes,
+        "state_bytes": state_bytes,
+        "unique_bytes": unique_bytes,
+        "file_bytes": file_bytes,
+        "state_file_bytes": state_file_bytes,
+        **sizes,
+        "times": median | per_rep,
+        "load": loads,
+    }
 
 
 def mb(n: int) -> str:
@@ -185,16 +222,27 @@ def mb(n: int) -> str:
 
 
 def report(results: list[dict]) -> None:
-    print("| task (model, K, optimizer, device) | model MB | state MB | unique MB | checkpoint file MB | **file / unique** | torch.save(state) file MB | selection: state / unique / file MB |")
+    print(
+        "| task (model, K, optimizer, device) | model MB | state MB | unique MB | checkpoint file MB | **file / unique** | torch.save(state) file MB | selection: state / unique / file MB |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
-        print(f"| {r['task']} ({r['model']}, K={r['clients']}, {r['optimizer']}, {r['device']}) | {mb(r['model_bytes'])} | {mb(r['state_bytes'])} | {mb(r['unique_bytes'])} | {mb(r['file_bytes'])} | **{r['file_bytes'] / r['unique_bytes']:.3f}** | {mb(r['state_file_bytes'])} | {mb(r['selection_state'])} / {mb(r['selection_unique'])} / {mb(r['selection_file'])} |")
-    print("\n| task | load, start → end | checkpoint s | torch.save(state) + fsync s | torch.save(distinct) + fsync s | torch.save(distinct) s | **checkpoint / torch.save(state) + fsync** (per repetition) | checkpoint / torch.save(distinct) + fsync (per repetition) | checkpoint / torch.save(distinct) (per repetition) | CPU s: checkpoint / state + fsync / distinct + fsync / distinct |")
+        print(
+            f"| {r['task']} ({r['model']}, K={r['clients']}, {r['optimizer']}, {r['device']}) | {mb(r['model_bytes'])} | {mb(r['state_bytes'])} | {mb(r['unique_bytes'])} | {mb(r['file_bytes'])} | **{r['file_bytes'] / r['unique_bytes']:.3f}** | {mb(r['state_file_bytes'])} | {mb(r['selection_state'])} / {mb(r['selection_unique'])} / {mb(r['selection_file'])} |"
+        )
+    print(
+        "\n| task | load, start → end | checkpoint s | torch.save(state) + fsync s | torch.save(distinct) + fsync s | torch.save(distinct) s | **checkpoint / torch.save(state) + fsync** (per repetition) | checkpoint / torch.save(distinct) + fsync (per repetition) | checkpoint / torch.save(distinct) (per repetition) | CPU s: checkpoint / state + fsync / distinct + fsync / distinct |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         t = r["times"]
-        ratios = " | ".join(f"{t['checkpoint'] / t[k]:.2f} ({t[f'checkpoint_per_{k}']:.2f})" for k in ("state_fsync", "distinct_fsync", "distinct"))
-        print(f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['checkpoint']:.3f} | {t['state_fsync']:.3f} | {t['distinct_fsync']:.3f} | {t['distinct']:.3f} | **{ratios.split(' | ')[0]}** | {' | '.join(ratios.split(' | ')[1:])} | {t['checkpoint_cpu']:.2f} / {t['state_fsync_cpu']:.2f} / {t['distinct_fsync_cpu']:.2f} / {t['distinct_cpu']:.2f} |")
+        ratios = " | ".join(
+            f"{t['checkpoint'] / t[k]:.2f} ({t[f'checkpoint_per_{k}']:.2f})"
+            for k in ("state_fsync", "distinct_fsync", "distinct")
+        )
+        print(
+            f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['checkpoint']:.3f} | {t['state_fsync']:.3f} | {t['distinct_fsync']:.3f} | {t['distinct']:.3f} | **{ratios.split(' | ')[0]}** | {' | '.join(ratios.split(' | ')[1:])} | {t['checkpoint_cpu']:.2f} / {t['state_fsync_cpu']:.2f} / {t['distinct_fsync_cpu']:.2f} / {t['distinct_cpu']:.2f} |"
+        )
 
 
 def main() -> None:
@@ -207,7 +255,9 @@ def main() -> None:
     parser.add_argument("--json", help="also write the numbers here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; state on {args.device}; sizes: {'small' if args.small else 'paper'}\n")
+    print(
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; state on {args.device}; sizes: {'small' if args.small else 'paper'}\n"
+    )
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         results = [bench_task(task, args.small, args.reps, Path(tmp), args.device) for task in args.tasks]
     report(results)

@@ -34,7 +34,11 @@ def official_structure(model_a, model_b, data, batch_size: int, passes: int = 5)
             for store, model in zip(feats, (model_a, model_b)):
                 modules = dict(model.named_modules())
                 for name in layers:
-                    handles.append(modules[name].register_forward_hook(lambda m, i, o, name=name, store=store: store.__setitem__(name, o.flatten(1))))
+                    handles.append(
+                        modules[name].register_forward_hook(
+                            lambda m, i, o, name=name, store=store: store.__setitem__(name, o.flatten(1))
+                        )
+                    )
             with torch.no_grad():
                 model_a(x)
                 model_b(x)
@@ -76,7 +80,13 @@ def main() -> None:
         return layerwise_similarity(anchor, local, batches, "cka")[0]
 
     timings = {}
-    for name, fn in (("ours (1 pass, centred Grams in hooks)", ours), ("official structure (5 passes, activations kept)", lambda: official_structure(anchor, local, data, args.batch_size))):
+    for name, fn in (
+        ("ours (1 pass, centred Grams in hooks)", ours),
+        (
+            "official structure (5 passes, activations kept)",
+            lambda: official_structure(anchor, local, data, args.batch_size),
+        ),
+    ):
         fn()  # warm-up
         sync()
         start = time.perf_counter()
@@ -86,7 +96,9 @@ def main() -> None:
         bad = sum(1 for v in result.values() if not (0.0 <= v <= 1.0))
         print(f"{name}: {timings[name]:.2f} s per client, {len(result)} layers, {bad} outside [0, 1]")
     ours_t, official_t = timings.values()
-    print(f"speed-up: {official_t / ours_t:.1f}x  (size {args.size}, {args.samples} images, batch {args.batch_size}, UNet f={args.features}, {args.threads} threads, {device})")
+    print(
+        f"speed-up: {official_t / ours_t:.1f}x  (size {args.size}, {args.samples} images, batch {args.batch_size}, UNet f={args.features}, {args.threads} threads, {device})"
+    )
 
 
 if __name__ == "__main__":

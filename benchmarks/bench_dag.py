@@ -69,11 +69,27 @@ def main() -> None:
     jobs = sorted({job for name in config["experiments"] for job in cfgmod.experiment_runs(config, name)})
     rows = [
         ("config load + validate", best_of(args.repeat, lambda: cfgmod.load_config(*files))),
-        (f"resolve {len(jobs)} run configs", best_of(args.repeat, lambda: [cfgmod.resolve_run(config, *job) for job in jobs])),
-        ("with-jobserver: command starts", best_of(args.repeat, lambda: run([sys.executable, "-m", "fedmedbench", "with-jobserver", "true"]))),
+        (
+            f"resolve {len(jobs)} run configs",
+            best_of(args.repeat, lambda: [cfgmod.resolve_run(config, *job) for job in jobs]),
+        ),
+        (
+            "with-jobserver: command starts",
+            best_of(args.repeat, lambda: run([sys.executable, "-m", "fedmedbench", "with-jobserver", "true"])),
+        ),
         ("snakemake -n (demo)", best_of(args.repeat, lambda: run([sys.executable, "-m", "snakemake", "-n", *PROFILE]))),
     ]
-    rows.append(("no-op with-jobserver snakemake (demo)", best_of(args.repeat, lambda: run([sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-m", "snakemake", *PROFILE]))))
+    rows.append(
+        (
+            "no-op with-jobserver snakemake (demo)",
+            best_of(
+                args.repeat,
+                lambda: run(
+                    [sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-m", "snakemake", *PROFILE]
+                ),
+            ),
+        )
+    )
     load = os.getloadavg()[0]
     print(f"best of {args.repeat}, {os.cpu_count()} cores, load average {load:.1f}")
     for name, seconds in rows:

@@ -55,7 +55,15 @@ def task_spec(name: str, small: bool) -> dict:
     kind, model, loss, optimizer, size, batch, samples = TASKS[name]
     if small:
         (size, batch, samples), model = SMALL[name], SMALL_MODELS[name]
-    return {"kind": kind, "model": model, "loss": loss, "optimizer": optimizer, "size": size, "batch": batch, "samples": samples}
+    return {
+        "kind": kind,
+        "model": model,
+        "loss": loss,
+        "optimizer": optimizer,
+        "size": size,
+        "batch": batch,
+        "samples": samples,
+    }
 
 
 def sync(device: torch.device) -> None:
@@ -69,7 +77,11 @@ def kernel_choice(deterministic: bool):
     deterministic kernels on CUDA (``seeding.seed_everything``: cudnn.deterministic, no autotuning) and
     the engine's runs leave that set in this process, so each plain loop sets what it is timed with
     instead of inheriting whatever ran before it."""
-    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled())
+    saved = (
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.are_deterministic_algorithms_enabled(),
+    )
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, False
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     try:
@@ -79,7 +91,9 @@ def kernel_choice(deterministic: bool):
         torch.use_deterministic_algorithms(saved[2], warn_only=True)
 
 
-def plain_loop_ms(spec: dict, device: torch.device, steps: int, precision: str = "fp32", deterministic: bool = False) -> float:
+def plain_loop_ms(
+    spec: dict, device: torch.device, steps: int, precision: str = "fp32", deterministic: bool = False
+) -> float:
     """ms per step of the reference loop: forward, loss, backward, step on one resident batch, with
     torch's default kernel choice or (``deterministic``) the engine's."""
     with kernel_choice(deterministic):
@@ -129,10 +143,15 @@ def write_store(root: Path, spec: dict, clients: int = 2) -> tuple[Path, Path]:
             labels = (rng.random((n, spec["size"], spec["size"])) > 0.7).astype(np.uint8)
         else:
             labels = rng.integers(0, 2, n).astype(np.int64)
-        meta = pd.DataFrame({"id": [f"{name}/{i}" for i in range(n)], "group": [f"{name}/{i}" for i in range(n)], "source": "bench"})
+        meta = pd.DataFrame(
+            {"id": [f"{name}/{i}" for i in range(n)], "group": [f"{name}/{i}" for i in range(n)], "source": "bench"}
+        )
         write_client(root / "store", name, images, labels, meta)
         parts = ["train"] * n_train + ["val"] * spec["batch"] + ["test"] * spec["batch"]
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/{i}", "group": f"{name}/{i}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/{i}", "group": f"{name}/{i}"}
+            for i, s in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv"
 
@@ -171,15 +190,23 @@ def engine_breakdown(spec: dict, device: str, rounds: int, precision: str = "fp3
     try:
         with tempfile.TemporaryDirectory() as tmp:
             store, split = write_store(Path(tmp), spec)
-            engine.run_training(run_config(spec, store, split, 1, precision), Path(tmp) / "warmup", device=device, progress=False)
+            engine.run_training(
+                run_config(spec, store, split, 1, precision), Path(tmp) / "warmup", device=device, progress=False
+            )
             for part in spent:
                 spent[part] = 0.0
-            engine.run_training(run_config(spec, store, split, rounds, precision), Path(tmp) / "run", device=device, progress=False)
+            engine.run_training(
+                run_config(spec, store, split, rounds, precision), Path(tmp) / "run", device=device, progress=False
+            )
     finally:
         Client.train, round_loop.evaluate, engine.save_state = original
     steps_per_round = 2 * -(-spec["samples"] // spec["batch"])
     per_round = {k: v / rounds for k, v in spent.items()}
-    return {**per_round, "steps_per_round": steps_per_round, "engine_ms_per_step": per_round["train"] / steps_per_round * 1000}
+    return {
+        **per_round,
+        "steps_per_round": steps_per_round,
+        "engine_ms_per_step": per_round["train"] / steps_per_round * 1000,
+    }
 
 
 def concurrent_throughput(task: str, small: bool, device: str, jobs: int, steps: int) -> float:
@@ -190,7 +217,10 @@ def concurrent_throughput(task: str, small: bool, device: str, jobs: int, steps:
         f"b.plain_loop_ms(b.task_spec({task!r}, {small}), torch.device({device!r}), 2); print('ready', flush=True); sys.stdin.readline();"
         f"print(b.plain_loop_ms(b.task_spec({task!r}, {small}), torch.device({device!r}), {steps}), flush=True)"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(jobs)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(jobs)
+    ]
     for p in procs:
         assert p.stdout.readline().strip() == "ready"
     for p in procs:
@@ -215,7 +245,9 @@ def main() -> None:
     print(f"device: {name}; torch {torch.__version__}; shapes: {'small' if args.small else 'paper'}\n")
     results = {}
     # engine / plain: against the plain loop with the engine's (deterministic) kernel choice, the same numerics.
-    print("| task | plain ms/step fp32 | plain fp32, deterministic kernels | plain ms/step bf16 | engine ms/step (fp32, deterministic) | engine / plain | s/round train | eval | checkpoint |")
+    print(
+        "| task | plain ms/step fp32 | plain fp32, deterministic kernels | plain ms/step bf16 | engine ms/step (fp32, deterministic) | engine / plain | s/round train | eval | checkpoint |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for task in args.tasks:
         spec = task_spec(task, args.small)
@@ -224,7 +256,9 @@ def main() -> None:
         plain_bf16 = plain_loop_ms(spec, device, args.steps, "bf16")
         eng = engine_breakdown(spec, args.device, args.rounds)
         results[task] = {"plain_ms": plain, "plain_deterministic_ms": plain_det, "plain_bf16_ms": plain_bf16, **eng}
-        print(f"| {task} ({spec['size']}², batch {spec['batch']}) | {plain:.1f} | {plain_det:.1f} | {plain_bf16:.1f} | {eng['engine_ms_per_step']:.1f} | {eng['engine_ms_per_step'] / plain_det:.2f} | {eng['train']:.2f} | {eng['eval']:.2f} | {eng['checkpoint']:.2f} |")
+        print(
+            f"| {task} ({spec['size']}², batch {spec['batch']}) | {plain:.1f} | {plain_det:.1f} | {plain_bf16:.1f} | {eng['engine_ms_per_step']:.1f} | {eng['engine_ms_per_step'] / plain_det:.2f} | {eng['train']:.2f} | {eng['eval']:.2f} | {eng['checkpoint']:.2f} |"
+        )
     print("\n| task | " + " | ".join(f"{j} job(s): steps/s (× one job)" for j in args.concurrency) + " |")
     print("|---|" + "---:|" * len(args.concurrency))
     for task in args.tasks:

@@ -161,7 +161,9 @@ class CountingTransport(InProcessTransport):
     def evaluate(self, round_index, packages, with_test):
         out = super().evaluate(round_index, packages, with_test)
         for package, (val, test) in zip(packages, out):
-            self._add(round_index, "down", raw_bytes(package), wire_bytes(package, round=round_index, with_test=with_test))
+            self._add(
+                round_index, "down", raw_bytes(package), wire_bytes(package, round=round_index, with_test=with_test)
+            )
             self._add(round_index, "up", raw_bytes({"val": val, "test": test}), wire_bytes({"val": val, "test": test}))
         return out
 
@@ -195,7 +197,9 @@ def flower_poll_app(folder: Path, module: str = "flowerpoll", code: str = FLOWER
     folder.mkdir(parents=True, exist_ok=True)
     text = (ROOT / "flower-app" / "pyproject.toml").read_text()
     if 'serverapp = "fedmedbench.federation.serverapp:app"' not in text:
-        sys.exit("bench_federation.py: flower-app/pyproject.toml no longer names fedmedbench.federation.serverapp:app; update the --ab app")
+        sys.exit(
+            "bench_federation.py: flower-app/pyproject.toml no longer names fedmedbench.federation.serverapp:app; update the --ab app"
+        )
     (folder / "pyproject.toml").write_text(text.replace("fedmedbench.federation.serverapp:app", f"{module}:app"))
     (folder / f"{module}.py").write_text(code)
     return folder
@@ -209,7 +213,9 @@ def short_poll_app(folder: Path, short_s: float) -> Path:
 
     params = inspect.signature(serverapp.send_and_receive).parameters
     if not {"first_wait", "longest_wait"} <= set(params):
-        sys.exit("bench_federation.py: fedmedbench.federation.serverapp.send_and_receive no longer takes first_wait/longest_wait; update SHORT_POLL_APP")
+        sys.exit(
+            "bench_federation.py: fedmedbench.federation.serverapp.send_and_receive no longer takes first_wait/longest_wait; update SHORT_POLL_APP"
+        )
     return flower_poll_app(folder, "shortpoll", SHORT_POLL_APP.format(short=short_s))
 
 
@@ -220,9 +226,22 @@ def short_waits_env(folder: Path, short_s: float, profile: bool = False):
     With ``profile``, the processes also log the steps of each message (fmb_flower_profile) to
     ``<folder>/profile.jsonl``. Yields (switch file, log file); the environment is restored after."""
     switch, log = folder / "short-waits-on", folder / "short-waits.log"
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "FMB_FLOWER_SHORT_WAITS_SWITCH", "FMB_FLOWER_SHORT_WAITS_S", "FMB_FLOWER_SHORT_WAITS_LOG", "FMB_FLOWER_PROFILE_LOG")}
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "PYTHONPATH",
+            "FMB_FLOWER_SHORT_WAITS_SWITCH",
+            "FMB_FLOWER_SHORT_WAITS_S",
+            "FMB_FLOWER_SHORT_WAITS_LOG",
+            "FMB_FLOWER_PROFILE_LOG",
+        )
+    }
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHORT_WAITS), saved["PYTHONPATH"]) if p)
-    os.environ.update(FMB_FLOWER_SHORT_WAITS_SWITCH=str(switch), FMB_FLOWER_SHORT_WAITS_S=str(short_s), FMB_FLOWER_SHORT_WAITS_LOG=str(log))
+    os.environ.update(
+        FMB_FLOWER_SHORT_WAITS_SWITCH=str(switch),
+        FMB_FLOWER_SHORT_WAITS_S=str(short_s),
+        FMB_FLOWER_SHORT_WAITS_LOG=str(log),
+    )
     if profile:
         os.environ["FMB_FLOWER_PROFILE_LOG"] = str(folder / "profile.jsonl")
     try:
@@ -264,9 +283,13 @@ def short_waits_applied(log: Path, sites: int, short_s: float) -> dict[str, int]
     needed = {"flwr.supernode.start_client_internal:start_client_internal": sites}
     if float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")) > short_s:
         needed["flwr.supercore.superexec.run_superexec:run_superexec"] = sites
-    missing = [f"{key} ({applied.get(key, 0)} of >= {n} processes)" for key, n in needed.items() if applied.get(key, 0) < n]
+    missing = [
+        f"{key} ({applied.get(key, 0)} of >= {n} processes)" for key, n in needed.items() if applied.get(key, 0) < n
+    ]
     if missing:
-        sys.exit(f"bench_federation.py: the short-waits patch did not reach the federation's processes: {', '.join(missing)}; its log: {log}")
+        sys.exit(
+            f"bench_federation.py: the short-waits patch did not reach the federation's processes: {', '.join(missing)}; its log: {log}"
+        )
     return applied
 
 
@@ -274,7 +297,13 @@ def short_waits_applied(log: Path, sites: int, short_s: float) -> dict[str, int]
 # the events of one site (see step_profile). All but the last are on the message's critical path.
 SEGMENTS = (
     ("ServerApp push -> the SuperNode's pull that gets it starts (its poll wait)", "pull", "t0", "step", "t0"),
-    ("pull starts -> the SuperExec launches the app (pull, task made, the SuperExec's poll)", "launch", "t0", "pull", "t0"),
+    (
+        "pull starts -> the SuperExec launches the app (pull, task made, the SuperExec's poll)",
+        "launch",
+        "t0",
+        "pull",
+        "t0",
+    ),
     ("launch -> app process runs (launcher, fork of the warm app, Flower's entry point)", "run", "t0", "launch", "t0"),
     ("app start -> message pulled from the SuperNode (Flower's Runtime API)", "pti", "t1", "run", "t0"),
     ("message pulled -> app called (Flower: FAB install, load the ClientApp)", "call", "t0", "pti", "t1"),
@@ -294,7 +323,17 @@ PROFILED = {  # event name (fmb_flower_profile's "what") -> short name
     "fedmedbench.federation.serverapp:send_and_receive": "step",
 }
 START_AND_END = ("hello", "setup", "resume", "final")  # messages once per run, not per round: not in the segments
-INSIDE = ("pull_with_retries(backoff)", "install_from_fab", "load_site", "build_site", "unpack", "take_snapshot", "handle", "save_site", "reply")
+INSIDE = (
+    "pull_with_retries(backoff)",
+    "install_from_fab",
+    "load_site",
+    "build_site",
+    "unpack",
+    "take_snapshot",
+    "handle",
+    "save_site",
+    "reply",
+)
 
 
 def step_profile(log: Path, start: float, end: float) -> dict:
@@ -303,7 +342,11 @@ def step_profile(log: Path, start: float, end: float) -> dict:
     resume, final; mean ms over all sites' such messages) each segment of SEGMENTS, Flower's and our
     functions inside the app process, and the ServerApp's steps (push to last reply) and the time
     between them (its own work: aggregation, evaluation bookkeeping, files)."""
-    events = [e for e in map(json.loads, log.read_text().splitlines()) if start <= e["t0"] and e["t1"] <= end] if log.is_file() else []
+    events = (
+        [e for e in map(json.loads, log.read_text().splitlines()) if start <= e["t0"] and e["t1"] <= end]
+        if log.is_file()
+        else []
+    )
     by_site: dict[str, dict[str, list]] = {}
     inside: dict[str, list[float]] = {}
     for e in sorted(events, key=lambda e: e["t0"]):
@@ -314,12 +357,19 @@ def step_profile(log: Path, start: float, end: float) -> dict:
         if name in INSIDE:
             inside.setdefault(name, []).append(e["t1"] - e["t0"])
     steps = [e for site in by_site.values() for e in site.get("step", [])]
-    out = {"messages": 0, "round_messages": 0, "segments": {}, "inside": {k: (1000 * statistics.mean(v), len(v)) for k, v in inside.items()}}
+    out = {
+        "messages": 0,
+        "round_messages": 0,
+        "segments": {},
+        "inside": {k: (1000 * statistics.mean(v), len(v)) for k, v in inside.items()},
+    }
     segments: dict[str, list[float]] = {}
     steps.sort(key=lambda e: e["t0"])
     last_reply: list[float] = []  # per step: the ServerApp's return after the last reply reached the SuperLink
     for step in steps:
-        pushed = [e["t1"] for site in by_site.values() for e in site.get("push", []) if step["t0"] <= e["t1"] <= step["t1"]]
+        pushed = [
+            e["t1"] for site in by_site.values() for e in site.get("push", []) if step["t0"] <= e["t1"] <= step["t1"]
+        ]
         if pushed:
             last_reply.append(step["t1"] - max(pushed))
     for where, kinds in by_site.items():
@@ -340,7 +390,9 @@ def step_profile(log: Path, start: float, end: float) -> dict:
             if chain["call"] and str(chain["call"].get("kind")).rpartition(".")[2] in START_AND_END:
                 continue
             out["round_messages"] += 1
-            chain["step"] = max((e for e in steps if e["t0"] <= chain["pull"]["t0"]), key=lambda e: e["t0"], default=None)
+            chain["step"] = max(
+                (e for e in steps if e["t0"] <= chain["pull"]["t0"]), key=lambda e: e["t0"], default=None
+            )
             for label, late, late_at, early, early_at in SEGMENTS:
                 if chain.get(late) and chain.get(early):
                     segments.setdefault(label, []).append(chain[late][late_at] - chain[early][early_at])
@@ -358,8 +410,10 @@ def step_profile(log: Path, start: float, end: float) -> dict:
 
 def print_profile(profiles: dict, rounds: int) -> None:
     """The mean of step_profile over repetitions, per variant, for the 2R-round runs."""
-    print(f"\n### Where a message's time goes ({2 * rounds}-round runs; segments: mean ms per message of a round (not hello, setup, final) over all sites, "
-          "then over repetitions; timed functions and ServerApp: all messages and steps of the run)\n")
+    print(
+        f"\n### Where a message's time goes ({2 * rounds}-round runs; segments: mean ms per message of a round (not hello, setup, final) over all sites, "
+        "then over repetitions; timed functions and ServerApp: all messages and steps of the run)\n"
+    )
     variants = list(profiles)
     print("| segment | " + " | ".join(variants) + " |")
     print("|---|" + "---:|" * len(variants))
@@ -371,9 +425,29 @@ def print_profile(profiles: dict, rounds: int) -> None:
         print(f"| timed: {name} (×calls in the run) | " + " | ".join(f"{statistics.mean(p['inside'][name][0] for p in profiles[v] if name in p['inside']):.0f} "
                                                                      f"(×{statistics.mean(p['inside'][name][1] for p in profiles[v] if name in p['inside']):.0f})"
                                                                      if any(name in p["inside"] for p in profiles[v]) else "—" for v in variants) + " |")  # fmt: skip
-    for key, label in (("server_step_ms", "ServerApp: one step, push -> last reply"), ("server_between_steps_ms", "ServerApp: between steps (its own work)"), ("server_steps", "ServerApp: steps in the run")):
-        print(f"| {label} | " + " | ".join(f"{statistics.mean(p[key] for p in profiles[v] if key in p):.0f}" if any(key in p for p in profiles[v]) else "—" for v in variants) + " |")
-    print("| app processes (messages) in the run, of which in rounds | " + " | ".join(f"{statistics.mean(p['messages'] for p in profiles[v]):.0f}, {statistics.mean(p['round_messages'] for p in profiles[v]):.0f}" for v in variants) + " |")
+    for key, label in (
+        ("server_step_ms", "ServerApp: one step, push -> last reply"),
+        ("server_between_steps_ms", "ServerApp: between steps (its own work)"),
+        ("server_steps", "ServerApp: steps in the run"),
+    ):
+        print(
+            f"| {label} | "
+            + " | ".join(
+                f"{statistics.mean(p[key] for p in profiles[v] if key in p):.0f}"
+                if any(key in p for p in profiles[v])
+                else "—"
+                for v in variants
+            )
+            + " |"
+        )
+    print(
+        "| app processes (messages) in the run, of which in rounds | "
+        + " | ".join(
+            f"{statistics.mean(p['messages'] for p in profiles[v]):.0f}, {statistics.mean(p['round_messages'] for p in profiles[v]):.0f}"
+            for v in variants
+        )
+        + " |"
+    )
 
 
 def idle_cpu(federation, seconds: float = 5.0) -> float:
@@ -422,13 +496,18 @@ def codec_overhead(models: dict) -> list[tuple[str, int, int, int]]:
     rows = []
     for name, spec in models.items():
         torch.manual_seed(0)  # trained-like weights: at initialisation equal tensors (BN's ones) share one object
-        state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in build_model(spec).state_dict().items()}
+        state = {
+            k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+            for k, v in build_model(spec).state_dict().items()
+        }
         reply = {"state": state, "num_samples": 100}
         rows.append((name, len(state), state_bytes(state), wire_bytes(reply, loss=0.5, rows="[]")))
     return rows
 
 
-def time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app, switch, waits_log, sites) -> dict[str, int]:
+def time_runs(
+    args, federation, configs, timed, results, tmp, ab_app, short_app, switch, waits_log, sites
+) -> dict[str, int]:
     """Per repetition and timed method: the engine (R, 2R rounds), then each federation variant
     (R, 2R): ``federation`` (Flower's stock waits), ``flower_poll`` (the --ab app, stock waits),
     ``short_waits`` (the benchmark-only patch on), ``short_all`` (that, and our ServerApp's own wait
@@ -445,7 +524,9 @@ def time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app,
                 t0 = time.perf_counter()
                 run_training(cfg, out, threads=1, progress=False)
                 results[method]["engine"].setdefault(rounds, []).append(time.perf_counter() - t0)
-            variants = ([("federation", ROOT / "flower-app", False)] if stock else []) + ([("flower_poll", ab_app, False)] if stock and method in args.ab else [])
+            variants = ([("federation", ROOT / "flower-app", False)] if stock else []) + (
+                [("flower_poll", ab_app, False)] if stock and method in args.ab else []
+            )
             variants += [("short_waits", ROOT / "flower-app", True), ("short_all", short_app, True)] if short else []
             if rep % 2:  # every other repetition in reverse: a load that drifts during a repetition favours no variant
                 variants.reverse()
@@ -454,22 +535,37 @@ def time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app,
                 for rounds in by_rounds:
                     out = tmp / f"{variant}-{method}-{rounds}-{rep}"
                     t0, wall0 = time.perf_counter(), time.time()
-                    result = federation.run({"run-config": str(tmp / f"{method}-{rounds}.json"), "out": str(out)}, app_dir=app_dir, timeout=1800)
+                    result = federation.run(
+                        {"run-config": str(tmp / f"{method}-{rounds}.json"), "out": str(out)},
+                        app_dir=app_dir,
+                        timeout=1800,
+                    )
                     elapsed = time.perf_counter() - t0
                     if not (out / "federation.json").is_file():
-                        sys.exit(f"bench_federation.py: the federated {method} run ({variant}, {rounds} rounds) wrote no federation.json:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
+                        sys.exit(
+                            f"bench_federation.py: the federated {method} run ({variant}, {rounds} rounds) wrote no federation.json:\n{result.stdout[-3000:]}{result.stderr[-2000:]}"
+                        )
                     results[method].setdefault(variant, {}).setdefault(rounds, []).append(elapsed)
                     if variant != "flower_poll":
                         results[method]["bytes"][rounds] = json.loads((out / "federation.json").read_text())
                         # The same numbers as the engine's (the test's check, here on every run).
-                        same = all(filecmp.cmp(tmp / f"engine-{method}-{rounds}-{rep}" / name, out / name, shallow=False) for name in ("final.json", "history.csv", "model_best.pt"))
+                        same = all(
+                            filecmp.cmp(tmp / f"engine-{method}-{rounds}-{rep}" / name, out / name, shallow=False)
+                            for name in ("final.json", "history.csv", "model_best.pt")
+                        )
                         results[method].setdefault(f"equal_to_engine_{variant}", []).append(same)
                     if short_waits:
                         applied.update(short_waits_applied(waits_log, sites, args.short_wait_ms / 1000))
                     if args.profile and rounds == 2 * args.rounds:
-                        results[method].setdefault("profile", {}).setdefault(variant, []).append(step_profile(tmp / "profile.jsonl", wall0, time.time()))
+                        results[method].setdefault("profile", {}).setdefault(variant, []).append(
+                            step_profile(tmp / "profile.jsonl", wall0, time.time())
+                        )
             set_short_waits(switch, args.flower_waits == "short")
-            line = ", ".join(f"{v} {results[method][v][args.rounds][-1]:.1f} / {results[method][v][2 * args.rounds][-1]:.1f} s" for v in ("engine", "federation", "flower_poll", "short_waits", "short_all") if results[method].get(v))
+            line = ", ".join(
+                f"{v} {results[method][v][args.rounds][-1]:.1f} / {results[method][v][2 * args.rounds][-1]:.1f} s"
+                for v in ("engine", "federation", "flower_poll", "short_waits", "short_all")
+                if results[method].get(v)
+            )
             print(f"  repetition {rep + 1}, {method} ({args.rounds} / {2 * args.rounds} rounds): {line}", flush=True)
     # After the runs: every process has started and imported what it needs; only polling is left.
     for waits, on in (("stock", False), ("short", True)) if switch else ():
@@ -504,7 +600,9 @@ def paper_shaped_configs(tmp: Path, args) -> tuple[Path, Path, dict]:
         base["clients"] = base["clients"][: args.sites]
         if base.get("client_labels"):
             base["client_labels"] = base["client_labels"][: args.sites]
-        base["data"]["synthetic"] = True  # random pixels: the store is marked so, and a run on it must say it is not real data
+        base["data"]["synthetic"] = (
+            True  # random pixels: the store is marked so, and a run on it must say it is not real data
+        )
         configs[method] = {r: {**base, "rounds": r} for r in (args.rounds, 2 * args.rounds)}
     cfg = next(iter(configs.values()))[args.rounds]
     return Path(cfg["data"]["store"]), Path(cfg["data"]["split"]), configs
@@ -519,13 +617,20 @@ def print_floor(results: dict, timed: list, args) -> None:
     if not rows:
         return
     print(f"\n### Flower's floor and ours ({store_label(args)}; s per round, medians)\n")
-    print("| method | engine | federation (Flower 1.42 stock) | steps per site | Flower's fixed waits: measured (stock - cut) | Flower's fixed waits: bound from its source (steps × 3.5 s) | ours: federation with Flower's waits cut | ours / engine |")
+    print(
+        "| method | engine | federation (Flower 1.42 stock) | steps per site | Flower's fixed waits: measured (stock - cut) | Flower's fixed waits: bound from its source (steps × 3.5 s) | ours: federation with Flower's waits cut | ours / engine |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for method, res in rows:
         rounds, b = res["per_round"], res["bytes"]
         sites = b[2 * r].get("sites") or 1
         steps = (b[2 * r]["messages_sent"] - b[r]["messages_sent"]) / r / sites
-        res["floor"] = {"steps": steps, "flower_waits": rounds["federation"] - rounds["short_waits"], "bound": steps * 3.5, "ours": rounds["short_waits"]}
+        res["floor"] = {
+            "steps": steps,
+            "flower_waits": rounds["federation"] - rounds["short_waits"],
+            "bound": steps * 3.5,
+            "ours": rounds["short_waits"],
+        }
         row = {"store": store_label(args), "method": method, "engine_s": f"{rounds['engine']:.2f}", "federation_s": f"{rounds['federation']:.2f}", "steps_per_site": f"{steps:g}",
                "flower_waits_s": f"{rounds['federation'] - rounds['short_waits']:.2f}", "flower_waits_bound_s": f"{steps * 3.5:.1f}",
                "ours_s": f"{rounds['short_waits']:.2f}", "ours_over_engine": f"{rounds['short_waits'] / rounds['engine']:.2f}"}  # fmt: skip
@@ -554,7 +659,10 @@ def markdown_header(argv: list[str]) -> str:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    model = next((line.split(":", 1)[1].strip() for line in run("lscpu").splitlines() if line.startswith("Model name")), platform.processor() or "unknown")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in run("lscpu").splitlines() if line.startswith("Model name")),
+        platform.processor() or "unknown",
+    )
     commit = run("git", "rev-parse", "HEAD") or "unknown"
     dirty = " with uncommitted changes" if run("git", "status", "--porcelain", "--untracked-files=no") else ""
     return (f"# Federation rounds against the engine ({time.strftime('%Y-%m-%d')})\n\n"
@@ -590,26 +698,73 @@ def main() -> None:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", nargs="+", default=["fedavg", "prrfl", "fedlwr"], help="bytes per round (in process: fast)")
-    parser.add_argument("--timed", nargs="*", default=None, help="of these, the ones run through the real federation (default: all)")
+    parser.add_argument(
+        "--methods", nargs="+", default=["fedavg", "prrfl", "fedlwr"], help="bytes per round (in process: fast)"
+    )
+    parser.add_argument(
+        "--timed", nargs="*", default=None, help="of these, the ones run through the real federation (default: all)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="R: each side runs R and 2R rounds")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--warm", action="store_true", help="the default, kept for older commands: the app processes forked from one warm interpreter (federation/warm.py)")
-    parser.add_argument("--cold", action="store_true", help="Flower's own fresh app process for every message (local_federation(warm=False))")
-    parser.add_argument("--store", choices=("tiny", "paper-shaped"), default="tiny", help="the tests' tiny store (default) or a paper-shaped one (--task, --scale, --sites)")
-    parser.add_argument("--task", default="prostate", help="--store paper-shaped: the paper config's task (default: %(default)s)")
-    parser.add_argument("--scale", type=float, default=0.1, help="--store paper-shaped: fraction of the paper's per-site counts (default: %(default)s)")
-    parser.add_argument("--sites", type=int, default=2, help="--store paper-shaped: the task's first N sites (default: %(default)s)")
-    parser.add_argument("--markdown", help="also write the output here, under the machine (lscpu), the commit and the exact command")
-    parser.add_argument("--ab", nargs="*", default=["fedavg"], help="methods also run with Flower's own reply polling (with Flower's stock waits; not with --flower-waits short)")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="the default, kept for older commands: the app processes forked from one warm interpreter (federation/warm.py)",
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="Flower's own fresh app process for every message (local_federation(warm=False))",
+    )
+    parser.add_argument(
+        "--store",
+        choices=("tiny", "paper-shaped"),
+        default="tiny",
+        help="the tests' tiny store (default) or a paper-shaped one (--task, --scale, --sites)",
+    )
+    parser.add_argument(
+        "--task", default="prostate", help="--store paper-shaped: the paper config's task (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=0.1,
+        help="--store paper-shaped: fraction of the paper's per-site counts (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sites", type=int, default=2, help="--store paper-shaped: the task's first N sites (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--markdown", help="also write the output here, under the machine (lscpu), the commit and the exact command"
+    )
+    parser.add_argument(
+        "--ab",
+        nargs="*",
+        default=["fedavg"],
+        help="methods also run with Flower's own reply polling (with Flower's stock waits; not with --flower-waits short)",
+    )
     parser.add_argument("--flower-waits", choices=("stock", "short", "both"), default="stock",
                         help="BENCHMARK ONLY: run the federation with Flower's stock waits, with its hard-coded waits cut to --short-wait-ms "
                              "(benchmarks/flower_short_waits), or both interleaved on one federation start")  # fmt: skip
-    parser.add_argument("--short-wait-ms", type=float, default=20.0, help="what each of Flower's hard-coded waits becomes with --flower-waits short|both")
-    parser.add_argument("--profile", action="store_true", help="BENCHMARK ONLY: time the steps of each message of every federated 2R-round run (benchmarks/flower_short_waits/fmb_flower_profile.py)")
-    parser.add_argument("--no-paper-models", action="store_true", help="skip the codec overhead at the papers' model sizes")
+    parser.add_argument(
+        "--short-wait-ms",
+        type=float,
+        default=20.0,
+        help="what each of Flower's hard-coded waits becomes with --flower-waits short|both",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="BENCHMARK ONLY: time the steps of each message of every federated 2R-round run (benchmarks/flower_short_waits/fmb_flower_profile.py)",
+    )
+    parser.add_argument(
+        "--no-paper-models", action="store_true", help="skip the codec overhead at the papers' model sizes"
+    )
     parser.add_argument("--json", help="also write the numbers here")
-    parser.add_argument("--csv", help="append the summary 'Flower's floor and ours' here, a row per method (with --flower-waits both; the file `make docs` quotes)")
+    parser.add_argument(
+        "--csv",
+        help="append the summary 'Flower's floor and ours' here, a row per method (with --flower-waits both; the file `make docs` quotes)",
+    )
     return parser.parse_args()
 
 
@@ -617,8 +772,10 @@ def run(args) -> None:
     from fedmedbench.federation.local import local_federation
 
     load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} CPU(s), load average {load:.1f} at start; torch {torch.__version__}, flwr {flwr.__version__}; engine and sites 1 thread; "
-          f"app processes {'cold (a fresh process per message)' if args.cold else 'warm'}; store: {store_label(args)}\n")
+    print(
+        f"machine: {os.cpu_count()} CPU(s), load average {load:.1f} at start; torch {torch.__version__}, flwr {flwr.__version__}; engine and sites 1 thread; "
+        f"app processes {'cold (a fresh process per message)' if args.cold else 'warm'}; store: {store_label(args)}\n"
+    )
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -626,38 +783,73 @@ def run(args) -> None:
             store, split, configs = paper_shaped_configs(tmp, args)
         else:
             store, split = write_tiny_task(tmp / "data")
-            configs = {m: {r: tiny_run_config(store, split, m, rounds=r) for r in (args.rounds, 2 * args.rounds)} for m in args.methods}
+            configs = {
+                m: {r: tiny_run_config(store, split, m, rounds=r) for r in (args.rounds, 2 * args.rounds)}
+                for m in args.methods
+            }
         timed = [m for m in args.methods if args.timed is None or m in args.timed]
         for method, by_rounds in configs.items():
             for rounds, cfg in by_rounds.items():
                 (tmp / f"{method}-{rounds}.json").write_text(json.dumps(cfg))
             results[method] = {"engine": {}, "bytes": {}}
             if method in timed:
-                run_training(by_rounds[args.rounds], tmp / f"warm-{method}", threads=1, progress=False)  # imports, caches
-        sites = {name: {"store": str(store), "split": str(split)} for name in configs[args.methods[0]][args.rounds]["clients"]}
+                run_training(
+                    by_rounds[args.rounds], tmp / f"warm-{method}", threads=1, progress=False
+                )  # imports, caches
+        sites = {
+            name: {"store": str(store), "split": str(split)}
+            for name in configs[args.methods[0]][args.rounds]["clients"]
+        }
         ab_app = flower_poll_app(tmp / "flower-app-flower-poll")
         short_s, applied = args.short_wait_ms / 1000, {}
         short_app = short_poll_app(tmp / "flower-app-short-poll", short_s)
         patched = bool(timed) and (args.flower_waits != "stock" or args.profile)
-        with short_waits_env(tmp, short_s, args.profile) if patched else contextlib.nullcontext((None, None)) as (switch, waits_log):
+        with (
+            short_waits_env(tmp, short_s, args.profile) if patched else contextlib.nullcontext((None, None)) as (
+                switch,
+                waits_log,
+            )
+        ):
             set_short_waits(switch, args.flower_waits == "short")
             started = time.perf_counter()
-            with local_federation(sites, tmp / "federation", warm=not args.cold) if timed else contextlib.nullcontext() as federation:
+            with (
+                local_federation(sites, tmp / "federation", warm=not args.cold)
+                if timed
+                else contextlib.nullcontext() as federation
+            ):
                 if timed:
-                    waits = f"{args.flower_waits}" + (f" (short: {args.short_wait_ms:g} ms, benchmark-only patch)" if args.flower_waits != "stock" else "") + ("; profiled" if args.profile else "")
-                    print(f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes); Flower's waits: {waits}\n")
-                    applied = time_runs(args, federation, configs, timed, results, tmp, ab_app, short_app, switch, waits_log, len(sites))
+                    waits = (
+                        f"{args.flower_waits}"
+                        + (
+                            f" (short: {args.short_wait_ms:g} ms, benchmark-only patch)"
+                            if args.flower_waits != "stock"
+                            else ""
+                        )
+                        + ("; profiled" if args.profile else "")
+                    )
+                    print(
+                        f"federation started in {time.perf_counter() - started:.1f} s (SuperLink + {len(sites)} SuperNodes); Flower's waits: {waits}\n"
+                    )
+                    applied = time_runs(
+                        args, federation, configs, timed, results, tmp, ab_app, short_app, switch, waits_log, len(sites)
+                    )
         for method, by_rounds in configs.items():
             # In process: R rounds more of the method's work; on a paper-shaped store federation.json's count says it.
-            results[method]["payload"] = payload_per_round(by_rounds[args.rounds], tmp / f"count-{method}") if args.store == "tiny" else None
+            results[method]["payload"] = (
+                payload_per_round(by_rounds[args.rounds], tmp / f"count-{method}") if args.store == "tiny" else None
+            )
             model = build_model(by_rounds[args.rounds]["model"]).state_dict()
             results[method]["model_bytes"] = state_bytes(model)
             results[method]["clients"] = len(by_rounds[args.rounds]["clients"])
 
     r = args.rounds
     print(f"\nmachine load average at the end: {os.getloadavg()[0]:.1f}\n")
-    print(f"### Time per round ({store_label(args)}; median of {args.repeats}; a round = (t({2 * r}) - t({r})) / {r})\n")
-    print("| method, side | engine s/round | federation s/round | federation / engine | engine start-up s | federation start-up s | outputs byte-identical to the engine's |")
+    print(
+        f"### Time per round ({store_label(args)}; median of {args.repeats}; a round = (t({2 * r}) - t({r})) / {r})\n"
+    )
+    print(
+        "| method, side | engine s/round | federation s/round | federation / engine | engine start-up s | federation start-up s | outputs byte-identical to the engine's |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|")
     labels = {"federation": "federation (Flower's stock waits)", "flower_poll": "federation, Flower's own reply polling (3 s; stock waits)",
               "short_waits": f"federation, Flower's waits {args.short_wait_ms:g} ms (benchmark-only patch)",
@@ -683,23 +875,43 @@ def run(args) -> None:
         print("\nThe federation idle (no run), CPU seconds per second of all its processes: "
               + ", ".join(f"Flower's {k} waits {v:.2f}" for k, v in results["_idle_cpu"].items()) + f" (of {os.cpu_count()} CPUs)")  # fmt: skip
     if applied:
-        print(f"\nShort waits applied (processes that shortened each wait, from the patch's log): {', '.join(f'{key} in {n}' for key, n in applied.items())}.")
+        print(
+            f"\nShort waits applied (processes that shortened each wait, from the patch's log): {', '.join(f'{key} in {n}' for key, n in applied.items())}."
+        )
     for method, res in results.items():
         if not method.startswith("_") and res.get("profile"):
             print(f"\n{method}:", end="")
             print_profile(res["profile"], r)
     print("\n### Bytes per round (both ways, all sites) vs the floor\n")
-    print("| method | model (state bytes) | 2 K × model | floor: the method's payloads, raw | encoded for Flower | encoded / floor | federation.json | federation.json / floor |")
+    print(
+        "| method | model (state bytes) | 2 K × model | floor: the method's payloads, raw | encoded for Flower | encoded / floor | federation.json | federation.json / floor |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for method, res in results.items():
         if method.startswith("_"):  # the run's own figures (_idle_cpu), not a method
             continue
-        pay = res["payload"] or {"down_raw": float("nan"), "up_raw": float("nan"), "down_enc": float("nan"), "up_enc": float("nan")}
+        pay = res["payload"] or {
+            "down_raw": float("nan"),
+            "up_raw": float("nan"),
+            "down_enc": float("nan"),
+            "up_enc": float("nan"),
+        }
         floor, encoded = pay["down_raw"] + pay["up_raw"], pay["down_enc"] + pay["up_enc"]
         b = res["bytes"]
-        fed = ((b[2 * r]["bytes_sent"] + b[2 * r]["bytes_received"]) - (b[r]["bytes_sent"] + b[r]["bytes_received"])) / r if b else float("nan")
-        res["bytes_per_round"] = {"floor": floor, "encoded": encoded, "federation": fed, "model_floor": 2 * res["clients"] * res["model_bytes"]}
-        print(f"| {method} | {res['model_bytes']:,} | {2 * res['clients'] * res['model_bytes']:,} | {cell(floor, ',.0f')} | {cell(encoded, ',.0f')} | {cell(encoded / floor, '.3f')} | {cell(fed, ',.0f')} | {cell(fed / floor, '.3f')} |")
+        fed = (
+            ((b[2 * r]["bytes_sent"] + b[2 * r]["bytes_received"]) - (b[r]["bytes_sent"] + b[r]["bytes_received"])) / r
+            if b
+            else float("nan")
+        )
+        res["bytes_per_round"] = {
+            "floor": floor,
+            "encoded": encoded,
+            "federation": fed,
+            "model_floor": 2 * res["clients"] * res["model_bytes"],
+        }
+        print(
+            f"| {method} | {res['model_bytes']:,} | {2 * res['clients'] * res['model_bytes']:,} | {cell(floor, ',.0f')} | {cell(encoded, ',.0f')} | {cell(encoded / floor, '.3f')} | {cell(fed, ',.0f')} | {cell(fed / floor, '.3f')} |"
+        )
     if not args.no_paper_models:
         print("\n### The codec at the papers' model sizes (one FedAvg reply)\n")
         print("| model | tensors | state bytes | encoded bytes | encoded / state |")
@@ -707,7 +919,9 @@ def run(args) -> None:
         paper = codec_overhead(PAPER_MODELS)
         for name, tensors, raw, enc in paper:
             print(f"| {name} | {tensors} | {raw:,} | {enc:,} | {enc / raw:.4f} |")
-        results["_paper_models"] = [dict(zip(("model", "tensors", "state_bytes", "encoded_bytes"), row)) for row in paper]
+        results["_paper_models"] = [
+            dict(zip(("model", "tensors", "state_bytes", "encoded_bytes"), row)) for row in paper
+        ]
     if applied:
         results["_short_waits_applied"] = applied
     if args.json:

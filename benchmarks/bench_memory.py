@@ -32,7 +32,13 @@ from fedmedbench.data.store import write_split_csv  # noqa: E402
 REAL = {"hospital1": 59436, "hospital2": 34904, "hospital3": 85054, "hospital4": 129838, "hospital5": 146722}
 PATCH_BYTES = 96 * 96 * 3 + 8  # image + int64 label
 TINY = {"name": "densenet", "growth_rate": 4, "block_config": [1, 1, 1, 1], "num_init_features": 8, "num_classes": 2}
-PAPER = {"name": "densenet", "growth_rate": 32, "block_config": [6, 12, 24, 16], "num_init_features": 64, "num_classes": 2}
+PAPER = {
+    "name": "densenet",
+    "growth_rate": 32,
+    "block_config": [6, 12, 24, 16],
+    "num_init_features": 64,
+    "num_classes": 2,
+}
 CHILD = """
 import json, sys, torch
 from pathlib import Path
@@ -59,7 +65,11 @@ def cut(n: int) -> tuple[int, int, int]:
 def rows_read(sizes: list[int]) -> dict[str, int]:
     """Rows one round reads: every hospital's train split truncated to the smallest, all val and test."""
     parts = [cut(n) for n in sizes]
-    return {"train": min(p[0] for p in parts) * len(sizes), "val": sum(p[1] for p in parts), "test": sum(p[2] for p in parts)}
+    return {
+        "train": min(p[0] for p in parts) * len(sizes),
+        "val": sum(p[1] for p in parts),
+        "test": sum(p[2] for p in parts),
+    }
 
 
 def write_store(root: Path, patches: int) -> tuple[Path, Path, dict]:
@@ -81,7 +91,9 @@ def write_store(root: Path, patches: int) -> tuple[Path, Path, dict]:
         order = rng.permutation(n)
         n_train, n_val, n_test = cut(n)
         parts = np.array(["train"] * n_train + ["val"] * n_val + ["test"] * n_test)
-        rows += [{"client": name, "split": s, "row": int(r), "id": ids[r], "group": groups[r]} for r, s in zip(order, parts)]
+        rows += [
+            {"client": name, "split": s, "row": int(r), "id": ids[r], "group": groups[r]} for r, s in zip(order, parts)
+        ]
     used = rows_read(list(sizes.values()))
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv", {**used, "patches": sum(sizes.values())}
@@ -100,23 +112,40 @@ def run_config(store: Path, split: Path, model: dict, batch: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patches", type=int, nargs="+", default=[2000, 8000, 32000])
-    parser.add_argument("--paper-model", action="store_true", help="DenseNet-121 at batch 128 instead of a tiny DenseNet")
+    parser.add_argument(
+        "--paper-model", action="store_true", help="DenseNet-121 at batch 128 instead of a tiny DenseNet"
+    )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-warm-up", action="store_true", help="skip the unmeasured first run (its peaks then include first-run allocations)")
+    parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip the unmeasured first run (its peaks then include first-run allocations)",
+    )
     args = parser.parse_args()
     model, batch = (PAPER, 128) if args.paper_model else (TINY, 128)
     with tempfile.TemporaryDirectory(prefix="fedmedbench-bench-memory-") as tmp:
         stores = {n: write_store(Path(tmp) / f"p{n}", n) for n in args.patches}
         first = args.patches[0]
-        configs = [] if args.no_warm_up else [(run_config(*stores[first][:2], model, batch), str(Path(tmp) / "warm-up"))]
+        configs = (
+            [] if args.no_warm_up else [(run_config(*stores[first][:2], model, batch), str(Path(tmp) / "warm-up"))]
+        )
         configs += [(run_config(*stores[n][:2], model, batch), str(Path(tmp) / f"run{n}")) for n in args.patches]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MALLOC_MMAP_THRESHOLD_": "131072"}
-        child = subprocess.run([sys.executable, "-c", CHILD, json.dumps(configs), str(args.threads)], capture_output=True, text=True, env=env)
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(configs), str(args.threads)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if child.returncode:
             raise SystemExit(child.stderr[-3000:])
         peaks = json.loads(child.stdout)[0 if args.no_warm_up else 1 :]
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; model: {'DenseNet-121' if args.paper_model else 'tiny DenseNet'}, batch {batch}\n")
-    print("| patches | store MB | rows read per round (train + val + test) | peak private MB | peak file-backed resident MB | file-backed above the smallest run, per row read (bytes) |")
+    print(
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; model: {'DenseNet-121' if args.paper_model else 'tiny DenseNet'}, batch {batch}\n"
+    )
+    print(
+        "| patches | store MB | rows read per round (train + val + test) | peak private MB | peak file-backed resident MB | file-backed above the smallest run, per row read (bytes) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     base_rows = None
     for n, peak in zip(args.patches, peaks):
@@ -127,12 +156,16 @@ def main() -> None:
             per_row = "-"
         else:
             per_row = f"{(peak['file_resident'] - base_file) / (read - base_rows):,.0f}"
-        print(f"| {used['patches']:,} | {used['patches'] * PATCH_BYTES / 1e6:,.0f} | {read:,} | {peak['private_anon'] / 1e6:,.0f} | {peak['file_resident'] / 1e6:,.0f} | {per_row} |")
+        print(
+            f"| {used['patches']:,} | {used['patches'] * PATCH_BYTES / 1e6:,.0f} | {read:,} | {peak['private_anon'] / 1e6:,.0f} | {peak['file_resident'] / 1e6:,.0f} | {per_row} |"
+        )
     real = rows_read(list(REAL.values()))
     real_read = sum(real.values())
-    print(f"\nThe real release: {sum(REAL.values()):,} patches, {sum(REAL.values()) * PATCH_BYTES / 1e9:.1f} GB of store; one round reads "
-          f"{real_read:,} rows ({real['train']:,} train + {real['val']:,} val + {real['test']:,} test) = {real_read * PATCH_BYTES / 1e9:.1f} GB "
-          "of patches through the mapping (more is resident: a page fault maps the pages around it too).")
+    print(
+        f"\nThe real release: {sum(REAL.values()):,} patches, {sum(REAL.values()) * PATCH_BYTES / 1e9:.1f} GB of store; one round reads "
+        f"{real_read:,} rows ({real['train']:,} train + {real['val']:,} val + {real['test']:,} test) = {real_read * PATCH_BYTES / 1e9:.1f} GB "
+        "of patches through the mapping (more is resident: a page fault maps the pages around it too)."
+    )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,14 @@ def write_store(root: Path, task: str, samples: int) -> Path:
     size, channels, segmentation, *_ = TASKS[task]
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (samples, size, size, channels), dtype=np.uint8)
-    labels = rng.integers(0, 2, (samples, size, size), dtype=np.uint8) if segmentation else rng.integers(0, 2, samples).astype(np.int64)
-    meta = pd.DataFrame({"id": [f"s{i}" for i in range(samples)], "group": [f"g{i}" for i in range(samples)], "source": "bench"})
+    labels = (
+        rng.integers(0, 2, (samples, size, size), dtype=np.uint8)
+        if segmentation
+        else rng.integers(0, 2, samples).astype(np.int64)
+    )
+    meta = pd.DataFrame(
+        {"id": [f"s{i}" for i in range(samples)], "group": [f"g{i}" for i in range(samples)], "source": "bench"}
+    )
     write_client(root, "c0", images, labels, meta)
     for name in ("images.npy", "labels.npy"):  # written back, so that dropping the pages really drops them
         with open(root / "c0" / name, "rb+") as handle:
@@ -78,7 +84,9 @@ def open_split(store: Path, cache: str) -> SplitData:
         finally:
             os.close(fd)
     arrays = open_client(store, "c0")
-    return SplitData(arrays.images, arrays.labels, np.random.default_rng(0).permutation(len(arrays)), np.array(["g"] * len(arrays)))
+    return SplitData(
+        arrays.images, arrays.labels, np.random.default_rng(0).permutation(len(arrays)), np.array(["g"] * len(arrays))
+    )
 
 
 def epoch_chunks(split: SplitData, batch: int, seed: int) -> list[np.ndarray]:
@@ -122,14 +130,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--megabytes", type=float, default=256, help="size of each synthetic store (default 256 MB)")
     parser.add_argument("--repeat", type=int, default=3, help="best of this many epochs per row")
-    parser.add_argument("--cold", action="store_true", help="also time reads with the store's pages dropped from the cache")
-    parser.add_argument("--gpu", nargs="*", default=[], metavar="TASK=SAMPLES_PER_S", help="a GPU's measured training rate per task: prints the reader threads it needs")
+    parser.add_argument(
+        "--cold", action="store_true", help="also time reads with the store's pages dropped from the cache"
+    )
+    parser.add_argument(
+        "--gpu",
+        nargs="*",
+        default=[],
+        metavar="TASK=SAMPLES_PER_S",
+        help="a GPU's measured training rate per task: prints the reader threads it needs",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the cpu-path conversion)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gpu_rates = {k: float(v) for k, v in (item.split("=", 1) for item in args.gpu)}
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; best of {args.repeat} epochs\n")
-    print("| task (image, batch) | MB/sample | cache | cpu path (today) | " + " | ".join(f"workers {w}" for w in args.workers) + " | per worker (best k >= 1) |")
+    print(
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; best of {args.repeat} epochs\n"
+    )
+    print(
+        "| task (image, batch) | MB/sample | cache | cpu path (today) | "
+        + " | ".join(f"workers {w}" for w in args.workers)
+        + " | per worker (best k >= 1) |"
+    )
     print("|---|---:|---|---:|" + "---:|" * len(args.workers) + "---:|")
     per_worker = {}
     for task in args.tasks:
@@ -151,17 +173,26 @@ def main() -> None:
                 best_per_worker = max(threaded.values()) if threaded else float("nan")
                 per_worker[(task, cache)] = best_per_worker
                 cells = " | ".join(f"{rates[w]:,.0f}" for w in args.workers)
-                print(f"| {task} ({size} px, {batch}) | {sample_bytes / 1e6:.3f} | {cache} | {rates['cpu']:,.0f} | {cells} | {best_per_worker:,.0f} |")
+                print(
+                    f"| {task} ({size} px, {batch}) | {sample_bytes / 1e6:.3f} | {cache} | {rates['cpu']:,.0f} | {cells} | {best_per_worker:,.0f} |"
+                )
     print("\nReader threads a GPU needs = its samples/s / the per-worker rate above (warm cache):\n")
-    print("| task | forward GFLOP/sample | bound at the H100's TF32 peak: training / evaluation samples/s | threads for the bound (training / evaluation) | measured GPU rate | threads for it |")
+    print(
+        "| task | forward GFLOP/sample | bound at the H100's TF32 peak: training / evaluation samples/s | threads for the bound (training / evaluation) | measured GPU rate | threads for it |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for task in args.tasks:
         flops = forward_flops_per_sample(task)
-        train_bound, eval_bound = H100_TF32_FLOPS / (3 * flops), H100_TF32_FLOPS / flops  # forward + backward ~ 3 forwards
+        train_bound, eval_bound = (
+            H100_TF32_FLOPS / (3 * flops),
+            H100_TF32_FLOPS / flops,
+        )  # forward + backward ~ 3 forwards
         rate = per_worker[(task, "warm")]
         measured = gpu_rates.get(task)
         need = f"{math.ceil(measured / rate)}" if measured else "-"
-        print(f"| {task} | {flops / 1e9:.2f} | {train_bound:,.0f} / {eval_bound:,.0f} | {math.ceil(train_bound / rate)} / {math.ceil(eval_bound / rate)} | {measured or '-'} | {need} |")
+        print(
+            f"| {task} | {flops / 1e9:.2f} | {train_bound:,.0f} / {eval_bound:,.0f} | {math.ceil(train_bound / rate)} / {math.ceil(eval_bound / rate)} | {measured or '-'} | {need} |"
+        )
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ class Clock:
         original = getattr(owner, attr)
         clock = self
         if generator:
+
             @functools.wraps(original)
             def timed(*args, **kwargs):
                 iterator = iter(original(*args, **kwargs))
@@ -96,10 +97,12 @@ class Clock:
                         return
                     yield item
         else:
+
             @functools.wraps(original)
             def timed(*args, **kwargs):
                 with clock.phase(name):
                     return original(*args, **kwargs)
+
         setattr(owner, attr, timed)
         self.restore.append((owner, attr, original))
 
@@ -212,13 +215,22 @@ def uninstrument(clock: Clock) -> None:
 def measure(run_cfg: dict, rounds: int, device: str, threads: int | None, data_workers: int) -> Clock:
     from fedmedbench.fl.engine import run_training
 
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
     clock = Clock(dev)
     instrument(clock, run_cfg["method"], run_cfg.get("method_module"))
     try:
         with tempfile.TemporaryDirectory(prefix="bench-round-") as out:
             clock.new_period("before")
-            run_training({**run_cfg, "rounds": rounds}, Path(out) / "run", device=device, threads=threads, progress=False, data_workers=data_workers)
+            run_training(
+                {**run_cfg, "rounds": rounds},
+                Path(out) / "run",
+                device=device,
+                threads=threads,
+                progress=False,
+                data_workers=data_workers,
+            )
             clock.new_period("after")
     finally:
         uninstrument(clock)
@@ -227,7 +239,11 @@ def measure(run_cfg: dict, rounds: int, device: str, threads: int | None, data_w
 
 def table(clock: Clock) -> str:
     periods = [p for p in clock.seconds if p != "before"]
-    periods = ["before", *sorted((p for p in periods if p.startswith("round")), key=lambda p: int(p.split()[1])), "after"]
+    periods = [
+        "before",
+        *sorted((p for p in periods if p.startswith("round")), key=lambda p: int(p.split()[1])),
+        "after",
+    ]
     periods = [p for p in periods if p in clock.seconds]
     paths = sorted({path for p in periods for path in clock.seconds[p]})
     head = "| phase (exclusive s) | " + " | ".join(periods) + " |"
@@ -251,8 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--curve-every", type=int, default=None, help="override curve_every (default: the config's; 0 = ~50 points per run over --rounds)")
-    parser.add_argument("--init-features", type=int, default=None, help="a smaller UNet: isolates the costs that are not the model's")
+    parser.add_argument(
+        "--curve-every",
+        type=int,
+        default=None,
+        help="override curve_every (default: the config's; 0 = ~50 points per run over --rounds)",
+    )
+    parser.add_argument(
+        "--init-features", type=int, default=None, help="a smaller UNet: isolates the costs that are not the model's"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--data-workers", type=int, default=0)
@@ -267,12 +290,17 @@ def main(argv: list[str] | None = None) -> int:
         run_cfg = {**run_cfg, "curve_every": args.curve_every}
     started = time.perf_counter()
     clock = measure(run_cfg, args.rounds, args.device, args.threads, args.data_workers)
-    print(f"{args.task}/{args.run} seed {args.seed}, {args.rounds} rounds on {args.device}, model {run_cfg['model']['name']} "
-          f"init_features {run_cfg['model'].get('init_features')}, {time.perf_counter() - started:.1f} s in all; (n) = calls")
+    print(
+        f"{args.task}/{args.run} seed {args.seed}, {args.rounds} rounds on {args.device}, model {run_cfg['model']['name']} "
+        f"init_features {run_cfg['model'].get('init_features')}, {time.perf_counter() - started:.1f} s in all; (n) = calls"
+    )
     print(table(clock))
     print("bytes written: " + ", ".join(f"{kind} {size / 1e6:.1f} MB" for kind, size in sorted(clock.bytes.items())))
     if args.json:
-        args.json.write_text(json.dumps({"seconds": clock.seconds, "calls": clock.calls, "bytes": clock.bytes}, indent=1, sort_keys=True) + "\n")
+        args.json.write_text(
+            json.dumps({"seconds": clock.seconds, "calls": clock.calls, "bytes": clock.bytes}, indent=1, sort_keys=True)
+            + "\n"
+        )
     return 0
 
 

@@ -43,7 +43,9 @@ try:
     import flwr  # noqa: F401
     import ray  # noqa: F401
 except ImportError as err:
-    sys.exit(f"bench_simulators.py: Flower's simulation runtime is not installed ({err.name} missing); install the flower extra (pip install -e '.[flower]')")
+    sys.exit(
+        f"bench_simulators.py: Flower's simulation runtime is not installed ({err.name} missing); install the flower extra (pip install -e '.[flower]')"
+    )
 
 import psutil  # noqa: E402
 
@@ -90,7 +92,9 @@ def stop_tree(process: psutil.Process) -> None:
 def measured(command: list[str], log: Path, timeout: float) -> tuple[float, int]:
     """Run ``command``; (its reported seconds, peak RSS of its process tree in bytes)."""
     with log.open("w") as handle:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=handle, text=True, env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=handle, text=True, env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+        )
     peak, root, done = 0, psutil.Process(proc.pid), threading.Event()
 
     def sample():
@@ -109,11 +113,15 @@ def measured(command: list[str], log: Path, timeout: float) -> tuple[float, int]
     except subprocess.TimeoutExpired:  # e.g. Ray's raylet that never came up on an overloaded machine
         stop_tree(root)
         done.set()
-        sys.exit(f"bench_simulators.py: {' '.join(command[2:6])} did not end within {timeout:.0f} s (stopped); its log: {log}\n{log.read_text()[-1500:]}")
+        sys.exit(
+            f"bench_simulators.py: {' '.join(command[2:6])} did not end within {timeout:.0f} s (stopped); its log: {log}\n{log.read_text()[-1500:]}"
+        )
     done.set()
     sampler.join()
     if proc.returncode != 0:
-        sys.exit(f"bench_simulators.py: {' '.join(command[2:6])} failed with exit code {proc.returncode}; its log: {log}\n{log.read_text()[-3000:]}")
+        sys.exit(
+            f"bench_simulators.py: {' '.join(command[2:6])} failed with exit code {proc.returncode}; its log: {log}\n{log.read_text()[-3000:]}"
+        )
     return json.loads(out.strip().splitlines()[-1])["seconds"], peak
 
 
@@ -143,11 +151,18 @@ def max_weight_difference(a: Path, b: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="prostate", choices=["prostate", "camelyon17", "nuclei"])
-    parser.add_argument("--paper", action="store_true", help="the papers' shapes (for a GPU machine; minutes per round on a CPU)")
+    parser.add_argument(
+        "--paper", action="store_true", help="the papers' shapes (for a GPU machine; minutes per round on a CPU)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="R: each leg runs R and 2R rounds")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", help="also write the numbers here")
-    parser.add_argument("--leg-timeout", type=float, default=900, help="seconds one run may take before the benchmark stops it and refuses")
+    parser.add_argument(
+        "--leg-timeout",
+        type=float,
+        default=900,
+        help="seconds one run may take before the benchmark stops it and refuses",
+    )
     parser.add_argument("--child", choices=["engine", "flower"], help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--split", help=argparse.SUPPRESS)
@@ -171,13 +186,32 @@ def main() -> None:
             for leg in ("engine", "flower"):
                 for rounds in (r, 2 * r):
                     out = tmp / f"{leg}-{rounds}-{rep}"
-                    command = [sys.executable, __file__, "--child", leg, "--task", args.task, "--rounds", str(rounds), "--store", str(store), "--split", str(split), "--out", str(out)]
+                    command = [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        leg,
+                        "--task",
+                        args.task,
+                        "--rounds",
+                        str(rounds),
+                        "--store",
+                        str(store),
+                        "--split",
+                        str(split),
+                        "--out",
+                        str(out),
+                    ]
                     if args.paper:
                         command.append("--paper")
                     seconds, peak = measured(command, tmp / f"{leg}-{rounds}-{rep}.log", args.leg_timeout)
                     times[leg][rounds].append(seconds)
                     peaks[leg].append(peak)
-            diffs.append(max_weight_difference(tmp / f"engine-{2 * r}-{rep}" / "model_best.pt", tmp / f"flower-{2 * r}-{rep}" / "model_best.pt"))
+            diffs.append(
+                max_weight_difference(
+                    tmp / f"engine-{2 * r}-{rep}" / "model_best.pt", tmp / f"flower-{2 * r}-{rep}" / "model_best.pt"
+                )
+            )
             print(f"  repetition {rep + 1}: engine {times['engine'][r][-1]:.1f} / {times['engine'][2 * r][-1]:.1f} s, Flower (Ray) {times['flower'][r][-1]:.1f} / {times['flower'][2 * r][-1]:.1f} s "
                   f"({r} / {2 * r} rounds); max |Δw| {diffs[-1]:.3g}", flush=True)  # fmt: skip
     per_round = {leg: [(b2 - b1) / r for b1, b2 in zip(t[r], t[2 * r])] for leg, t in times.items()}
@@ -185,12 +219,30 @@ def main() -> None:
     startup = {leg: statistics.median([b1 - (b2 - b1) for b1, b2 in zip(t[r], t[2 * r])]) for leg, t in times.items()}
     mib = 1024**2
     print(f"\nmachine load average at the end: {os.getloadavg()[0]:.1f}\n")
-    print(f"| simulator | s/round (median of {args.repeats}) | × engine (per repetition) | start-up + shut-down s | peak RSS, all processes (MiB) | × engine | max abs weight difference vs engine |")
+    print(
+        f"| simulator | s/round (median of {args.repeats}) | × engine (per repetition) | start-up + shut-down s | peak RSS, all processes (MiB) | × engine | max abs weight difference vs engine |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| engine (fedmedbench) | {statistics.median(per_round['engine']):.2f} | 1 | {startup['engine']:.1f} | {max(peaks['engine']) / mib:.0f} | 1 | 0 |")
-    print(f"| Flower simulation (Ray) | {statistics.median(per_round['flower']):.2f} | {', '.join(f'{x:.2f}' for x in ratios)} | {startup['flower']:.1f} | {max(peaks['flower']) / mib:.0f} | {max(peaks['flower']) / max(peaks['engine']):.1f} | {max(diffs):.3g} |")
+    print(
+        f"| engine (fedmedbench) | {statistics.median(per_round['engine']):.2f} | 1 | {startup['engine']:.1f} | {max(peaks['engine']) / mib:.0f} | 1 | 0 |"
+    )
+    print(
+        f"| Flower simulation (Ray) | {statistics.median(per_round['flower']):.2f} | {', '.join(f'{x:.2f}' for x in ratios)} | {startup['flower']:.1f} | {max(peaks['flower']) / mib:.0f} | {max(peaks['flower']) / max(peaks['engine']):.1f} | {max(diffs):.3g} |"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"task": args.task, "spec": spec, "times": times, "per_round": per_round, "peak_rss": peaks, "max_weight_difference": diffs}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "task": args.task,
+                    "spec": spec,
+                    "times": times,
+                    "per_round": per_round,
+                    "peak_rss": peaks,
+                    "max_weight_difference": diffs,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -42,13 +42,23 @@ def warm_server() -> dict[str, float]:
         wall = time.monotonic() - t0
         info = psutil.Process(process.pid)
         cpu, memory = info.cpu_times(), info.memory_info()
-        return {"wall_s": wall, "cpu_s": cpu.user + cpu.system, "rss_mb": memory.rss / 1e6, "shared_mb": memory.shared / 1e6}
+        return {
+            "wall_s": wall,
+            "cpu_s": cpu.user + cpu.system,
+            "rss_mb": memory.rss / 1e6,
+            "shared_mb": memory.shared / 1e6,
+        }
 
 
 def cold_imports() -> float:
     """CPU seconds of one fresh interpreter's imports of a ClientApp (what each cold message pays)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)}
-    done = subprocess.run([sys.executable, "-c", PRELOAD], env=env, capture_output=True, text=True, check=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PRELOAD], env=env, capture_output=True, text=True, check=True, timeout=600
+    )
     return float(done.stdout.strip().splitlines()[-1])
 
 
@@ -65,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         ("warm app server: CPU of its start (once per federation)", f"{med['cpu_s']:.1f}", "CPU s", how),
         ("warm app server: wall time until it serves", f"{med['wall_s']:.1f}", "s", how),
         ("warm app server: resident memory once ready", f"{med['rss_mb'] / 1000:.2f}", "GB", how),
-        ("of it file-backed (libraries: shared with other processes that map them)", f"{med['shared_mb'] / 1000:.2f}", "GB", how),
+        (
+            "of it file-backed (libraries: shared with other processes that map them)",
+            f"{med['shared_mb'] / 1000:.2f}",
+            "GB",
+            how,
+        ),
         ("cold app: CPU of the same imports, for every message", f"{statistics.median(colds):.1f}", "CPU s", how),
     ]
     for quantity, value, unit, _ in rows:

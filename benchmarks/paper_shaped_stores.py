@@ -70,8 +70,22 @@ def sixty_twenty(n: int) -> tuple[int, int, int]:
 
 
 SLICES = {"BIDMC": 261, "HK": 157, "I2CVB": 468, "ISBI": 411, "ISBI_1.5": 384, "UCL": 175}
-LWR_SITES = {"Site1": 261, "Site2": 384, "Site3": 157, "Site4": 468, "Site5": 411, "Site6": 175}  # BIDMC BMC HK I2CVB RUNMC UCL
-NUCLEI = {"MoNuSAC_breast": 74, "MoNuSAC_kidney": 74, "MoNuSAC_lung": 73, "MoNuSAC_prostate": 73, "MoNuSeg": 44, "TNBC": 50}
+LWR_SITES = {
+    "Site1": 261,
+    "Site2": 384,
+    "Site3": 157,
+    "Site4": 468,
+    "Site5": 411,
+    "Site6": 175,
+}  # BIDMC BMC HK I2CVB RUNMC UCL
+NUCLEI = {
+    "MoNuSAC_breast": 74,
+    "MoNuSAC_kidney": 74,
+    "MoNuSAC_lung": 73,
+    "MoNuSAC_prostate": 73,
+    "MoNuSeg": 44,
+    "TNBC": 50,
+}
 SKIN = {"A": (2091, 298, 598), "B": (2708, 386, 774), "C": (1144, 163, 328), "D": (1400, 199, 401), "OOD": (0, 0, 427)}
 FUNDUS = {"Domain1": (40, 10, 51), "Domain2": (79, 20, 60), "Domain3": (256, 64, 80), "Domain4": (256, 64, 80)}
 
@@ -105,7 +119,9 @@ def write_task(config: dict, task: str, scale: float, rng: np.random.Generator) 
     model, size = spec["model"], IMAGE_SIZE[task]
     wanted = set(spec["clients"]) | set(spec.get("ood_clients") or [])
     if set(COUNTS[task]) != wanted:
-        raise ConfigError(f"task {task}: the config's clients {sorted(wanted)} are not the counted ones {sorted(COUNTS[task])}")
+        raise ConfigError(
+            f"task {task}: the config's clients {sorted(wanted)} are not the counted ones {sorted(COUNTS[task])}"
+        )
     rows, written = [], 0
     with staged_dir(store) as staged:
         for client, counts in COUNTS[task].items():
@@ -119,9 +135,13 @@ def write_task(config: dict, task: str, scale: float, rng: np.random.Generator) 
             else:
                 labels = (np.arange(n) % model["num_classes"]).astype(np.int64)  # every class in every split
             ids = [f"{client}/{i}" for i in range(n)]
-            write_client(staged, client, images, labels, pd.DataFrame({"id": ids, "group": ids, "source": "paper-shaped"}))
+            write_client(
+                staged, client, images, labels, pd.DataFrame({"id": ids, "group": ids, "source": "paper-shaped"})
+            )
             parts = ["train"] * train + ["val"] * val + ["test"] * test
-            rows += [{"client": client, "split": s, "row": i, "id": ids[i], "group": ids[i]} for i, s in enumerate(parts)]
+            rows += [
+                {"client": client, "split": s, "row": i, "id": ids[i], "group": ids[i]} for i, s in enumerate(parts)
+            ]
             written += images.nbytes + labels.nbytes
         mark_random_pixels(staged, "benchmarks/paper_shaped_stores.py")
     write_split_csv(pd.DataFrame(rows), split)
@@ -133,12 +153,16 @@ def pipeline_runs(config_file: Path) -> dict[Path, str]:
     config's own and each profile overlay's (the demo's), relative paths taken from the working
     directory and from the checkout (where Snakemake is run)."""
     base = cfgmod.read_yaml(config_file)
-    overlays = [(config_file, {})] + [(path, cfgmod.read_yaml(path)) for path in sorted((ROOT / "workflow" / "profiles").glob("*/*.yaml"))]
+    overlays = [(config_file, {})] + [
+        (path, cfgmod.read_yaml(path)) for path in sorted((ROOT / "workflow" / "profiles").glob("*/*.yaml"))
+    ]
     runs = {}
     for path, overlay in overlays:
         if path != config_file and "run_name" not in (overlay or {}):
             continue  # a Snakemake profile's settings, not a config overlay
-        root = cfgmod.results_root({**base, **{k: v for k, v in (overlay or {}).items() if k in ("results_dir", "run_name")}})
+        root = cfgmod.results_root(
+            {**base, **{k: v for k, v in (overlay or {}).items() if k in ("results_dir", "run_name")}}
+        )
         shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
         for folder in (Path.cwd(), ROOT):
             runs.setdefault((folder / root).resolve(), f"the run of {shown}")
@@ -151,17 +175,28 @@ def check_out(given: str, out: Path, config_file: Path) -> None:
     pipeline reads data from, and its parent may not be the working directory or the checkout."""
     option = f"--out {shlex.quote(given)}"
     if not cfgmod.NAME_PATTERN.match(out.name):
-        raise ConfigError(f"{option}: its last name {out.name!r} must be a plain name ({cfgmod.NAME_RULE}): it names the run")
+        raise ConfigError(
+            f"{option}: its last name {out.name!r} must be a plain name ({cfgmod.NAME_RULE}): it names the run"
+        )
     if "{" in str(out) or "}" in str(out):
         raise ConfigError(f"{option}: a path with a brace, which Snakemake reads as a wildcard; pick another folder")
     for run, made_by in pipeline_runs(config_file).items():
-        relation = "is" if out == run else "is inside" if run in out.parents else "holds" if out in run.parents else None
+        relation = (
+            "is" if out == run else "is inside" if run in out.parents else "holds" if out in run.parents else None
+        )
         if relation:
-            raise ConfigError(f"{option}: it {relation} {run}, the folder {made_by} reads its data from; give a folder of its own, e.g. --out results/paper-shaped")
-    for protected, what in ((Path.cwd().resolve(), "the working directory"), (cfgmod.PACKAGE_ROOT, "the fedmedbench checkout")):
+            raise ConfigError(
+                f"{option}: it {relation} {run}, the folder {made_by} reads its data from; give a folder of its own, e.g. --out results/paper-shaped"
+            )
+    for protected, what in (
+        (Path.cwd().resolve(), "the working directory"),
+        (cfgmod.PACKAGE_ROOT, "the fedmedbench checkout"),
+    ):
         if out.parent == protected or out.parent in protected.parents:
-            raise ConfigError(f"{option}: put it one folder deeper (e.g. --out results/{out.name}): the folder that holds it becomes a results folder, "
-                              f"which may not be {what} ({protected}) or a folder above it")
+            raise ConfigError(
+                f"{option}: put it one folder deeper (e.g. --out results/{out.name}): the folder that holds it becomes a results folder, "
+                f"which may not be {what} ({protected}) or a folder above it"
+            )
 
 
 def _any_run(config: dict, task: str) -> str:
@@ -175,8 +210,12 @@ def _any_run(config: dict, task: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "config/config.yaml"))
-    parser.add_argument("--out", default="results/paper-shaped", help="the run folder the overlay points the config's data paths at; "
-                        "never one the pipeline reads (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        default="results/paper-shaped",
+        help="the run folder the overlay points the config's data paths at; "
+        "never one the pipeline reads (default: %(default)s)",
+    )
     parser.add_argument("--tasks", nargs="+", default=list(COUNTS), choices=list(COUNTS))
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the real counts (a smoke test)")
     args = parser.parse_args()

@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         new = update(text, page)
         if new != text:
             if args.check:
-                names = [m.group("name") for m in BLOCK.finditer(text) if m.group("body") != render(m.group("name"), page)]
+                names = [
+                    m.group("name") for m in BLOCK.finditer(text) if m.group("body") != render(m.group("name"), page)
+                ]
                 stale.append(f"{page.relative_to(ROOT)} (blocks: {', '.join(names)})")
             else:
                 page.write_text(new, encoding="utf-8")

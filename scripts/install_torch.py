@@ -69,11 +69,22 @@ def pip_install(python: str, packages: list[str], index: str, pip_args: list[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--index", default=None, help="the index to install from; 'default' or empty: PyPI's default wheels (default: chosen as described above)")
+    parser.add_argument(
+        "--index",
+        default=None,
+        help="the index to install from; 'default' or empty: PyPI's default wheels (default: chosen as described above)",
+    )
     parser.add_argument("--python", default=sys.executable, help="the Python whose pip installs (default: this one)")
-    parser.add_argument("--packages", nargs="+", default=None, help="what to install (default: constraints.txt's torch and torchvision pins)")
+    parser.add_argument(
+        "--packages",
+        nargs="+",
+        default=None,
+        help="what to install (default: constraints.txt's torch and torchvision pins)",
+    )
     parser.add_argument("--cpu-index", default=CPU_INDEX, help="the CPU-only index (default: %(default)s)")
-    parser.add_argument("--probe-timeout", type=float, default=5.0, help="seconds to wait for the CPU index (default: %(default)s)")
+    parser.add_argument(
+        "--probe-timeout", type=float, default=5.0, help="seconds to wait for the CPU index (default: %(default)s)"
+    )
     parser.add_argument("pip_args", nargs="*", help="after --: more arguments for pip install")
     args = parser.parse_args(argv)
     packages = args.packages or torch_pins()
@@ -88,18 +99,29 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu, how = gpu_found()
     if gpu:
-        print(f"install_torch: NVIDIA GPU found ({how}): {wanted} from PyPI's default wheels (the CUDA build)", flush=True)
+        print(
+            f"install_torch: NVIDIA GPU found ({how}): {wanted} from PyPI's default wheels (the CUDA build)", flush=True
+        )
         return 0
     project = re.split(r"[=<>!~\[; ]", packages[0], maxsplit=1)[0]
     why = unreachable(args.cpu_index, project, args.probe_timeout)
     if why is not None:
         # One line, then the default wheels come with `pip install -e .`: a slower install, not a failed one.
-        print(f"install_torch: no NVIDIA GPU ({how}) but PyTorch's CPU index cannot be reached ({why}): {wanted} from PyPI's default wheels instead (with CUDA libraries)", flush=True)
+        print(
+            f"install_torch: no NVIDIA GPU ({how}) but PyTorch's CPU index cannot be reached ({why}): {wanted} from PyPI's default wheels instead (with CUDA libraries)",
+            flush=True,
+        )
         return 0
-    print(f"install_torch: no NVIDIA GPU ({how}): {wanted} from PyTorch's CPU index {args.cpu_index} ({SIZES}; TORCH_INDEX=default for PyPI's)", flush=True)
+    print(
+        f"install_torch: no NVIDIA GPU ({how}): {wanted} from PyTorch's CPU index {args.cpu_index} ({SIZES}; TORCH_INDEX=default for PyPI's)",
+        flush=True,
+    )
     code = pip_install(args.python, packages, args.cpu_index, args.pip_args)
     if code != 0:
-        print(f"install_torch: pip could not install {wanted} from {args.cpu_index} (exit {code}): PyPI's default wheels instead (with CUDA libraries)", flush=True)
+        print(
+            f"install_torch: pip could not install {wanted} from {args.cpu_index} (exit {code}): PyPI's default wheels instead (with CUDA libraries)",
+            flush=True,
+        )
     return 0
 
 

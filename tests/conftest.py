@@ -41,7 +41,9 @@ def realdata_dir() -> Path:
 def pytest_configure(config):
     # The tiers (pyproject.toml registers `slow` and `federation`; Makefile: `make test` runs
     # `-m "not slow"`, `make test-all` every tier).
-    config.addinivalue_line("markers", f"shared: reads ../shared (${SHARED_ENV}) where present; make test-all runs these again without it")
+    config.addinivalue_line(
+        "markers", f"shared: reads ../shared (${SHARED_ENV}) where present; make test-all runs these again without it"
+    )
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` deselected what this run leaves out
@@ -89,7 +91,11 @@ def _no_logging_handler_outlives_its_test():
             lg.removeHandler(handler)
             handler.close()
         for handler in lg.handlers:  # one made before the test whose stream the test replaced and closed
-            if isinstance(handler, logging.StreamHandler) and not _pytests(handler) and getattr(handler.stream, "closed", False):
+            if (
+                isinstance(handler, logging.StreamHandler)
+                and not _pytests(handler)
+                and getattr(handler.stream, "closed", False)
+            ):
                 handler.stream = sys.__stderr__  # not setStream: it flushes the closed stream first
     logging.getLogger().setLevel(root_level)
 
@@ -98,8 +104,14 @@ def pytest_unconfigure(config):
     for lg in _loggers():
         for handler in lg.handlers:
             stream = getattr(handler, "stream", None)
-            if isinstance(handler, logging.StreamHandler) and not _pytests(handler) and type(stream).__module__.startswith("_pytest"):
-                handler.stream = sys.__stderr__  # pytest closes its capture after this hook (at exit, Ray and Flower still log)
+            if (
+                isinstance(handler, logging.StreamHandler)
+                and not _pytests(handler)
+                and type(stream).__module__.startswith("_pytest")
+            ):
+                handler.stream = (
+                    sys.__stderr__
+                )  # pytest closes its capture after this hook (at exit, Ray and Flower still log)
 
 
 def write_tiny_task(root, clients=("A", "B", "C"), n=(12, 10, 8), size=16, seed=0):
@@ -113,10 +125,19 @@ def write_tiny_task(root, clients=("A", "B", "C"), n=(12, 10, 8), size=16, seed=
             y, x = rng.integers(2, size - 8, 2)
             labels[i, y : y + 6, x : x + 6] = 1
             images[i, y : y + 6, x : x + 6] += np.uint8(120 + 30 * c)
-        meta = pd.DataFrame({"id": [f"{name}/s{i}" for i in range(count)], "group": [f"{name}/case{i % 3}" for i in range(count)], "source": "synthetic"})
+        meta = pd.DataFrame(
+            {
+                "id": [f"{name}/s{i}" for i in range(count)],
+                "group": [f"{name}/case{i % 3}" for i in range(count)],
+                "source": "synthetic",
+            }
+        )
         write_client(store, name, images, labels, meta)
         parts = ["train"] * (count - 4) + ["val"] * 2 + ["test"] * 2
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/case{i % 3}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/case{i % 3}"}
+            for i, s in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return store, root / "split.csv"
 
@@ -169,7 +190,11 @@ def train(tmp_path, name, cfg):
     from fedmedbench.fl.engine import run_training
 
     final = run_training(cfg, tmp_path / name, progress=False)
-    return final, checkpoint.load_plain(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
+    return (
+        final,
+        checkpoint.load_plain(tmp_path / name / "model_best.pt"),
+        (tmp_path / name / "history.csv").read_text(),
+    )
 
 
 def strip(final):
@@ -204,7 +229,10 @@ def build_federation(method, cfg, model=None):
         torch.manual_seed(0)
         model = build_model(cfg.model)
     server = method.Server(cfg, model, len(data))
-    clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(0, i), torch.device("cpu")) for i, d in enumerate(data)]
+    clients = [
+        method.Client(cfg, i, d, copy.deepcopy(model), client_generator(0, i), torch.device("cpu"))
+        for i, d in enumerate(data)
+    ]
     for c in clients:
         c.receive(server.package(c.index, 0))
     return cfg, model, server, clients

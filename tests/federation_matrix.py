@@ -29,11 +29,21 @@ OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
 # (HarmoFL: the paper's flow), PRR-FL's official variant (config.yaml's prrfl `official`) beside its
 # default, and new-method's plug-in, imported from its source folder as a site would import it.
 MATRIX = {name: (name, {}) for name in builtin_methods()}
-MATRIX["prrfl-official"] = ("prrfl", {"method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}, "selection_window": 0.2, "selection_scope": "pooled"})
+MATRIX["prrfl-official"] = (
+    "prrfl",
+    {
+        "method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"},
+        "selection_window": 0.2,
+        "selection_scope": "pooled",
+    },
+)
 MATRIX["fedxyz"] = ("fedxyz", {"method_module": "fedxyz.method"})
 # PRR-FL's two flows with a test-only cohort (the skin task's Table 3 set-up): run on the same
 # federation by a fourth SuperNode, site OOD, whose split rows are all test rows.
-COHORT_RUNS = {"prrfl-ood": ("prrfl", {"ood_clients": ["OOD"]}), "prrfl-official-ood": ("prrfl", {**MATRIX["prrfl-official"][1], "ood_clients": ["OOD"]})}
+COHORT_RUNS = {
+    "prrfl-ood": ("prrfl", {"ood_clients": ["OOD"]}),
+    "prrfl-official-ood": ("prrfl", {**MATRIX["prrfl-official"][1], "ood_clients": ["OOD"]}),
+}
 # The two halves, one per test file (and federation).
 FEDLWR_PAPER = ("solo", "ditto", "qfedavg", "cffl", "cgsv", "fedce", "fedlwr")
 SECOND_HALF = ("prrfl", "prrfl-official", *FEDLWR_PAPER, "fedxyz")
@@ -63,7 +73,9 @@ def _flwr_json(federation, *args: str, timeout: float = 120.0):
     try:
         return json.loads(result.stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"flwr {' '.join(args)} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}") from None
+        raise AssertionError(
+            f"flwr {' '.join(args)} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        ) from None
 
 
 def federated_runs(root: Path, names: tuple[str, ...], cohort_names: tuple[str, ...] = ()):
@@ -95,8 +107,24 @@ def federated_runs(root: Path, names: tuple[str, ...], cohort_names: tuple[str, 
                     configs[name] = cfg
                     (root / f"{name}.json").write_text(json.dumps(cfg))
                     settings = f'run-config="{root / f"{name}.json"}" out="{root / "flower" / name}"'
-                    command = [str(Path(sys.executable).with_name("flwr")), "run", str(APP_DIR), CONNECTION, "--run-config", settings, "--format", "json"]
-                    submitted[name] = subprocess.Popen(command, env=federation.env, cwd=federation.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    command = [
+                        str(Path(sys.executable).with_name("flwr")),
+                        "run",
+                        str(APP_DIR),
+                        CONNECTION,
+                        "--run-config",
+                        settings,
+                        "--format",
+                        "json",
+                    ]
+                    submitted[name] = subprocess.Popen(
+                        command,
+                        env=federation.env,
+                        cwd=federation.workdir,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
                 for name, process in submitted.items():
                     output = process.communicate(timeout=300)[0]
                     assert process.returncode == 0, f"flwr run of {name}: {output[-3000:]}"
@@ -113,7 +141,9 @@ def federated_runs(root: Path, names: tuple[str, ...], cohort_names: tuple[str, 
                 # that is not one of its clients would be refused), then the runs with the cohort.
                 log_a, deadline = federation.supernode("A").log, time.monotonic() + 1800
                 while hellos_answered(log_a) < len(runs):
-                    assert time.monotonic() < deadline, f"site A answered {hellos_answered(log_a)} of {len(runs)} hellos within 1800 s; logs in {federation.workdir}"
+                    assert time.monotonic() < deadline, (
+                        f"site A answered {hellos_answered(log_a)} of {len(runs)} hellos within 1800 s; logs in {federation.workdir}"
+                    )
                     time.sleep(1)
                 federation.start_supernode("OOD", {"store": str(store), "split": str(split)})
                 submit(cohort_runs)
@@ -124,12 +154,16 @@ def federated_runs(root: Path, names: tuple[str, ...], cohort_names: tuple[str, 
             # its file. The limit only catches a hang.
             deadline, status, asked = time.monotonic() + 3600, {}, 0.0
             while len(status) < len(run_ids):
-                assert time.monotonic() < deadline, f"runs not finished within 3600 s: {sorted(set(run_ids.values()) - set(status))}; logs in {federation.workdir}"
+                assert time.monotonic() < deadline, (
+                    f"runs not finished within 3600 s: {sorted(set(run_ids.values()) - set(status))}; logs in {federation.workdir}"
+                )
                 time.sleep(2)
                 written = all((root / "flower" / name / "federation.json").is_file() for name in run_ids.values())
                 if written or time.monotonic() - asked > 30:
                     asked = time.monotonic()
-                    for run in _flwr_json(federation, "ls", "--limit", str(len(run_ids) + 10))["runs"]:  # flwr ls lists 20 by default
+                    for run in _flwr_json(federation, "ls", "--limit", str(len(run_ids) + 10))[
+                        "runs"
+                    ]:  # flwr ls lists 20 by default
                         if run["run-id"] in run_ids and run["status"].startswith("finished"):
                             status[run_ids[run["run-id"]]] = (run["status"], run["run-id"])
             logs = {}
@@ -147,7 +181,9 @@ def assert_equals_the_engine(federated, name: str, method: str, sites: int = 3) 
     assert status[name][0] == "finished:completed", f"{name}: {status[name]}\n{logs.get(name, '')}"
     engine, flower = root / "engine" / name, root / "flower" / name
     for output in OUTPUTS:
-        assert filecmp.cmp(engine / output, flower / output, shallow=False), f"{name}: {output} differs from the engine's"
+        assert filecmp.cmp(engine / output, flower / output, shallow=False), (
+            f"{name}: {output} differs from the engine's"
+        )
     assert json.loads((flower / "final.json").read_text())["method"] == method
     traffic = json.loads((flower / "federation.json").read_text())
     assert traffic["sites"] == sites and traffic["bytes_sent"] > 0 and traffic["bytes_received"] > 0

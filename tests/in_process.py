@@ -23,10 +23,15 @@ def in_process_sites(cfg, device: torch.device | None = None) -> list[Site]:
     data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest)
     seed_everything(cfg.seed, device)
     model = build_model(cfg.model)
-    return [Site(cfg, method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device), device) for i, d in enumerate(data)]
+    return [
+        Site(cfg, method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device), device)
+        for i, d in enumerate(data)
+    ]
 
 
 def in_process_cohorts(cfg, device: torch.device | None = None) -> list[Cohort]:
     """The test-only cohorts of ``cfg`` (``ood_clients``) as ``Cohort``s in this process."""
-    splits = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients)) if cfg.ood_clients else {}
+    splits = (
+        load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients)) if cfg.ood_clients else {}
+    )
     return [Cohort(cfg, name, split, device or torch.device("cpu")) for name, split in splits.items()]

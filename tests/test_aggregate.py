@@ -32,4 +32,10 @@ def test_batchnorm_keys_found_by_type_not_name():
     model.add_module("normalizer", nn.BatchNorm2d(2))  # no "bn" in the name
     model.add_module("bn_but_not_batchnorm", nn.Linear(2, 2))
     keys = batchnorm_keys(model)
-    assert keys == {"normalizer.weight", "normalizer.bias", "normalizer.running_mean", "normalizer.running_var", "normalizer.num_batches_tracked"}
+    assert keys == {
+        "normalizer.weight",
+        "normalizer.bias",
+        "normalizer.running_mean",
+        "normalizer.running_var",
+        "normalizer.num_batches_tracked",
+    }

@@ -232,11 +232,27 @@ def _tree(folder):
 @pytest.mark.parametrize(
     ("make", "name", "message"),
     [
-        (_bad_crc_zip, "crc.zip", r"crc\.zip: damaged or malformed archive at member 'data/a\.txt' \(BadZipFile: Bad CRC-32"),
-        (_truncated_tar_gz, "cut.tar.gz", r"cut\.tar\.gz: damaged or malformed archive at member 'data/a\.bin' \((EOFError|ReadError)"),
+        (
+            _bad_crc_zip,
+            "crc.zip",
+            r"crc\.zip: damaged or malformed archive at member 'data/a\.txt' \(BadZipFile: Bad CRC-32",
+        ),
+        (
+            _truncated_tar_gz,
+            "cut.tar.gz",
+            r"cut\.tar\.gz: damaged or malformed archive at member 'data/a\.bin' \((EOFError|ReadError)",
+        ),
         (_file_and_folder_zip, "clash.zip", r"clash\.zip: refusing member 'a/b\.txt': 'a' is both a folder and a file"),
-        (_file_and_folder_entry_zip, "clash2.zip", r"clash2\.zip: refusing member 'a/': 'a' is both a folder and a file"),
-        (_foreign_target, "foreign.zip", r"raw exists but has no \.complete marker, so it is not a finished extraction of \S*foreign\.zip"),
+        (
+            _file_and_folder_entry_zip,
+            "clash2.zip",
+            r"clash2\.zip: refusing member 'a/': 'a' is both a folder and a file",
+        ),
+        (
+            _foreign_target,
+            "foreign.zip",
+            r"raw exists but has no \.complete marker, so it is not a finished extraction of \S*foreign\.zip",
+        ),
     ],
     ids=["bad-crc", "truncated-tar-gz", "file-and-folder", "file-and-folder-entry", "foreign-target"],
 )
@@ -278,7 +294,9 @@ def test_extracted_folders_and_stores_follow_the_umask(tmp_path):
         atomic_write_csv(meta, tmp_path / "table.csv")
     finally:
         os.umask(old)
-    assert stat.S_IMODE(target.stat().st_mode) == 0o755 and stat.S_IMODE((target / "d" / "a.txt").stat().st_mode) == 0o644
+    assert (
+        stat.S_IMODE(target.stat().st_mode) == 0o755 and stat.S_IMODE((target / "d" / "a.txt").stat().st_mode) == 0o644
+    )
     assert stat.S_IMODE((tmp_path / "store" / "c").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "table.csv").stat().st_mode) == 0o644
 
@@ -291,6 +309,8 @@ def test_a_full_disk_is_told_apart_from_a_damaged_archive(tmp_path, monkeypatch)
 
     monkeypatch.setattr("fedmedbench.data.archive.shutil.copyfileobj", disk_full)
     archive = _zip(tmp_path / "a.zip", [("d/x.txt", b"x")])
-    with pytest.raises(DataError, match=r"a\.zip: extracting into .* failed at member 'd/x\.txt' \(OSError: \[Errno 28\] No space left"):
+    with pytest.raises(
+        DataError, match=r"a\.zip: extracting into .* failed at member 'd/x\.txt' \(OSError: \[Errno 28\] No space left"
+    ):
         safe_extract(archive, tmp_path / "out" / "raw")
     assert _tree(tmp_path) == ["a.zip"]

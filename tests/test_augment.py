@@ -54,4 +54,6 @@ def test_augmentation_keeps_dtype_and_device_and_handles_any_batch():
     ax, ay = augment_harmofl(x, y, generator)
     assert ax.dtype == torch.uint8 and ax.shape == x.shape and ay.shape == y.shape
     # each sample is a rotation/flip of itself: its own pixels, in place in the batch
-    assert torch.equal(ax.sum(dim=(1, 2, 3)), x.sum(dim=(1, 2, 3))) and torch.equal(ay.sum(dim=(1, 2)), y.sum(dim=(1, 2)))
+    assert torch.equal(ax.sum(dim=(1, 2, 3)), x.sum(dim=(1, 2, 3))) and torch.equal(
+        ay.sum(dim=(1, 2)), y.sum(dim=(1, 2))
+    )

@@ -74,7 +74,9 @@ def test_path_template_and_zero_padded_patient(tmp_path):
 
 def test_preprocess_fixture_drops_alpha_and_maps_centers(tmp_path):
     write_fixture(tmp_path / "raw")
-    counts = C.preprocess({C.download.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
+    counts = C.preprocess(
+        {C.download.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False
+    )
     assert counts == {client: 2 for client in C.sites.CLIENTS}
     assert list_clients(tmp_path / "store") == C.sites.CLIENTS
     first = open_client(tmp_path / "store", "hospital1")
@@ -96,7 +98,9 @@ def test_top_folder_layout_through_a_tar_gz(tmp_path):
     with tarfile.open(archive, "w:gz") as tf:
         tf.add(tmp_path / "src" / "camelyon17_v1.0", arcname="camelyon17_v1.0")
     extracted = safe_extract(archive, tmp_path / "extracted")
-    counts = C.preprocess({C.download.ARCHIVE: str(extracted)}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
+    counts = C.preprocess(
+        {C.download.ARCHIVE: str(extracted)}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False
+    )
     assert sum(counts.values()) == len(FIXTURE_ROWS)
     source = open_client(tmp_path / "store", "hospital1").meta["source"].iloc[0]
     assert source.startswith("camelyon17_v1.0/patches/patient_004_node_4/")
@@ -116,7 +120,9 @@ def test_wrong_patch_size_fails_unless_resizing(tmp_path):
     release = write_fixture(tmp_path / "raw", size=64)
     with pytest.raises(C.sites.CamelyonDataError, match=r"64x64, expected 96x96"):
         C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", log=lambda s: None, progress=False)
-    C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", size=32, log=lambda s: None, progress=False)
+    C.preprocess(
+        {C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", size=32, log=lambda s: None, progress=False
+    )
     assert open_client(tmp_path / "store", "hospital5").images.shape == (2, 32, 32, 3)
 
 
@@ -136,7 +142,14 @@ def test_bad_metadata_names_the_file(tmp_path):
 def test_expect_real_counts_fails_loudly(tmp_path):
     release = write_fixture(tmp_path / "raw")
     with pytest.raises(C.sites.CamelyonDataError) as info:
-        C.preprocess({C.download.ARCHIVE: release}, tmp_path / "store", "harmofl", expect_real_counts=True, log=lambda s: None, progress=False)
+        C.preprocess(
+            {C.download.ARCHIVE: release},
+            tmp_path / "store",
+            "harmofl",
+            expect_real_counts=True,
+            log=lambda s: None,
+            progress=False,
+        )
     message = str(info.value)
     for client, n in C.sites.REAL_COUNTS.items():
         assert f"{client} (center {C.sites.CLIENTS.index(client)}): 2 patches, the real release has {n}" in message
@@ -150,7 +163,9 @@ def synthetic_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("camelyon_synthetic")
     info = C.write_synthetic(root / "synthetic", seed=3, patches_per_center=20, slides_per_center=4)
     extracted = safe_extract(root / "synthetic" / C.download.ARCHIVE, root / "extracted")
-    counts = C.preprocess({C.download.ARCHIVE: extracted}, root / "store", "harmofl", log=lambda s: None, progress=False)
+    counts = C.preprocess(
+        {C.download.ARCHIVE: extracted}, root / "store", "harmofl", log=lambda s: None, progress=False
+    )
     return root, info, counts
 
 
@@ -207,7 +222,9 @@ def twin_by_hospital(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"camelyon_twin_{size}")
     C.write_synthetic(root / "synthetic", seed=seed, patches_per_center=patches, patch_size=size)
     extracted = safe_extract(root / "synthetic" / C.download.ARCHIVE, root / "extracted")
-    C.preprocess({C.download.ARCHIVE: extracted}, root / "store", "harmofl", size=size, log=lambda s: None, progress=False)
+    C.preprocess(
+        {C.download.ARCHIVE: extracted}, root / "store", "harmofl", size=size, log=lambda s: None, progress=False
+    )
     out = {}
     for client in C.sites.CLIENTS:
         data = open_client(root / "store", client)
@@ -226,8 +243,12 @@ def test_twin_label_survives_full_amplitude_normalization(twin_by_hospital):
     per_hospital = [batch_mean_amplitude(twin_by_hospital[c][0]) for c in clients]
     global_amplitude = torch.stack(per_hospital).mean(dim=0)  # the server's uniform average (Alg. 1 l. 17)
     normalized = amplitude_normalize(images, global_amplitude, "full")
-    swapped = torch.cat([amplitude_normalize(twin_by_hospital[c][0], per_hospital[(k + 1) % len(clients)], "full")
-                         for k, c in enumerate(clients)])
+    swapped = torch.cat(
+        [
+            amplitude_normalize(twin_by_hospital[c][0], per_hospital[(k + 1) % len(clients)], "full")
+            for k, c in enumerate(clients)
+        ]
+    )
     # What AmpNorm removes: after it every image has the same mean colour, so darkness (tumour
     # tissue is denser) is no longer a cue; what is left is structure.
     means = normalized.mean(dim=(-2, -1))
@@ -244,7 +265,9 @@ def test_twin_hospitals_differ_in_amplitude(twin_by_hospital):
     nearest hospital mean; chance 0.2). Within a class, because tissue density (the class) changes
     the spectrum too."""
     clients = list(twin_by_hospital)
-    features = torch.cat([torch.log(amplitude_spectrum(twin_by_hospital[c][0]) + 1e-3).flatten(1) for c in clients]).numpy()
+    features = torch.cat(
+        [torch.log(amplitude_spectrum(twin_by_hospital[c][0]) + 1e-3).flatten(1) for c in clients]
+    ).numpy()
     labels = np.concatenate([twin_by_hospital[c][1] for c in clients])
     hospital = np.concatenate([np.full(len(twin_by_hospital[c][1]), k) for k, c in enumerate(clients)])
     for label in (0, 1):

@@ -69,8 +69,10 @@ def test_segmentation_example_counts_splits_sizes_channels_and_class_shares(tmp_
     # siteA: 5033, 771 and 340 of 6 x 32 x 32 = 6144 pixels: 81.92 %, 12.55 %, 5.53 %
     assert example["class_pixels"]["siteA"] == [5033, 771, 340]
     lines = report.lines()
-    assert lines[0].startswith(f"data.mine: segmentation data in {tmp_path / 'data'}: 3 site(s); classes 0 background, 1 ring, 2 core; "
-                               "mask_values {0: 0, 128: 1, 255: 2}; seeded fractions 0.6/0.2/0.2 (seed 0)")
+    assert lines[0].startswith(
+        f"data.mine: segmentation data in {tmp_path / 'data'}: 3 site(s); classes 0 background, 1 ring, 2 core; "
+        "mask_values {0: 0, 128: 1, 255: 2}; seeded fractions 0.6/0.2/0.2 (seed 0)"
+    )
     assert lines[1:4] == [
         "  siteA: 6 images, 6 groups; train/val/test = 4/1/1 images; H x W 32x32 (6 images); grey (6 images)",
         "    mask values: 0 -> 0 background, 128 -> 1 ring, 255 -> 2 core",
@@ -85,17 +87,28 @@ def test_nifti_example_counts_slices_per_split_and_the_unet_size_rule(tmp_path):
     # 5 slices per volume; a volume is one group: 3, 4, 5 groups cut 1/1/1, 2/1/1, 3/1/1
     for site, volumes, split in (("siteA", 3, (5, 5, 5)), ("siteB", 4, (10, 5, 5)), ("siteC", 5, (15, 5, 5))):
         got = report.site(site)
-        assert (got.files, got.volumes, got.samples, got.groups, _splits(report, site)) == (volumes, volumes, 5 * volumes, volumes, split)
-        assert got.sizes == {(36, 32): 5 * volumes} and got.channels == {"grey": volumes}  # NIfTI (32, 36, 5): H = j, W = i
+        assert (got.files, got.volumes, got.samples, got.groups, _splits(report, site)) == (
+            volumes,
+            volumes,
+            5 * volumes,
+            volumes,
+            split,
+        )
+        assert got.sizes == {(36, 32): 5 * volumes} and got.channels == {
+            "grey": volumes
+        }  # NIfTI (32, 36, 5): H = j, W = i
         assert got.class_pixels == example["class_pixels"][site]
         assert sorted(got.mask_values) == [0, 1, 2]
     # H = 36 is not a multiple of 16: the one problem
-    assert report.problems == ["the images (image_size not set: their size as stored): 36x32 (H x W) is not a multiple of 16, "
-                               "which the UNet needs (it halves the resolution 4 times); nearest valid sizes: 32 or 48 for H 36"]
+    assert report.problems == [
+        "the images (image_size not set: their size as stored): 36x32 (H x W) is not a multiple of 16, "
+        "which the UNet needs (it halves the resolution 4 times); nearest valid sizes: 32 or 48 for H 36"
+    ]
     assert inspect_folders(example["options"]).problems == []  # no model constraint given
     assert inspect_folders({**example["options"], "image_size": 32}, size_problem=UNET).problems == []
     assert inspect_folders({**example["options"], "image_size": 40}, size_problem=UNET).problems == [
-        "image_size: 40 is not a multiple of 16, which the UNet needs (it halves the resolution 4 times); nearest valid sizes: 32 or 48"]
+        "image_size: 40 is not a multiple of 16, which the UNet needs (it halves the resolution 4 times); nearest valid sizes: 32 or 48"
+    ]
 
 
 def test_classification_example_images_per_class_and_groups(tmp_path):
@@ -119,7 +132,10 @@ def test_classification_example_images_per_class_and_groups(tmp_path):
 @pytest.mark.parametrize("kind", ["segmentation", "nifti", "classification"])
 @pytest.mark.parametrize("seed", [0, 3])
 def test_the_split_shown_is_the_split_the_pipeline_makes(tmp_path, kind, seed):
-    kwargs = {"nifti": {"image_format": "nifti", "counts": (3, 4, 5)}, "classification": {"kind": "classification"}}.get(kind, {})
+    kwargs = {
+        "nifti": {"image_format": "nifti", "counts": (3, 4, 5)},
+        "classification": {"kind": "classification"},
+    }.get(kind, {})
     options = {**F.write_example(tmp_path / "data", **kwargs)["options"], "seed": seed}
     store = tmp_path / "store"
     F.preprocess({}, store, "", options=options, log=lambda _: None)
@@ -133,13 +149,20 @@ def test_the_split_shown_is_the_split_the_pipeline_makes(tmp_path, kind, seed):
 def test_a_user_split_csv_is_counted_and_a_cut_patient_is_a_warning(tmp_path):
     example = F.write_example(tmp_path / "data", kind="classification")
     parts = ("train", "val", "test", "train", "train", "train")  # images 1 and 2 of patient00 in val and test
-    rows = [{"site": site, "image": path, "split": parts[k % 6]} for site in SITES for k, path in enumerate(example["files"][site])]
+    rows = [
+        {"site": site, "image": path, "split": parts[k % 6]}
+        for site in SITES
+        for k, path in enumerate(example["files"][site])
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "cut.csv", index=False)
     report = inspect_folders({**example["options"], "split_csv": str(tmp_path / "cut.csv")})
     # images k = 0 .. n-1 go to parts[k % 6]: n = 6, 8, 10 give 4/1/1, 5/2/1, 6/2/2
     assert [_splits(report, s) for s in SITES] == [(4, 1, 1), (5, 2, 1), (6, 2, 2)]
     assert report.problems == []
-    assert report.warnings[0] == "site siteA: 2 group(s) of cut.csv are in more than one split (e.g. siteA/patient00); kept as given"
+    assert (
+        report.warnings[0]
+        == "site siteA: 2 group(s) of cut.csv are in more than one split (e.g. siteA/patient00); kept as given"
+    )
     assert f"split_csv {tmp_path / 'cut.csv'}" in report.lines()[0]
 
 
@@ -176,7 +199,9 @@ def test_bad_data_gives_one_line_per_problem(tmp_path):
     ]
     assert report.problems == expected
     assert report.site("siteC").mask_values[77] == 5  # still counted and shown
-    assert "    mask values: 0 -> 0 background, 77 -> (not in mask_values), 128 -> 1 ring, 255 -> 2 core" in report.lines()
+    assert (
+        "    mask values: 0 -> 0 background, 77 -> (not in mask_values), 128 -> 1 ring, 255 -> 2 core" in report.lines()
+    )
     # the other numbers are still there: siteA's six images, with their two sizes
     assert report.site("siteA").sizes == {(32, 32): 5, (40, 40): 1} and report.site("siteD").split is None
 
@@ -185,8 +210,23 @@ def test_check_data_exits_1_with_one_line_per_problem_and_no_traceback(tmp_path)
     options = _bad_segmentation_data(tmp_path)
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text(yaml.safe_dump({"data": {"mine": {"family": "folders", **options}}}))
-    result = subprocess.run([sys.executable, "-m", "fedmedbench", "check-data", "--config", "config/config.yaml", str(overlay),
-                             "--dataset", "mine"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedmedbench",
+            "check-data",
+            "--config",
+            "config/config.yaml",
+            str(overlay),
+            "--dataset",
+            "mine",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     lines = result.stdout.splitlines()
@@ -199,17 +239,25 @@ def test_a_class_without_pixels_is_a_problem_and_a_site_without_one_a_warning(tm
     root = Path(example["options"]["root"])
     for mask in (root / "siteB/masks").iterdir():  # siteB: background only
         Image.fromarray(np.zeros((32, 32), np.uint8)).save(mask)
-    section = {"family": "folders", "root": str(root), "mask_values": {0: 0, 255: 1, 128: 2}, "classes": ["bg", "lesion", "other"]}
+    section = {
+        "family": "folders",
+        "root": str(root),
+        "mask_values": {0: 0, 255: 1, 128: 2},
+        "classes": ["bg", "lesion", "other"],
+    }
     status, lines = _check_data(tmp_path, {"mine": section}, capsys=capsys)
     assert status == 1
     assert [line for line in lines if "problem:" in line] == [
-        "  problem: class 2 'other' has no pixel in any site (mask_values {0: 0, 128: 2, 255: 1} map no value found to it)"]
+        "  problem: class 2 'other' has no pixel in any site (mask_values {0: 0, 128: 2, 255: 1} map no value found to it)"
+    ]
     assert [line for line in lines if "warning:" in line] == [
         "  warning: site siteB: no foreground pixel (class >= 1) in the test split: its foreground Dice is undefined",
         "  warning: site siteB: no pixel of class 1 'lesion'",
     ]
     # warnings alone do not fail
-    status, lines = _check_data(tmp_path, {"mine": {**section, "mask_values": {0: 0, 255: 1}, "classes": ["bg", "lesion"]}}, capsys=capsys)
+    status, lines = _check_data(
+        tmp_path, {"mine": {**section, "mask_values": {0: 0, 255: 1}, "classes": ["bg", "lesion"]}}, capsys=capsys
+    )
     assert status == 0 and lines[-1] == "data.mine: 0 problem(s), 2 warning(s)"
 
 
@@ -218,17 +266,22 @@ def test_an_unlisted_image_a_missing_mask_and_bad_options_are_named(tmp_path, ca
     root = Path(example["options"]["root"])
     shutil.copy(root / "siteA/img_000.png", root / "siteA/extra.png")
     report = inspect_folders(example["options"])
-    assert report.problems == [f"{root}: 1 image(s) under the data root are not in labels.csv, e.g. siteA/extra.png; "
-                               "list them in labels.csv or move them out of the data root"]
+    assert report.problems == [
+        f"{root}: 1 image(s) under the data root are not in labels.csv, e.g. siteA/extra.png; "
+        "list them in labels.csv or move them out of the data root"
+    ]
     assert report.site("siteB").files == 8  # the sites are still summarised
     seg = F.write_example(tmp_path / "seg")
     seg_root = Path(seg["options"]["root"])
     (seg_root / "siteB/masks/siteB_003.png").unlink()
     report = inspect_folders(seg["options"])
-    assert report.problems == [f"{seg_root}/siteB/images/siteB_003.png: image without a mask "
-                               f"(expected {seg_root}/siteB/masks/siteB_003.<ext>)"]
+    assert report.problems == [
+        f"{seg_root}/siteB/images/siteB_003.png: image without a mask (expected {seg_root}/siteB/masks/siteB_003.<ext>)"
+    ]
     assert report.site("siteC").files == 10 and report.site("siteB").split is None
-    status, lines = _check_data(tmp_path, {"mine": {"family": "folders", "root": str(seg_root), "mask_value": {0: 0}}}, capsys=capsys)
+    status, lines = _check_data(
+        tmp_path, {"mine": {"family": "folders", "root": str(seg_root), "mask_value": {0: 0}}}, capsys=capsys
+    )
     assert status == 1 and len(lines) == 1
     assert lines[0].startswith("data.mine: problem: data.mine: unknown key 'mask_value' (did you mean 'mask_values'?)")
 
@@ -239,16 +292,27 @@ def test_check_data_on_a_config_points_built_in_families_to_their_counts(tmp_pat
     counts.parent.mkdir(parents=True)
     counts.write_text(json.dumps({"BIDMC": 261, "HK": 157}))
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "results"), "run_name": "x",
-                                       "data": {"mine": {"family": "folders", **example["options"]}}}))
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "results_dir": str(tmp_path / "results"),
+                "run_name": "x",
+                "data": {"mine": {"family": "folders", **example["options"]}},
+            }
+        )
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["check-data", "--config", str(ROOT / "config" / "config.yaml"), str(overlay)])
     lines = capsys.readouterr().out.splitlines()
     assert exit_.value.code == 0
-    assert lines[0] == (f"data.prostate: built-in family prostate: its preprocessing checks the release's layout and counts of record; "
-                        f"built: {counts} (418 samples: BIDMC 261, HK 157)")
-    assert lines[2].startswith("data.nuclei: built-in family nuclei: its preprocessing checks the release's layout and counts "
-                               f"of record; not built yet (counts will be in {tmp_path / 'results/x/data/nuclei/harmofl/counts.json'})")
+    assert lines[0] == (
+        f"data.prostate: built-in family prostate: its preprocessing checks the release's layout and counts of record; "
+        f"built: {counts} (418 samples: BIDMC 261, HK 157)"
+    )
+    assert lines[2].startswith(
+        "data.nuclei: built-in family nuclei: its preprocessing checks the release's layout and counts "
+        f"of record; not built yet (counts will be in {tmp_path / 'results/x/data/nuclei/harmofl/counts.json'})"
+    )
     assert lines[5].startswith("data.mine: segmentation data in ") and lines[-1] == "data.mine: no problem found"
 
 
@@ -256,10 +320,20 @@ def test_check_data_checks_the_size_against_each_task_model(tmp_path, capsys):
     seg = F.write_example(tmp_path / "seg", size=40)  # 40 is no multiple of 16
     cls = F.write_example(tmp_path / "cls", kind="classification")
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(yaml.safe_dump({
-        "data": {"seg": {"family": "folders", **seg["options"]}, "cls": {"family": "folders", **cls["options"], "image_size": 8}},
-        "tasks": {"segtask": {"dataset": "seg", "kind": "segmentation"}, "clstask": {"dataset": "cls", "kind": "classification"}},
-    }))
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "seg": {"family": "folders", **seg["options"]},
+                    "cls": {"family": "folders", **cls["options"], "image_size": 8},
+                },
+                "tasks": {
+                    "segtask": {"dataset": "seg", "kind": "segmentation"},
+                    "clstask": {"dataset": "cls", "kind": "classification"},
+                },
+            }
+        )
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["check-data", "--config", str(overlay)])
     problems = [line for line in capsys.readouterr().out.splitlines() if "problem:" in line]
@@ -278,7 +352,9 @@ def test_every_test_reads_shared_through_conftest():
         if path.name in ("conftest.py", "test_check_data.py"):  # the helper, and the test of its default
             continue
         text = path.read_text()
-        assert not re.search(r"""["']shared["']\s*/|/\s*["']shared["']|parents\[2\]""", text), f"{path.name}: use tests.conftest.shared_dir()"
+        assert not re.search(r"""["']shared["']\s*/|/\s*["']shared["']|parents\[2\]""", text), (
+            f"{path.name}: use tests.conftest.shared_dir()"
+        )
         if re.search(r"\b(realdata_dir|shared_dir)\(", text):
             assert "@pytest.mark.shared" in text, f"{path.name} reads ../shared but marks no test `shared`"
 
@@ -317,7 +393,9 @@ def _provenance_mask_values() -> dict[str, dict[int, int]]:
         for line in md.read_text().splitlines():
             found = re.match(r"\| `([^`]+)` \|.*?(?:unique values \{([^}]*)\}|; values ((?:\d+:\d+,?)+))", line)
             if found:
-                values[found.group(1)] = {int(k): int(v) for k, v in re.findall(r"(\d+):\s*(\d+)", found.group(2) or found.group(3))}
+                values[found.group(1)] = {
+                    int(k): int(v) for k, v in re.findall(r"(\d+):\s*(\d+)", found.group(2) or found.group(3))
+                }
     return values
 
 
@@ -346,8 +424,12 @@ def _tnbc_layout(tmp_path, sites=tuple(TNBC_SITES)) -> tuple[dict, dict[str, lis
                 rows.append({"site": site, "image": f"images/{image.name}", "split": split})
                 masks[site].append(f"tnbc/dataset/TNBC/GT_{p:02d}/{image.name}")
     pd.DataFrame(rows).to_csv(tmp_path / "tnbc_split.csv", index=False)
-    options = {"root": str(root), "mask_values": {0: 0, 255: 1}, "classes": ["background", "nucleus"],
-               "split_csv": str(tmp_path / "tnbc_split.csv")}
+    options = {
+        "root": str(root),
+        "mask_values": {0: 0, 255: 1},
+        "classes": ["background", "nucleus"],
+        "split_csv": str(tmp_path / "tnbc_split.csv"),
+    }
     return options, masks
 
 
@@ -362,7 +444,11 @@ def test_real_tnbc_complete_release_as_three_sites_of_patients(tmp_path):
     for site, patients in TNBC_SITES.items():
         got, n = report.site(site), sum(tiles[p] for p in patients)
         train = sum(tiles[p] for p in patients[:-2])
-        assert (got.files, got.groups, _splits(report, site)) == (n, n, (train, tiles[patients[-2]], tiles[patients[-1]]))
+        assert (got.files, got.groups, _splits(report, site)) == (
+            n,
+            n,
+            (train, tiles[patients[-2]], tiles[patients[-1]]),
+        )
         assert got.sizes == {(512, 512): n} and got.channels == {"colour": n}  # 47 RGBA and 3 RGB tiles: all colour
         expected = Counter()
         for key in masks[site]:
@@ -417,7 +503,11 @@ def test_real_rif_fundus_domains_as_four_sites(tmp_path):
         for key in masks[domain]:
             expected.update(oracle[key])
         # PROVENANCE counts the 3 identical channels of the RGB masks: 3 x 800 x 800 per mask
-        assert {v: 3 * n for v, n in got.mask_values.items()} == dict(expected) and set(got.mask_values) == {0, 128, 255}
+        assert {v: 3 * n for v, n in got.mask_values.items()} == dict(expected) and set(got.mask_values) == {
+            0,
+            128,
+            255,
+        }
         assert got.class_pixels == [got.mask_values[255], got.mask_values[128], got.mask_values[0]]
         assert sum(got.class_pixels) == 6 * 800 * 800 and sum(got.class_fractions) == pytest.approx(1)
     assert "    mask values: 0 -> 2 cup, 128 -> 1 rim, 255 -> 0 background" in report.lines()
@@ -437,8 +527,14 @@ def test_real_ham10000_images_as_sites_of_their_source(tmp_path):
     for image_id in meta["image_id"]:
         _link(images / f"{image_id}.jpg", root / "images" / f"{image_id}.jpg")
     # site = the HAM source (the metadata's `dataset`), group = the lesion: its images never span two splits
-    pd.DataFrame({"site": meta["dataset"], "image": "images/" + meta["image_id"] + ".jpg", "label": meta["dx"],
-                  "group": meta["lesion_id"]}).to_csv(root / "labels.csv", index=False)
+    pd.DataFrame(
+        {
+            "site": meta["dataset"],
+            "image": "images/" + meta["image_id"] + ".jpg",
+            "label": meta["dx"],
+            "group": meta["lesion_id"],
+        }
+    ).to_csv(root / "labels.csv", index=False)
     classes = sorted(meta["dx"].unique())
     assert classes == ["akiec", "bcc", "bkl", "df", "mel", "nv", "vasc"]
     report = inspect_folders({"root": str(root), "kind": "classification", "classes": classes}, "ham")
@@ -450,15 +546,28 @@ def test_real_ham10000_images_as_sites_of_their_source(tmp_path):
         assert got.class_images == [int(per_class.get(c, 0)) for c in classes]
         assert got.sizes == {(450, 600): len(rows)} and got.channels == {"colour": len(rows)}  # 600 x 450 JPEGs
         absent = [f"{k} {c!r}" for k, c in enumerate(classes) if c not in per_class]
-        missing += [f"site {site}: no image of class{'es' if len(absent) > 1 else ''} {', '.join(absent)}"] if absent else []
+        missing += (
+            [f"site {site}: no image of class{'es' if len(absent) > 1 else ''} {', '.join(absent)}"] if absent else []
+        )
     assert [s.site for s in report.sites] == ["rosendahl", "vidir_modern", "vidir_molemax", "vienna_dias"]
-    assert [report.site(s).files for s in ("rosendahl", "vidir_modern", "vidir_molemax", "vienna_dias")] == [28, 23, 65, 8]
+    assert [report.site(s).files for s in ("rosendahl", "vidir_modern", "vidir_molemax", "vienna_dias")] == [
+        28,
+        23,
+        65,
+        8,
+    ]
     # label skew, a fact and not a problem: rosendahl lacks df, vasc; vidir_modern akiec; vidir_molemax
     # akiec, bcc, mel; vienna_dias has only nv
-    assert [w for w in report.warnings if "no image of class" in w] == missing == [
-        "site rosendahl: no image of classes 3 'df', 6 'vasc'", "site vidir_modern: no image of class 0 'akiec'",
-        "site vidir_molemax: no image of classes 0 'akiec', 1 'bcc', 4 'mel'",
-        "site vienna_dias: no image of classes 0 'akiec', 1 'bcc', 2 'bkl', 3 'df', 4 'mel', 6 'vasc'"]
+    assert (
+        [w for w in report.warnings if "no image of class" in w]
+        == missing
+        == [
+            "site rosendahl: no image of classes 3 'df', 6 'vasc'",
+            "site vidir_modern: no image of class 0 'akiec'",
+            "site vidir_molemax: no image of classes 0 'akiec', 1 'bcc', 4 'mel'",
+            "site vienna_dias: no image of classes 0 'akiec', 1 'bcc', 2 'bkl', 3 'df', 4 'mel', 6 'vasc'",
+        ]
+    )
 
 
 @pytest.mark.shared
@@ -470,7 +579,9 @@ def test_real_isic_images_of_many_sizes(tmp_path):
     for k, record in enumerate(records):
         site = ("isicA", "isicB")[k % 2]
         _link(isic / f"{record['name']}.jpg", root / site / f"{record['name']}.jpg")
-        rows.append({"site": site, "image": f"{site}/{record['name']}.jpg", "label": record["meta"]["clinical"]["diagnosis"]})
+        rows.append(
+            {"site": site, "image": f"{site}/{record['name']}.jpg", "label": record["meta"]["clinical"]["diagnosis"]}
+        )
         acquisition = record["meta"]["acquisition"]
         sizes[site][(acquisition["pixelsY"], acquisition["pixelsX"])] += 1  # the archive's size: an independent oracle
     pd.DataFrame(rows).to_csv(root / "labels.csv", index=False)
@@ -483,7 +594,9 @@ def test_real_isic_images_of_many_sizes(tmp_path):
         assert got.sizes == sizes[site] and got.channels == {"colour": 25}
     every = sizes["isicA"] + sizes["isicB"]
     assert len(every) == 6 and sum(every.values()) == 50
-    assert len(report.problems) == 1 and report.problems[0].startswith("6 image sizes (H x W) across the sites (1129x1504 (26), ")
+    assert len(report.problems) == 1 and report.problems[0].startswith(
+        "6 image sizes (H x W) across the sites (1129x1504 (26), "
+    )
     assert inspect_folders({**options, "image_size": 224}).problems == []  # resized: nothing in the way
 
 

@@ -64,7 +64,11 @@ def test_a_palette_mask_is_reported_as_its_indices_as_the_store_holds_them(tmp_p
     assert report.problems == []  # before: "colour channels differ" (the palette's red and green)
     preprocess({}, tmp_path / "store", options=options, log=lambda line: None)
     values, per_class = _store_labels(tmp_path / "store", ["site"])
-    assert report.site("site").mask_values == values == dict(zip(*[a.tolist() for a in np.unique(np.stack(labels), return_counts=True)]))
+    assert (
+        report.site("site").mask_values
+        == values
+        == dict(zip(*[a.tolist() for a in np.unique(np.stack(labels), return_counts=True)]))
+    )
     assert report.site("site").class_pixels == per_class
 
 
@@ -78,8 +82,12 @@ def test_multi_page_and_palette_tiff_images_report_the_channels_the_store_gets(t
     for name in ("plain", "plain2"):  # three images a site: three groups, one per split
         Image.fromarray(RNG.integers(0, 256, (H, W), dtype=np.uint8)).save(images / f"{name}.png")
     colours, colour_masks = _site(root, "colours")
-    tifffile.imwrite(colours / "palette.tif", RNG.integers(0, 256, (H, W), dtype=np.uint8), photometric="palette",
-                     colormap=RNG.integers(0, 65536, (3, 256), dtype=np.uint16))
+    tifffile.imwrite(
+        colours / "palette.tif",
+        RNG.integers(0, 256, (H, W), dtype=np.uint8),
+        photometric="palette",
+        colormap=RNG.integers(0, 65536, (3, 256), dtype=np.uint16),
+    )
     for name in ("rgb", "rgb2"):
         Image.fromarray(RNG.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(colours / f"{name}.png")
     for folder, names in ((masks, ("stack", "plain", "plain2")), (colour_masks, ("palette", "rgb", "rgb2"))):
@@ -90,8 +98,10 @@ def test_multi_page_and_palette_tiff_images_report_the_channels_the_store_gets(t
     assert report.problems == []  # before: two sites of "mixed channels"
     assert report.site("greys").channels == _channels(sorted(images.iterdir())) == Counter(grey=3)
     assert report.site("colours").channels == _channels(sorted(colours.iterdir())) == Counter(colour=3)
-    assert report.warnings == ["site greys: 1 multi-page TIFF file(s) read at page 0 (the first, the full resolution of a "
-                               "pyramid): greys/images/stack.tif (3 pages); set tiff_page to read another page"]
+    assert report.warnings == [
+        "site greys: 1 multi-page TIFF file(s) read at page 0 (the first, the full resolution of a "
+        "pyramid): greys/images/stack.tif (3 pages); set tiff_page to read another page"
+    ]
     lines = []
     preprocess({}, tmp_path / "store", options=options, log=lines.append)  # no mixed channel counts either
     assert "folders greys: warning: " + report.warnings[0].removeprefix("site greys: ") in lines
@@ -126,8 +136,10 @@ def test_tiff_page_chooses_the_page_check_data_reads_of_images_and_masks(tmp_pat
     values, per_class = _store_labels(tmp_path / "store", ["site"])
     assert site.mask_values == values and sorted(values) == [0, 1, 2]  # page 1's labels (page 0 is background only)
     assert site.class_pixels == per_class
-    assert report.warnings == ["site site: 6 multi-page TIFF file(s) read at page 1 (tiff_page 1): site/images/a.tif "
-                               "(2 pages), site/masks/a.tif (2 pages), site/images/b.tif (2 pages), ...; set tiff_page to read another page"]
+    assert report.warnings == [
+        "site site: 6 multi-page TIFF file(s) read at page 1 (tiff_page 1): site/images/a.tif "
+        "(2 pages), site/masks/a.tif (2 pages), site/images/b.tif (2 pages), ...; set tiff_page to read another page"
+    ]
 
 
 def test_a_classification_image_is_reported_at_its_tiff_page(tmp_path):
@@ -142,8 +154,16 @@ def test_a_classification_image_is_reported_at_its_tiff_page(tmp_path):
     report = inspect_folders(options)
     preprocess({}, tmp_path / "store", options=options, log=lambda line: None)
     meta = open_client(tmp_path / "store", "s").meta
-    assert dict(report.site("s").sizes) == {(H // 2, W // 2): 2} == dict(Counter(zip(meta["native_height"], meta["native_width"])))
-    assert report.site("s").channels == _channels([root / "s" / "a.tif", root / "s" / "b.tif"], page=1) == Counter(colour=2)
+    assert (
+        dict(report.site("s").sizes)
+        == {(H // 2, W // 2): 2}
+        == dict(Counter(zip(meta["native_height"], meta["native_width"])))
+    )
+    assert (
+        report.site("s").channels
+        == _channels([root / "s" / "a.tif", root / "s" / "b.tif"], page=1)
+        == Counter(colour=2)
+    )
 
 
 def test_tiff_page_beyond_a_file_is_the_readers_line(tmp_path):
@@ -152,24 +172,44 @@ def test_tiff_page_beyond_a_file_is_the_readers_line(tmp_path):
     tifffile.imwrite(images / "a.tif", RNG.integers(0, 256, (H, W), dtype=np.uint8), photometric="minisblack")
     Image.fromarray(np.zeros((H, W), np.uint8)).save(masks / "a.png")
     report = inspect_folders({"root": str(root), "tiff_page": 2})
-    assert (f"{images / 'a.tif'}: tiff_page is 2, but the file has 1 page(s), numbered 0 .. 0; "
-                               "set tiff_page to a page every TIFF file has (0: the first)") in report.problems
+    assert (
+        f"{images / 'a.tif'}: tiff_page is 2, but the file has 1 page(s), numbered 0 .. 0; "
+        "set tiff_page to a page every TIFF file has (0: the first)"
+    ) in report.problems
 
 
-@pytest.mark.parametrize("csv, problem", [
-    ("site,image\nsiteA,siteA/a.png\n", "{path}: missing column(s) ['label']; expected site, image, label and optionally group"),
-    ("site,image,label,grop\nsiteA,siteA/a.png,x,1\n",
-     "{path}: unknown column 'grop' (did you mean 'group'?); expected site, image, label and optionally group"),
-])
+@pytest.mark.parametrize(
+    "csv, problem",
+    [
+        (
+            "site,image\nsiteA,siteA/a.png\n",
+            "{path}: missing column(s) ['label']; expected site, image, label and optionally group",
+        ),
+        (
+            "site,image,label,grop\nsiteA,siteA/a.png,x,1\n",
+            "{path}: unknown column 'grop' (did you mean 'group'?); expected site, image, label and optionally group",
+        ),
+    ],
+)
 def test_a_labels_csv_that_fails_is_its_message_alone(tmp_path, capsys, csv, problem):
     root = tmp_path / "data"
     root.mkdir()
     (root / "labels.csv").write_text(csv)
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(yaml.safe_dump({"data": {"mine": {"family": "folders", "root": str(root), "kind": "classification",
-                                                         "classes": ["x", "y"]}}}))
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "mine": {"family": "folders", "root": str(root), "kind": "classification", "classes": ["x", "y"]}
+                }
+            }
+        )
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["check-data", "--configfile", str(overlay)])
     lines = capsys.readouterr().out.splitlines()
     assert exit_.value.code == 1
-    assert lines == ["data.mine: problem: " + problem.format(path=root / "labels.csv"), "data.mine: 1 problem(s), 0 warning(s)"]
+    assert lines == [
+        "data.mine: problem: " + problem.format(path=root / "labels.csv"),
+        "data.mine: 1 problem(s), 0 warning(s)",
+    ]

@@ -32,13 +32,20 @@ def fedavg_state(clients: int = 3) -> dict:
     """A FedAvg checkpoint's shape after distribution: every client's model holds the global values
     (copies, not views), and each has its own optimizer moments and generator state."""
     torch.manual_seed(0)
-    glob = {"conv.weight": torch.randn(MIB // 4), "bn.running_mean": torch.randn(64), "bn.num_batches_tracked": torch.tensor(7)}
+    glob = {
+        "conv.weight": torch.randn(MIB // 4),
+        "bn.running_mean": torch.randn(64),
+        "bn.num_batches_tracked": torch.tensor(7),
+    }
     return {
         "server": {"global_state": glob},
         "clients": [
             {
                 "model": {k: v.clone() for k, v in glob.items()},
-                "optimizer": {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.randn(MIB // 4)}}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "params": [0]}]},
+                "optimizer": {
+                    "state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.randn(MIB // 4)}},
+                    "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "params": [0]}],
+                },
                 "generator": torch.Generator().manual_seed(i).get_state(),
             }
             for i in range(clients)
@@ -78,7 +85,12 @@ def test_a_shared_key_a_client_holds_differently_is_stored_and_read_back_as_it_w
     state["clients"][2]["model"]["bn.running_mean"].mul_(2.0)
     checkpoint.save(state, tmp_path / "c.pt")
     left_out = {p for p, _ in saved_copies(tmp_path / "c.pt")}
-    assert ("clients", 1, "model", "conv.weight") not in left_out and ("clients", 2, "model", "bn.running_mean") not in left_out
+    assert ("clients", 1, "model", "conv.weight") not in left_out and (
+        "clients",
+        2,
+        "model",
+        "bn.running_mean",
+    ) not in left_out
     assert len(left_out) == 9 + 2 - 2  # the models' 9 tensors and 2 step counts, less the two changed
     back = checkpoint.load(tmp_path / "c.pt")
     for client, original in zip(back["clients"], state["clients"]):
@@ -95,16 +107,23 @@ def test_contents_that_differ_only_in_nan_payload_or_the_sign_of_zero_are_not_me
     back = checkpoint.load(tmp_path / "c.pt")
     for name, original in (("a", a), ("b", b)):
         for key, value in original.items():
-            assert back[name][key].dtype == value.dtype and torch.equal(back[name][key].view(torch.uint8), value.view(torch.uint8)), (name, key)
+            assert back[name][key].dtype == value.dtype and torch.equal(
+                back[name][key].view(torch.uint8), value.view(torch.uint8)
+            ), (name, key)
 
 
 def test_a_copy_keeps_its_type_gradient_flag_and_memory_layout(tmp_path):
     weight = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
-    obj = {"a": {"w": torch.nn.Parameter(weight.clone()), "cl": weight}, "b": {"w": torch.nn.Parameter(weight.clone()), "cl": weight.clone()}}
+    obj = {
+        "a": {"w": torch.nn.Parameter(weight.clone()), "cl": weight},
+        "b": {"w": torch.nn.Parameter(weight.clone()), "cl": weight.clone()},
+    }
     checkpoint.save(obj, tmp_path / "c.pt")
     assert len(saved_copies(tmp_path / "c.pt")) == 2
     back = checkpoint.load(tmp_path / "c.pt")
-    assert type(back["b"]["w"]) is torch.nn.Parameter and back["b"]["w"].requires_grad and back["b"]["w"].grad_fn is None
+    assert (
+        type(back["b"]["w"]) is torch.nn.Parameter and back["b"]["w"].requires_grad and back["b"]["w"].grad_fn is None
+    )
     assert back["b"]["cl"].stride() == weight.stride() and torch.equal(back["b"]["cl"], weight)
 
 
@@ -142,29 +161,49 @@ def test_views_stay_views_and_every_value_type_round_trips(tmp_path):
     v0[3] = 100.0
     assert v1[1] == 100.0 and v2[3, 0] == 100.0  # one storage, as before the save
     scalars = back["scalars"]
-    assert scalars[:2] == (1, 2.5) and math.isnan(scalars[2]) and math.copysign(1, scalars[3]) == -1 and scalars[4:] == (float("inf"), None, True, "x", 2**70, 1 + 2j)
+    assert (
+        scalars[:2] == (1, 2.5)
+        and math.isnan(scalars[2])
+        and math.copysign(1, scalars[3]) == -1
+        and scalars[4:] == (float("inf"), None, True, "x", 2**70, 1 + 2j)
+    )
     assert list(back["int_keys"]) == [0, 1] and back["int_keys"][0].data_ptr() != back["int_keys"][1].data_ptr()
     assert back["a"] is back["b"]  # one list in two places stays one list (as pickle keeps it)
     assert back["set"] == {1, 2} and back["bytes"] == b"\x00\x01"
     assert type(back["param"]) is torch.nn.Parameter and back["param"].requires_grad
-    assert back["misc"] == [torch.Size([2, 3]), torch.float16, torch.device("cpu"), collections.Counter("aab"), bytearray(b"z")]
+    assert back["misc"] == [
+        torch.Size([2, 3]),
+        torch.float16,
+        torch.device("cpu"),
+        collections.Counter("aab"),
+        bytearray(b"z"),
+    ]
     assert back["bf16"].dtype == torch.bfloat16 and torch.equal(back["bf16"], obj["bf16"])
     assert back["complex"].dtype == torch.complex64 and torch.equal(back["complex"], obj["complex"])
-    assert back["channels_last"].stride() == obj["channels_last"].stride() and torch.equal(back["channels_last"], obj["channels_last"])
+    assert back["channels_last"].stride() == obj["channels_last"].stride() and torch.equal(
+        back["channels_last"], obj["channels_last"]
+    )
     assert back["empty"].shape == (0,) and back["step"].item() == 3 and back["step"].dim() == 0
 
 
 # --- what a checkpoint refuses ----------------------------------------------------------------------
-@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # deprecated in torch; still a dtype a checkpoint must refuse
+@pytest.mark.filterwarnings(
+    "ignore:torch.quantize_per_tensor"
+)  # deprecated in torch; still a dtype a checkpoint must refuse
 def test_a_value_a_checkpoint_cannot_hold_is_named_and_nothing_is_written(tmp_path):
     import numpy as np
 
-    with pytest.raises(TypeError, match=r"c\.pt: cannot checkpoint the value at \['clients'\]\[1\]\['anchor'\]: numpy\.ndarray"):
+    with pytest.raises(
+        TypeError, match=r"c\.pt: cannot checkpoint the value at \['clients'\]\[1\]\['anchor'\]: numpy\.ndarray"
+    ):
         checkpoint.save({"clients": [{}, {"anchor": np.zeros(3)}]}, tmp_path / "c.pt")
     z = torch.complex(torch.arange(4.0), -torch.arange(4.0))
     for value, what in [
         (z.conj(), r"a Tensor of layout torch\.strided and dtype torch\.complex64"),
-        (torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8), r"a Tensor of layout torch\.strided and dtype torch\.qint8"),
+        (
+            torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+            r"a Tensor of layout torch\.strided and dtype torch\.qint8",
+        ),
         (torch.ones(3).to_sparse(), r"a Tensor of layout torch\.sparse_coo and dtype torch\.float32"),
         (torch.empty(3, device="meta"), r"a tensor on the meta device"),
     ]:
@@ -182,7 +221,12 @@ def test_damage_anywhere_is_reported_as_a_corrupt_checkpoint(tmp_path, where):
     checkpoint.save({"w": weights, "x": [1, 2]}, tmp_path / "c.pt")
     data = bytearray((tmp_path / "c.pt").read_bytes())
     tensor_at = bytes(data).index(weights.numpy().tobytes())
-    position = {"header": 10, "tensor": tensor_at + 2000, "end_of_payload": len(data) - checkpoint.TRAILER.size - 5, "trailer": len(data) - 3}.get(where)
+    position = {
+        "header": 10,
+        "tensor": tensor_at + 2000,
+        "end_of_payload": len(data) - checkpoint.TRAILER.size - 5,
+        "trailer": len(data) - 3,
+    }.get(where)
     if where == "cut":
         data = data[: len(data) // 2]
     elif where == "empty":
@@ -207,7 +251,10 @@ def test_each_checkpoint_keeps_the_one_before_as_prev_byte_for_byte_and_leaves_n
         assert path.read_bytes() == fresh[i] and checkpoint.load(path)["round"] == i  # the same bytes as a fresh write
         if i >= 1:
             assert checkpoint.previous(path).read_bytes() == fresh[i - 1]
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("fresh")) == ["checkpoint.pt", "checkpoint.pt.prev"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("fresh")) == [
+        "checkpoint.pt",
+        "checkpoint.pt.prev",
+    ]
 
 
 def test_a_failed_write_leaves_the_last_two_checkpoints_and_no_temporary(tmp_path, monkeypatch):
@@ -289,7 +336,12 @@ def test_a_write_killed_at_any_moment_leaves_the_last_two_checkpoints_byte_for_b
     and ``.prev`` hold the two last complete checkpoints byte for byte, or (killed between the two
     renames) ``path`` is missing and ``.prev`` holds the last one; what a kill leaves besides is a
     temporary that ``runfolder.remove_stale_files`` removes. A resume reads the last checkpoint."""
-    out = subprocess.run([sys.executable, "-c", KILLED_WRITES, str(tmp_path)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+    out = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     before, outcomes = result["before"], result["outcomes"]

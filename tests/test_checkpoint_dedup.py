@@ -80,7 +80,12 @@ print((status("VmHWM") - before) / 1024)
 @pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_a_checkpoint_is_streamed_so_its_size_does_not_raise_peak_memory():
     def rise(writer: str) -> float:
-        out = subprocess.run([sys.executable, "-c", PEAK, writer], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+        out = subprocess.run(
+            [sys.executable, "-c", PEAK, writer],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(SRC)},
+        )
         if out.returncode and "clear_refs" in out.stderr:
             pytest.skip("cannot reset the memory high-water mark here")
         assert out.returncode == 0, out.stderr
@@ -92,7 +97,10 @@ def test_a_checkpoint_is_streamed_so_its_size_does_not_raise_peak_memory():
 
 def test_the_history_log_keeps_exact_rows_and_drops_what_follows_its_position(tmp_path):
     log = checkpoint.HistoryLog(tmp_path / "h.jsonl")
-    rows = [{"round": 1, "client": "A", "split": "val", "metric": "dice", "value": 0.1 + 0.2}, {"round": 1, "client": "A", "split": "test_local", "metric": "loss", "value": float("nan"), "epoch": 0}]
+    rows = [
+        {"round": 1, "client": "A", "split": "val", "metric": "dice", "value": 0.1 + 0.2},
+        {"round": 1, "client": "A", "split": "test_local", "metric": "loss", "value": float("nan"), "epoch": 0},
+    ]
     log.append(rows[:1])
     position = log.position()
     log.append(rows[1:])
@@ -130,14 +138,20 @@ def resume_copy(cfg, killed: Path, out: Path, caplog) -> str:
 def assert_same_outputs(a: Path, b: Path) -> None:
     for name in OUTPUTS:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    assert sorted(p.name for p in b.iterdir()) == sorted([*OUTPUTS, "run_config.json"])  # checkpoints and the history log removed
+    assert sorted(p.name for p in b.iterdir()) == sorted(
+        [*OUTPUTS, "run_config.json"]
+    )  # checkpoints and the history log removed
 
 
-def test_a_fedavg_checkpoint_holds_each_distinct_tensor_once_and_the_history_outside(straight_and_killed, tmp_path, caplog):
+def test_a_fedavg_checkpoint_holds_each_distinct_tensor_once_and_the_history_outside(
+    straight_and_killed, tmp_path, caplog
+):
     cfg, straight, killed = straight_and_killed
     checkpoint_file = killed / "checkpoint.pt"
     saved = checkpoint.load(checkpoint_file)
-    assert "history" not in saved and saved["history_log"]["rows"] == len(checkpoint.HistoryLog(history_file(killed)).read(saved["history_log"]))
+    assert "history" not in saved and saved["history_log"]["rows"] == len(
+        checkpoint.HistoryLog(history_file(killed)).read(saved["history_log"])
+    )
     copies = sum(t.untyped_storage().nbytes() for t in tensors_of(saved))
     unique = unique_bytes(saved)
     model = sum(t.untyped_storage().nbytes() for t in saved["server"]["global_state"].values())
@@ -150,14 +164,18 @@ def test_a_fedavg_checkpoint_holds_each_distinct_tensor_once_and_the_history_out
     selection = next(killed.glob("selection-v*.pt"))
     heavy = checkpoint.load(selection)
     left_out = {path for path, _ in saved_copies(selection)}
-    assert len(heavy["all"]["models"]) == 3 and left_out >= {("all", "models", n, k) for n in ("B", "C") for k in heavy["all"]["models"]["A"]}
+    assert len(heavy["all"]["models"]) == 3 and left_out >= {
+        ("all", "models", n, k) for n in ("B", "C") for k in heavy["all"]["models"]["A"]
+    }
     assert selection.stat().st_size <= unique_bytes(heavy) + PER_TENSOR * stored_tensors(heavy, selection)
     text = resume_copy(cfg, killed, tmp_path / "resumed", caplog)
     assert "after round 2" in text
     assert_same_outputs(straight, tmp_path / "resumed")
 
 
-def test_a_torn_history_line_is_dropped_and_a_lost_log_falls_back_to_a_fresh_start(straight_and_killed, tmp_path, caplog):
+def test_a_torn_history_line_is_dropped_and_a_lost_log_falls_back_to_a_fresh_start(
+    straight_and_killed, tmp_path, caplog
+):
     cfg, straight, killed = straight_and_killed
     with open(history_file(killed), "ab") as handle:
         handle.write(b'{"round": 3, "client": "A", "split": "tr')  # killed mid-append after round 2's checkpoint

@@ -25,7 +25,9 @@ from fedmedbench.ops.cka import (
 def features(n=40, p=12, q=9, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, p, generator=g, dtype=torch.float64)
-    y = x @ torch.randn(p, q, generator=g, dtype=torch.float64) + 0.5 * torch.randn(n, q, generator=g, dtype=torch.float64)
+    y = x @ torch.randn(p, q, generator=g, dtype=torch.float64) + 0.5 * torch.randn(
+        n, q, generator=g, dtype=torch.float64
+    )
     return x, y
 
 
@@ -58,7 +60,9 @@ def numpy_unbiased_hsic(K, L):
     np.fill_diagonal(K, 0)
     np.fill_diagonal(L, 0)
     one = np.ones(n)
-    return (np.trace(K @ L) + (one @ K @ one) * (one @ L @ one) / ((n - 1) * (n - 2)) - 2 / (n - 2) * (one @ K @ L @ one)) / (n * (n - 3))
+    return (
+        np.trace(K @ L) + (one @ K @ one) * (one @ L @ one) / ((n - 1) * (n - 2)) - 2 / (n - 2) * (one @ K @ L @ one)
+    ) / (n * (n - 3))
 
 
 def test_agrees_with_numpy_closed_forms():
@@ -181,7 +185,12 @@ def test_official_numerics_switch_reproduces_the_epsilon_clip():
 
 
 def test_layerwise_weighted_average_uses_each_layers_weights():
-    s1 = {"a.weight": torch.ones(2), "a.bias": torch.ones(1), "b.running_mean": torch.ones(2), "b.num_batches_tracked": torch.tensor(3)}
+    s1 = {
+        "a.weight": torch.ones(2),
+        "a.bias": torch.ones(1),
+        "b.running_mean": torch.ones(2),
+        "b.num_batches_tracked": torch.tensor(3),
+    }
     s2 = {k: 3 * v for k, v in s1.items()}
     layers = layer_of_keys(s1)
     assert layers["b.running_mean"] == "b"
@@ -219,11 +228,15 @@ def test_dataset_grams_are_the_centred_grams_of_the_whole_data_set_for_any_block
     a, _ = pair()
     a.double()  # float64 forwards: outputs that do not depend on how the samples are batched
     x = torch.randn(7, 2, 5, 5, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 3.0  # a large mean
-    grams = dataset_grams(a, lambda s, e: x[s:e], len(x), ["conv", "bn", "out"], batch_size=2, block=block, gram_dtype=torch.float64)
+    grams = dataset_grams(
+        a, lambda s, e: x[s:e], len(x), ["conv", "bn", "out"], batch_size=2, block=block, gram_dtype=torch.float64
+    )
     for layer in ("conv", "bn", "out"):
         expected = centred_gram(all_outputs(a, x, layer))
         assert np.allclose(grams[layer].numpy(), expected, rtol=1e-10, atol=1e-10), layer
-    fast = dataset_grams(a, lambda s, e: x[s:e], len(x), ["conv"], batch_size=2, block=block)  # float32 Grams of shifted outputs
+    fast = dataset_grams(
+        a, lambda s, e: x[s:e], len(x), ["conv"], batch_size=2, block=block
+    )  # float32 Grams of shifted outputs
     assert np.allclose(fast["conv"].numpy(), centred_gram(all_outputs(a, x, "conv")), rtol=1e-5, atol=1e-5)
     assert a.training is False and not any(m._forward_hooks for m in a.modules())
 

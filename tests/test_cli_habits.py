@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fedmedbench(*args: str, cwd: Path, stderr=subprocess.PIPE) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedmedbench", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "fedmedbench", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=stderr, text=True
+    )
 
 
 @pytest.mark.parametrize("command", ["estimate", "check-data"])
@@ -26,10 +28,14 @@ def test_outside_the_checkout_a_command_says_what_to_pass(tmp_path, command):
     result = fedmedbench(command, cwd=tmp_path)
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
-    assert line.endswith(f"ConfigError: --configfile: found no config/config.yaml in {tmp_path}: run the command in the fedmedbench checkout, "
-                         "or pass --configfile PATH/TO/config/config.yaml [overlay.yaml ...]")
+    assert line.endswith(
+        f"ConfigError: --configfile: found no config/config.yaml in {tmp_path}: run the command in the fedmedbench checkout, "
+        "or pass --configfile PATH/TO/config/config.yaml [overlay.yaml ...]"
+    )
     missing = fedmedbench(command, "--configfile", str(ROOT / "config" / "config.yaml"), "overlay.yaml", cwd=tmp_path)
-    assert missing.returncode == 1 and missing.stderr.strip().splitlines()[-1].endswith(f"ConfigError: --configfile: overlay.yaml: no such file (in {tmp_path})")
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines()[-1].endswith(
+        f"ConfigError: --configfile: overlay.yaml: no such file (in {tmp_path})"
+    )
     assert "Traceback" not in result.stderr + missing.stderr and not list(tmp_path.iterdir())
 
 
@@ -39,7 +45,11 @@ def test_a_jobs_log_starts_with_the_version_and_a_terminal_keeps_one_line(tmp_pa
         result = fedmedbench("extract", "--archive", "missing.zip", "--out", "x", cwd=tmp_path, stderr=handle)
     assert result.returncode == 1
     first, *rest = log.read_text().splitlines()
-    assert first.split(" INFO fedmedbench: ")[1].startswith(f"fedmedbench {version()}") and len(rest) == 1 and "missing.zip" in rest[0]
+    assert (
+        first.split(" INFO fedmedbench: ")[1].startswith(f"fedmedbench {version()}")
+        and len(rest) == 1
+        and "missing.zip" in rest[0]
+    )
     piped = fedmedbench("extract", "--archive", "missing.zip", "--out", "x", cwd=tmp_path)
     assert piped.returncode == 1 and len(piped.stderr.strip().splitlines()) == 1 and "missing.zip" in piped.stderr
 
@@ -47,11 +57,19 @@ def test_a_jobs_log_starts_with_the_version_and_a_terminal_keeps_one_line(tmp_pa
 def test_new_method_writes_dot_name_without_out(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["new-method", "cwdfed"]) == 0
-    assert capsys.readouterr().out.startswith("wrote 5 files into ./cwdfed: `pip install -e ./cwdfed` registers 'cwdfed'")
+    assert capsys.readouterr().out.startswith(
+        "wrote 5 files into ./cwdfed: `pip install -e ./cwdfed` registers 'cwdfed'"
+    )
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
-        "cwdfed/README.md", "cwdfed/pyproject.toml", "cwdfed/src/cwdfed/__init__.py", "cwdfed/src/cwdfed/method.py", "cwdfed/tests/test_cwdfed.py",
+        "cwdfed/README.md",
+        "cwdfed/pyproject.toml",
+        "cwdfed/src/cwdfed/__init__.py",
+        "cwdfed/src/cwdfed/method.py",
+        "cwdfed/tests/test_cwdfed.py",
     ]
-    assert oct((tmp_path / "cwdfed").stat().st_mode & 0o777) == oct(0o777 & ~_umask())  # not the temporary folder's 0700
+    assert oct((tmp_path / "cwdfed").stat().st_mode & 0o777) == oct(
+        0o777 & ~_umask()
+    )  # not the temporary folder's 0700
 
 
 def _umask() -> int:
@@ -67,10 +85,15 @@ def test_a_name_too_long_for_the_file_system_writes_nothing(tmp_path, capsys, mo
     name = "f" * (limit + extra)
     assert cli.main(["new-method", name]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.endswith(f"ConfigError: new-method: the name is {len(name)} characters long; at most {limit} here (the file system takes "
-                         f"{limit + 40} per file name, and pip's files add up to 40 to it); choose a shorter name")
+    assert line.endswith(
+        f"ConfigError: new-method: the name is {len(name)} characters long; at most {limit} here (the file system takes "
+        f"{limit + 40} per file name, and pip's files add up to 40 to it); choose a shorter name"
+    )
     assert not list(tmp_path.iterdir())
-    assert cli.main(["new-method", "f" * limit]) == 0 and (tmp_path / ("f" * limit) / "tests" / f"test_{'f' * limit}.py").is_file()
+    assert (
+        cli.main(["new-method", "f" * limit]) == 0
+        and (tmp_path / ("f" * limit) / "tests" / f"test_{'f' * limit}.py").is_file()
+    )
 
 
 def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
@@ -106,13 +129,25 @@ def test_methods_says_what_each_method_is_its_paper_and_where_bn_statistics_live
         else:
             blocks[name].append(line.strip())
     assert len(blocks) >= 18
-    bn = {name: next(line for line in lines if line.startswith("BN statistics: "))[len("BN statistics: "):] for name, lines in blocks.items()}
+    bn = {
+        name: next(line for line in lines if line.startswith("BN statistics: "))[len("BN statistics: ") :]
+        for name, lines in blocks.items()
+    }
     assert bn["fedbn"] == bn["prrfl"] == "local (running statistics and affine weights never leave the client)"
     assert bn["silobn"] == "local running statistics; the affine weights are averaged"
     assert bn["solo"] == "local (nothing is sent after the common start: each client keeps its whole model)"
-    assert bn["fedavg"] == bn["fedprox"] == "averaged with the model (a task's aggregation.bn_buffers: local keeps them at each client)"
-    assert blocks["fedbn"][1:3] == ["FedBN: batch-norm layers stay local, everything else is FedAvg.", "paper: Li et al., ICLR 2021"]
-    assert blocks["solo"][1].startswith("Solo: every client trains alone") and not blocks["solo"][2].startswith("paper:")
+    assert (
+        bn["fedavg"]
+        == bn["fedprox"]
+        == "averaged with the model (a task's aggregation.bn_buffers: local keeps them at each client)"
+    )
+    assert blocks["fedbn"][1:3] == [
+        "FedBN: batch-norm layers stay local, everything else is FedAvg.",
+        "paper: Li et al., ICLR 2021",
+    ]
+    assert blocks["solo"][1].startswith("Solo: every client trains alone") and not blocks["solo"][2].startswith(
+        "paper:"
+    )
     assert blocks["fedbn"][0].split() == ["fedbn", "global", "built-in,", "fedmedbench.methods.fedbn"]
     # Floats at 6 significant digits, still floats; no path of this machine.
     assert "threshold_coef=0.333333," in out and "eps=1e-12" in out and "mu=1.0," in out
@@ -132,10 +167,16 @@ def test_bn_statistics_come_from_the_methods_key_policy(tmp_path, monkeypatch):
     forget()
     try:
         assert bn_statistics("statsfed", "statsfed") == "local running statistics; the affine weights are averaged"
-        (tmp_path / "statsfed.py").write_text((tmp_path / "statsfed.py").read_text().replace("buffer_keys(self.model) & batchnorm_keys", "self.extra | batchnorm_keys"))
+        (tmp_path / "statsfed.py").write_text(
+            (tmp_path / "statsfed.py")
+            .read_text()
+            .replace("buffer_keys(self.model) & batchnorm_keys", "self.extra | batchnorm_keys")
+        )
         sys.modules.pop("statsfed", None)
         forget()
-        assert bn_statistics("statsfed", "statsfed").startswith("not known (its Client.declare_local_keys needs more than the model: AttributeError")
+        assert bn_statistics("statsfed", "statsfed").startswith(
+            "not known (its Client.declare_local_keys needs more than the model: AttributeError"
+        )
     finally:
         sys.modules.pop("statsfed", None)
         forget()

@@ -14,7 +14,18 @@ from fedmedbench.cli import build_parser
 
 COMMANDS = ["check-data", "methods", "new-method", "estimate", "train", "with-jobserver", "federation"]
 # Every internal step the Snakefile's rules run (a subset check: a new step needs a help line, not an edit here).
-SOME_STEPS = {"fetch", "extract", "synthesize", "preprocess", "split", "collect", "table", "figure", "report", "ood-table"}
+SOME_STEPS = {
+    "fetch",
+    "extract",
+    "synthesize",
+    "preprocess",
+    "split",
+    "collect",
+    "table",
+    "figure",
+    "report",
+    "ood-table",
+}
 
 
 def help_of(*argv: str) -> str:
@@ -72,7 +83,9 @@ def test_help_lists_a_persons_commands_apart_from_the_pipeline_steps():
     assert SOME_STEPS <= set(steps)
     assert not set(commands) & set(steps)
     # Every subcommand argparse knows (its error for an unknown one lists them) is in one of the two groups.
-    known = re.search(r"invalid choice: 'nonexistent-command' \(choose from (.*)\)", _error_of("nonexistent-command")).group(1)
+    known = re.search(
+        r"invalid choice: 'nonexistent-command' \(choose from (.*)\)", _error_of("nonexistent-command")
+    ).group(1)
     assert set(commands) | set(steps) == set(re.findall(r"'([^']+)'", known))
     assert all(commands.values()) and all(steps.values()), (commands, steps)
 
@@ -115,17 +128,34 @@ def test_help_is_plain_text_without_rest_markup():
 
 
 def test_python_m_fedmedbench_help_shows_the_groups():
-    result = subprocess.run([sys.executable, "-m", "fedmedbench", "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"})
+    result = subprocess.run(
+        [sys.executable, "-m", "fedmedbench", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "100"},
+    )
     assert result.returncode == 0, result.stderr
     assert "commands:" in result.stdout and "pipeline steps" in result.stdout
     # The person's commands come first, the steps after them.
-    assert result.stdout.index("with-jobserver") < result.stdout.index("\n  fetch ") < result.stdout.index("\n  report ")
+    assert (
+        result.stdout.index("with-jobserver") < result.stdout.index("\n  fetch ") < result.stdout.index("\n  report ")
+    )
 
 
 def test_a_step_still_parses_as_before():
     """Listing steps apart changes no parsing: a step's arguments read as Snakemake passes them."""
-    args = build_parser().parse_args(["split", "prostate", "--protocol", "harmofl", "--store", "s", "--out", "o.csv", "--seed", "3"])
-    assert (args.command, args.dataset, args.protocol, args.store, args.out, args.seed, args.permutation) == ("split", "prostate", "harmofl", "s", "o.csv", 3, "default")
+    args = build_parser().parse_args(
+        ["split", "prostate", "--protocol", "harmofl", "--store", "s", "--out", "o.csv", "--seed", "3"]
+    )
+    assert (args.command, args.dataset, args.protocol, args.store, args.out, args.seed, args.permutation) == (
+        "split",
+        "prostate",
+        "harmofl",
+        "s",
+        "o.csv",
+        3,
+        "default",
+    )
     args = build_parser().parse_args(["with-jobserver", "snakemake", "--cores", "2", "-n"])
     assert args.cmd == ["snakemake", "--cores", "2", "-n"]
 
@@ -156,7 +186,9 @@ def test_version_prints_the_version_and_the_git_commit():
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"fedmedbench {version()}") and version() == "0.1.0"
     if (CHECKOUT / ".git").exists():
-        head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
         assert f"(git commit {head}" in result.stdout and len(head) == 12
 
 
@@ -173,6 +205,8 @@ def test_an_unknown_option_gets_the_commands_usage_and_closest_option(argv, sugg
     err = _error_of(*argv)
     assert err.startswith(f"usage: fedmedbench {argv[0]} "), err
     [error] = [line for line in err.splitlines() if "error:" in line]
-    assert error.startswith(f"fedmedbench {argv[0]}: error: unrecognized arguments: ") and error.endswith(f"(did you mean '{suggestion}'?)")
+    assert error.startswith(f"fedmedbench {argv[0]}: error: unrecognized arguments: ") and error.endswith(
+        f"(did you mean '{suggestion}'?)"
+    )
     assert "usage: fedmedbench [-h]" not in err  # not the top level's usage
     assert "did you mean" not in _error_of("estimate", "--zzzzzzzz")  # nothing close: no suggestion

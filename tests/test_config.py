@@ -52,11 +52,16 @@ def test_experiments_are_typed_with_their_defaults_in_one_place():
     table = fmb.experiment(cfg, "harmofl_table1_prostate")
     assert table.kind == "table" and table.select_on == "val" and table.std_row is False
     assert table.label("fedavg") == "FedAvg" and table.label("unlisted") == "unlisted"
-    assert fmb.Experiment.from_dict({"title": "t", "seeds": [0], "runs": ["fedprox-mu0.1"]}).paper_id_map() == {"fedprox-mu0.1": "fedprox"} and table.task_names() == ("prostate",)
+    assert fmb.Experiment.from_dict({"title": "t", "seeds": [0], "runs": ["fedprox-mu0.1"]}).paper_id_map() == {
+        "fedprox-mu0.1": "fedprox"
+    } and table.task_names() == ("prostate",)
     sweep = fmb.experiment(cfg, "harmofl_fig5b_local_epochs")
     runs = [run for series in sweep.series.values() for run in series.values()]
     assert sweep.kind == "sweep" and sweep.run_names() == list(dict.fromkeys(runs))
-    assert fmb.experiment_runs(cfg, "harmofl_table1_prostate")[:2] == [("prostate", "fedavg", 0), ("prostate", "fedavg", 1)]
+    assert fmb.experiment_runs(cfg, "harmofl_table1_prostate")[:2] == [
+        ("prostate", "fedavg", 0),
+        ("prostate", "fedavg", 1),
+    ]
     with pytest.raises(fmb.ConfigError, match="std_rwo.*std_row"):
         fmb.Experiment.from_dict({"title": "t", "seeds": [0], "std_rwo": True})
 
@@ -66,9 +71,25 @@ def test_an_overlay_narrows_a_sweep_with_x_values(tmp_path):
     cfg = fmb.load_config(ROOT / "config" / "config.yaml", DEMO)
     sweep = fmb.experiment(cfg, "harmofl_fig5b_local_epochs")
     assert {x for runs in sweep.sweep_series().values() for x in runs} == {"1", "2", "4"}
-    assert sweep.run_names() == ["fedavg", "fedavg-e2", "fedavg-e4", "fedbn", "fedbn-e2", "fedbn-e4", "harmofl", "harmofl-e2", "harmofl-e4"]
-    assert len(fmb.experiment(fmb.load_config(ROOT / "config" / "config.yaml"), "harmofl_fig5b_local_epochs").run_names()) == 12
+    assert sweep.run_names() == [
+        "fedavg",
+        "fedavg-e2",
+        "fedavg-e4",
+        "fedbn",
+        "fedbn-e2",
+        "fedbn-e4",
+        "harmofl",
+        "harmofl-e2",
+        "harmofl-e4",
+    ]
+    assert (
+        len(fmb.experiment(fmb.load_config(ROOT / "config" / "config.yaml"), "harmofl_fig5b_local_epochs").run_names())
+        == 12
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"experiments": {"harmofl_fig5b_local_epochs": {"x_values": ["1", "3"]}}}))
-    with pytest.raises(fmb.ConfigError, match=r"harmofl_fig5b_local_epochs\.x_values: \['3'\] are not x values of its series; have: 1, 2, 4, 8"):
+    with pytest.raises(
+        fmb.ConfigError,
+        match=r"harmofl_fig5b_local_epochs\.x_values: \['3'\] are not x values of its series; have: 1, 2, 4, 8",
+    ):
         fmb.load_config(ROOT / "config" / "config.yaml", bad)

@@ -57,13 +57,17 @@ def test_every_numeric_task_key_refuses_nan_and_infinity(path, value, shown):
     config = cfgmod.deep_merge(BASE, {"tasks": {"prostate": put(path, value)}})
     with pytest.raises(ConfigError) as err:
         cfgmod.validate(config, "overlay.yaml")
-    assert str(err.value).startswith(f"overlay.yaml: tasks.prostate.{path}: expected a finite number, got {shown}"), err.value
+    assert str(err.value).startswith(f"overlay.yaml: tasks.prostate.{path}: expected a finite number, got {shown}"), (
+        err.value
+    )
 
 
 @pytest.mark.parametrize("path", FOLDERS_KEYS)
 def test_every_numeric_key_of_a_users_data_section_refuses_nan(path):
     config = cfgmod.deep_merge(BASE, {"data": {"mine": {"family": "folders", "root": "x", **put(path, math.nan)}}})
-    with pytest.raises(ConfigError, match=re.escape(f"overlay.yaml: data.mine.{path}: expected a finite number, got .nan")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"overlay.yaml: data.mine.{path}: expected a finite number, got .nan")
+    ):
         cfgmod.validate(config, "overlay.yaml")
 
 
@@ -77,17 +81,25 @@ def method_numeric_keys():
 @pytest.mark.parametrize(("method", "key"), list(method_numeric_keys()))
 def test_every_numeric_method_parameter_refuses_nan_and_infinity_directly_and_in_a_variant(method, key):
     for value, shown in NON_FINITE:
-        with pytest.raises(ConfigError, match=re.escape(f"methods.{method}.{key}: expected a finite number, got {shown}")):
+        with pytest.raises(
+            ConfigError, match=re.escape(f"methods.{method}.{key}: expected a finite number, got {shown}")
+        ):
             cfgmod.validate(cfgmod.deep_merge(BASE, {"methods": {method: {key: value}}}), "overlay.yaml")
-        with pytest.raises(ConfigError, match=re.escape(f"methods.{method}.variants.bad.{key}: expected a finite number, got {shown}")):
-            cfgmod.validate(cfgmod.deep_merge(BASE, {"methods": {method: {"variants": {"bad": {key: value}}}}}), "overlay.yaml")
+        with pytest.raises(
+            ConfigError, match=re.escape(f"methods.{method}.variants.bad.{key}: expected a finite number, got {shown}")
+        ):
+            cfgmod.validate(
+                cfgmod.deep_merge(BASE, {"methods": {method: {"variants": {"bad": {key: value}}}}}), "overlay.yaml"
+            )
 
 
 @pytest.mark.parametrize(
     ("text", "key"),
-    [("tasks: {prostate: {optimizer: {lr: .nan}}}", "tasks.prostate.optimizer.lr"),
-     ("tasks: {prostate: {optimizer: {lr: .inf}}}", "tasks.prostate.optimizer.lr"),
-     ("methods: {fedprox: {mu: .nan}}", "methods.fedprox.mu")],
+    [
+        ("tasks: {prostate: {optimizer: {lr: .nan}}}", "tasks.prostate.optimizer.lr"),
+        ("tasks: {prostate: {optimizer: {lr: .inf}}}", "tasks.prostate.optimizer.lr"),
+        ("methods: {fedprox: {mu: .nan}}", "methods.fedprox.mu"),
+    ],
 )
 def test_the_issues_overlays_stop_at_the_check_with_one_line(tmp_path, text, key, capsys, monkeypatch):
     """The issue's cases, as a user types them, through the CLI: one line naming the key, exit 1,
@@ -104,8 +116,11 @@ def test_the_issues_overlays_stop_at_the_check_with_one_line(tmp_path, text, key
 
 def test_a_hand_written_run_config_refuses_nan_and_infinity():
     cfg = tiny_run_config("s", "p")
-    for change, key in (({"optimizer": {**cfg["optimizer"], "lr": math.nan}}, "optimizer.lr"), ({"intensity_scale": math.inf}, "intensity_scale"),
-                        ({"optimizer": {**cfg["optimizer"], "betas": [0.9, math.nan]}}, "optimizer.betas[1]")):
+    for change, key in (
+        ({"optimizer": {**cfg["optimizer"], "lr": math.nan}}, "optimizer.lr"),
+        ({"intensity_scale": math.inf}, "intensity_scale"),
+        ({"optimizer": {**cfg["optimizer"], "betas": [0.9, math.nan]}}, "optimizer.betas[1]"),
+    ):
         with pytest.raises(ConfigError, match=re.escape(f"run config.{key}: expected a finite number, got ")):
             RunConfig.from_dict(json.loads(json.dumps({**cfg, **change})))  # json reads NaN and Infinity
 

@@ -108,10 +108,22 @@ def test_every_method_parameter_has_a_declared_type():
     ("section", "message"),
     [
         ({"amp_norm": "false"}, 'methods.harmofl.amp_norm: expected boolean (true/false, not a string), got "false"'),
-        ({"variants": {"noamp": {"amp_norm": "false"}}}, 'methods.harmofl.variants.noamp (run harmofl-noamp).amp_norm: expected boolean'),
-        ({"variants": {"short": {"rounds": 0}}}, "variants.short (run harmofl-short).rounds: expected integer >= 1, got 0"),
-        ({"variants": {"short": {"local_epochs": 0}}}, "(run harmofl-short).local_epochs: expected integer >= 1, got 0"),
-        ({"variants": {"neg": {"optimizer": {"lr": -0.01}}}}, "(run harmofl-neg).optimizer.lr: expected number > 0, got -0.01"),
+        (
+            {"variants": {"noamp": {"amp_norm": "false"}}},
+            "methods.harmofl.variants.noamp (run harmofl-noamp).amp_norm: expected boolean",
+        ),
+        (
+            {"variants": {"short": {"rounds": 0}}},
+            "variants.short (run harmofl-short).rounds: expected integer >= 1, got 0",
+        ),
+        (
+            {"variants": {"short": {"local_epochs": 0}}},
+            "(run harmofl-short).local_epochs: expected integer >= 1, got 0",
+        ),
+        (
+            {"variants": {"neg": {"optimizer": {"lr": -0.01}}}},
+            "(run harmofl-neg).optimizer.lr: expected number > 0, got -0.01",
+        ),
         ({"variants": {"str": {"batch_size": "8"}}}, '(run harmofl-str).batch_size: expected integer >= 1, got "8"'),
         ({"amplitude_mode": "fulll"}, 'methods.harmofl.amplitude_mode: expected one of "full", "dc", got "fulll"'),
     ],
@@ -122,7 +134,14 @@ def test_the_audit_cases_name_key_run_and_expected_type(section, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize(("value", "message"), [("0.01", 'expected number >= 0, got "0.01"'), (None, "expected number >= 0, got null"), (-1, "expected number >= 0, got -1")])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0.01", 'expected number >= 0, got "0.01"'),
+        (None, "expected number >= 0, got null"),
+        (-1, "expected number >= 0, got -1"),
+    ],
+)
 def test_fedprox_mu_of_the_wrong_type_is_refused(value, message):
     with pytest.raises(ConfigError, match="methods.fedprox.mu: " + message.replace("(", r"\(")):
         cfgmod.validate(with_methods(BASE, "fedprox", {"mu": value}), "config.yaml")
@@ -140,19 +159,41 @@ def test_a_hand_written_run_config_is_read_strictly_too(tmp_path):
     from fedmedbench.fl.engine import run_training
 
     with pytest.raises(ConfigError, match=r"method_params\.mu: expected number >= 0"):
-        run_training({**cfg, "method": "fedprox", "run": "fedprox", "method_params": {"mu": "0.01"}}, tmp_path / "run", progress=False)
+        run_training(
+            {**cfg, "method": "fedprox", "run": "fedprox", "method_params": {"mu": "0.01"}},
+            tmp_path / "run",
+            progress=False,
+        )
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"experiments": {"harmofl_table1_prostate": {"task": "prostat"}}}, "experiments.harmofl_table1_prostate: task 'prostat' is not a section of tasks (did you mean 'prostate'?)"),
-        ({"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedprox-mu9"]}}}, "run 'fedprox-mu9': no variant 'mu9' under methods.fedprox.variants"),
-        ({"experiments": {"harmofl_table1_prostate": {"runs": ["fedavgg"]}}}, "method 'fedavgg' is neither built in nor an installed plug-in (did you mean 'fedavg'?)"),
-        ({"tasks": {"prostate": {"protocol": "harmofll"}}}, "tasks.prostate.protocol: 'harmofll' is not one of data.prostate.protocols (did you mean 'harmofl'?)"),
-        ({"data": {"prostate": {"protocols": {"harmofl": {"image_size": 100}}}}}, "data.prostate.protocols.harmofl.image_size: 100 is not a multiple of 16"),
-        ({"selected_experiments": ["harmofl_tabel1_prostate"]}, "selected_experiments: 'harmofl_tabel1_prostate' is not an experiment"),
+        (
+            {"experiments": {"harmofl_table1_prostate": {"task": "prostat"}}},
+            "experiments.harmofl_table1_prostate: task 'prostat' is not a section of tasks (did you mean 'prostate'?)",
+        ),
+        (
+            {"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedprox-mu9"]}}},
+            "run 'fedprox-mu9': no variant 'mu9' under methods.fedprox.variants",
+        ),
+        (
+            {"experiments": {"harmofl_table1_prostate": {"runs": ["fedavgg"]}}},
+            "method 'fedavgg' is neither built in nor an installed plug-in (did you mean 'fedavg'?)",
+        ),
+        (
+            {"tasks": {"prostate": {"protocol": "harmofll"}}},
+            "tasks.prostate.protocol: 'harmofll' is not one of data.prostate.protocols (did you mean 'harmofl'?)",
+        ),
+        (
+            {"data": {"prostate": {"protocols": {"harmofl": {"image_size": 100}}}}},
+            "data.prostate.protocols.harmofl.image_size: 100 is not a multiple of 16",
+        ),
+        (
+            {"selected_experiments": ["harmofl_tabel1_prostate"]},
+            "selected_experiments: 'harmofl_tabel1_prostate' is not an experiment",
+        ),
     ],
 )
 def test_references_and_model_sizes_are_checked_at_dag_time(change, message):

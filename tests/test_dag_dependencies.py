@@ -35,13 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 COPIED = ("config", "workflow", "src", "resources")
 
-CONTRACT = '''
+CONTRACT = """
 from fedmedbench.fl.client import Client
 from fedmedbench.fl.server import Server
 
 DEFAULTS = {"strength": 0.5}
 PERSONALIZED = False
-'''
+"""
 
 
 def write(path: Path, text: str) -> Path:
@@ -68,8 +68,11 @@ def plugin_tree(tmp_path, monkeypatch):
     third_party = tmp_path / "venv" / "lib" / "python3" / "site-packages"
     files = {
         "my_lab/__init__.py": write(plugins / "my_lab" / "__init__.py", ""),
-        "my_lab/method.py": write(plugins / "my_lab" / "method.py", "from .helpers import SCALE\nimport flat_helper\nimport my_utils.maths\n"
-                                  "import thirdparty\nimport os\nimport numpy\n" + CONTRACT),
+        "my_lab/method.py": write(
+            plugins / "my_lab" / "method.py",
+            "from .helpers import SCALE\nimport flat_helper\nimport my_utils.maths\n"
+            "import thirdparty\nimport os\nimport numpy\n" + CONTRACT,
+        ),
         "my_lab/helpers.py": write(plugins / "my_lab" / "helpers.py", "SCALE = 1\n"),
         "my_lab/unused.py": write(plugins / "my_lab" / "unused.py", "# in the package: part of the plug-in\n"),
         "flat_helper.py": write(plugins / "flat_helper.py", "from deeper_helper import VALUE\n"),
@@ -86,7 +89,11 @@ def plugin_tree(tmp_path, monkeypatch):
     write(third_party / "__editable__.my_utils-0.1.pth", f"{editable}\n")
     monkeypatch.setattr(sys, "path", [str(plugins), *sys.path])
     site.addsitedir(str(third_party))  # processes the .pth: my_utils resolves to its source tree
-    for name in [m for m in sys.modules if m.split(".")[0] in ("my_lab", "flat_helper", "deeper_helper", "my_utils", "thirdparty", "flat_method")]:
+    for name in [
+        m
+        for m in sys.modules
+        if m.split(".")[0] in ("my_lab", "flat_helper", "deeper_helper", "my_utils", "thirdparty", "flat_method")
+    ]:
         monkeypatch.delitem(sys.modules, name)
     forget()
     yield files, outside
@@ -178,10 +185,16 @@ def test_a_local_archive_replaced_after_planning_is_refused(tmp_path):
     download.fetch(str(archive), tmp_path / "raw" / "a.zip", source_stamp=stamp, log=lambda _: None)
     assert (tmp_path / "raw" / "a.zip").read_bytes() == archive.read_bytes()
     archive.write_text("PK another archive")
-    with pytest.raises(download.DownloadError, match=rf"local archive {re.escape(str(archive))} changed after the workflow planned this job"):
+    with pytest.raises(
+        download.DownloadError,
+        match=rf"local archive {re.escape(str(archive))} changed after the workflow planned this job",
+    ):
         download.fetch(str(archive), tmp_path / "raw" / "b.zip", source_stamp=stamp, log=lambda _: None)
     assert not (tmp_path / "raw" / "b.zip").exists()
-    assert download.local_source(f"file://{archive}") == archive and download.local_source("gdrive:abcdefghijklmnopqrstu") is None
+    assert (
+        download.local_source(f"file://{archive}") == archive
+        and download.local_source("gdrive:abcdefghijklmnopqrstu") is None
+    )
 
 
 def test_a_split_csv_edited_after_planning_is_refused(tmp_path):
@@ -190,8 +203,28 @@ def test_a_split_csv_edited_after_planning_is_refused(tmp_path):
     split_csv.write_text("site,image,split\nsiteA,a.png,train\n")
     options = f'{{"root": "{tmp_path}", "split_csv": "{split_csv}"}}'
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    result = subprocess.run([sys.executable, "-m", "fedmedbench", "split", "folders", "--protocol", "default", "--store", str(tmp_path / "store"),
-                             "--out", str(tmp_path / "out.csv"), "--options", options, "--split-csv-digest", planned], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedmedbench",
+            "split",
+            "folders",
+            "--protocol",
+            "default",
+            "--store",
+            str(tmp_path / "store"),
+            "--out",
+            str(tmp_path / "out.csv"),
+            "--options",
+            options,
+            "--split-csv-digest",
+            planned,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert result.returncode == 1
     assert f"{split_csv}: split_csv changed after the workflow planned this job" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.csv").exists()
@@ -244,8 +277,11 @@ def test_an_edit_re_runs_exactly_the_jobs_that_read_it(tmp_path):
     flat_helper = write(plugins / "flat_helper.py", "VALUE = 2\n")
     unrelated = write(plugins / "unrelated.py", "W = 1\n")
     archive = write(tmp_path / "downloads" / "Processed_data_nii.zip", "PK a hand-downloaded archive")
-    paper = write(repo / "resources" / "paper_tables" / "mine.csv", "paper,table,task,method,method_id,client,metric,mean,std\n"
-                  + "".join(f"mine,1,mysites,FedAvg,fedavg,{s},dice,50.0,\n" for s in ("siteA", "siteB", "siteC")))
+    paper = write(
+        repo / "resources" / "paper_tables" / "mine.csv",
+        "paper,table,task,method,method_id,client,metric,mean,std\n"
+        + "".join(f"mine,1,mysites,FedAvg,fedavg,{s},dice,50.0,\n" for s in ("siteA", "siteB", "siteC")),
+    )
     overlay = {
         "run_name": "deps",
         "selected_experiments": ["mine"],
@@ -278,7 +314,12 @@ def test_an_edit_re_runs_exactly_the_jobs_that_read_it(tmp_path):
         return planned(dry)
 
     assert reruns() == []
-    after_train = ["collect_metrics[experiment=mine]", "convergence_figure[experiment=mine]", "reproduction_report[]", "table[experiment=mine]"]
+    after_train = [
+        "collect_metrics[experiment=mine]",
+        "convergence_figure[experiment=mine]",
+        "reproduction_report[]",
+        "table[experiment=mine]",
+    ]
     train = {run: f"train[task=mysites, run={run}, seed=0]" for run in ("fedavg", "fedxyz", "flatxyz")}
 
     edit(unrelated)  # a module no plug-in imports
@@ -295,7 +336,12 @@ def test_an_edit_re_runs_exactly_the_jobs_that_read_it(tmp_path):
     flat_helper.write_text("VALUE = 2\n")
 
     lines = split_csv.read_text().splitlines()
-    swapped = [line.replace(",val", ",tmp").replace(",test", ",val").replace(",tmp", ",test") if line.startswith("siteA,") else line for line in lines]
+    swapped = [
+        line.replace(",val", ",tmp").replace(",test", ",val").replace(",tmp", ",test")
+        if line.startswith("siteA,")
+        else line
+        for line in lines
+    ]
     split_csv.write_text("\n".join(swapped) + "\n")  # the split's content; preprocessing does not read it
     everything_after_split = sorted(["split[dataset=mysites, protocol=default]", *train.values(), *after_train])
     assert reruns() == everything_after_split

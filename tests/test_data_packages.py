@@ -37,7 +37,9 @@ def test_family_is_a_package_of_its_parts(family):
 def test_a_family_exports_its_interface_only(family):
     """Everything else is reached through its part (``prostate.raw.read_volume``): one name, one place."""
     tree = ast.parse((DATA / family / "__init__.py").read_text())
-    from_parts = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module for a in n.names}
+    from_parts = {
+        a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module for a in n.names
+    }
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     assert from_parts | defined | assigned - {"__all__"} <= INTERFACE
@@ -50,7 +52,9 @@ def test_parts_import_each_other_without_cycles(family):
     imports = {}
     for part in PARTS:
         tree = ast.parse((DATA / family / f"{part}.py").read_text())
-        imports[part] = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module in PARTS}
+        imports[part] = {
+            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module in PARTS
+        }
     assert imports["sites"] == set() and imports["download"] <= {"sites"}
     done: set[str] = set()
 

@@ -68,7 +68,9 @@ def _png_16_bit(path: Path, array: np.ndarray, colour_type: int) -> Path:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -123,8 +125,11 @@ def test_a_16_bit_mask_that_is_not_scaled_8_bit_is_refused_naming_the_file(tmp_p
     mask[mask == 128 * 257] = 32768  # a true 16-bit rim level: no exact 8-bit equivalent
     path = tmp_path / "mask16.png"
     Image.fromarray(mask).save(path)
-    with pytest.raises(F.sites.FundusDataError, match=r"mask16\.png: 16-bit mask with values that are not 8-bit levels "
-                                                 r"scaled by 257 \(found 0, 10280, 32768, 48830, 65535\)"):
+    with pytest.raises(
+        F.sites.FundusDataError,
+        match=r"mask16\.png: 16-bit mask with values that are not 8-bit levels "
+        r"scaled by 257 \(found 0, 10280, 32768, 48830, 65535\)",
+    ):
         F.raw.load_pair(image, path, 16)
 
 
@@ -140,15 +145,27 @@ def _write(tmp_path, name, array, mode=None):
     [
         (lambda p: _write(p, "f.tif", _disc_mask().astype(np.float32)), r"f\.tif: cannot read Pillow mode F"),
         (lambda p: _write(p, "i.tif", _disc_mask().astype(np.int32)), r"i\.tif: cannot read Pillow mode I "),
-        (lambda p: _png_16_bit(p / "rgb16.png", np.repeat(_disc_mask()[..., None].astype(np.uint16) * 257, 3, -1), 2),
-         r"rgb16\.png: cannot read Pillow mode RGB stored as RGB;16B"),
-        (lambda p: _png_16_bit(p / "la16.png", np.stack([_disc_mask().astype(np.uint16) * 257] * 2, -1), 4),
-         r"la16\.png: cannot read Pillow mode \w+ stored as LA;16B"),
-        (lambda p: _write(p, "red.png", np.stack([_disc_mask(), np.zeros((40, 40), np.uint8), _disc_mask()], -1)),
-         # the 132 cup pixels (0, 0, 0) are grey; the other 1468 are not
-         r"red\.png: colour mask \(RGB, R/G/B differ at 1468 of 1600 pixels\) where a grey mask is expected"),
-        (lambda p: _write(p, "pal.png", np.stack([_disc_mask(), np.zeros((40, 40), np.uint8), _disc_mask()], -1), "P"),
-         r"pal\.png: colour mask \(P, R/G/B differ"),
+        (
+            lambda p: _png_16_bit(
+                p / "rgb16.png", np.repeat(_disc_mask()[..., None].astype(np.uint16) * 257, 3, -1), 2
+            ),
+            r"rgb16\.png: cannot read Pillow mode RGB stored as RGB;16B",
+        ),
+        (
+            lambda p: _png_16_bit(p / "la16.png", np.stack([_disc_mask().astype(np.uint16) * 257] * 2, -1), 4),
+            r"la16\.png: cannot read Pillow mode \w+ stored as LA;16B",
+        ),
+        (
+            lambda p: _write(p, "red.png", np.stack([_disc_mask(), np.zeros((40, 40), np.uint8), _disc_mask()], -1)),
+            # the 132 cup pixels (0, 0, 0) are grey; the other 1468 are not
+            r"red\.png: colour mask \(RGB, R/G/B differ at 1468 of 1600 pixels\) where a grey mask is expected",
+        ),
+        (
+            lambda p: _write(
+                p, "pal.png", np.stack([_disc_mask(), np.zeros((40, 40), np.uint8), _disc_mask()], -1), "P"
+            ),
+            r"pal\.png: colour mask \(P, R/G/B differ",
+        ),
     ],
     ids=["float", "int32", "rgb-16-bit", "grey-alpha-16-bit", "colour", "colour-palette"],
 )
@@ -207,9 +224,18 @@ def test_a_soft_prostate_segmentation_is_refused_naming_the_file(tmp_path):
             sitk.WriteImage(sitk.GetImageFromArray(label), str(release / site / f"{case}{seg}.nii.gz"))
     bad = f"HK/{P.sites.RELEASE_CASES['HK'][1]}_segmentation.nii.gz"
     for protocol in ("fedlwr", "harmofl"):  # before: Fed-LWR took 0.5 as prostate silently
-        with pytest.raises(P.sites.ProstateDataError, match=rf"{bad}: a segmentation must hold non-negative integer "
-                                                       r"classes; found float32 values 0, 0\.5, 1"):
-            P.preprocess({P.download.DOWNLOAD.filename: tmp_path / "raw"}, tmp_path / protocol, protocol, size=12, log=lambda m: None)
+        with pytest.raises(
+            P.sites.ProstateDataError,
+            match=rf"{bad}: a segmentation must hold non-negative integer "
+            r"classes; found float32 values 0, 0\.5, 1",
+        ):
+            P.preprocess(
+                {P.download.DOWNLOAD.filename: tmp_path / "raw"},
+                tmp_path / protocol,
+                protocol,
+                size=12,
+                log=lambda m: None,
+            )
         assert not (tmp_path / protocol).exists()
 
 
@@ -240,7 +266,11 @@ def test_the_cli_reports_a_mis_flagged_name_in_one_line(tmp_path):
     path.write_bytes(path.read_bytes().replace("caf\u00e9".encode(), b"caf\xe9_"))
     result = _extract_cli(path, tmp_path / "out")
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].endswith("is flagged as UTF-8 but is not valid UTF-8 (byte b'\\xe9' at 3); nothing was extracted")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("is flagged as UTF-8 but is not valid UTF-8 (byte b'\\xe9' at 3); nothing was extracted")
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -257,8 +287,15 @@ def _plant(folder: Path, names: list[str]) -> None:
 
 STALE_RAW = [".raw.tmp-k3_9abcd", ".raw.old-zz0000yy"]
 # Not ours: other outputs' temporaries, a user's file, names that only look similar.
-NOT_OURS = [".raw2.tmp-k3_9abcd", ".other.tmp-abcdefgh", "raw.tmp-abcdefgh", ".raw.tmp-notours", ".raw.tmp-ABCDEFGH",
-            ".raw.tmp-abcdefgh.keep", "notes.txt"]
+NOT_OURS = [
+    ".raw2.tmp-k3_9abcd",
+    ".other.tmp-abcdefgh",
+    "raw.tmp-abcdefgh",
+    ".raw.tmp-notours",
+    ".raw.tmp-ABCDEFGH",
+    ".raw.tmp-abcdefgh.keep",
+    "notes.txt",
+]
 
 
 def test_a_rerun_extraction_removes_what_the_killed_one_left_and_nothing_else(tmp_path):
@@ -400,7 +437,9 @@ def test_a_preprocessing_killed_mid_store_write_reruns_to_the_same_store(tmp_pat
     for n in (1, 3):  # inside the first client, inside the third one (two clients already in place)
         shutil.rmtree(out, ignore_errors=True)
         cmd = [sys.executable, "-c", PREPROCESS, str(raw), str(out / "store")]
-        killed = subprocess.run(cmd, env={**env, faults.KILL_AT_ENV: f"store_write:{n}"}, capture_output=True, text=True)
+        killed = subprocess.run(
+            cmd, env={**env, faults.KILL_AT_ENV: f"store_write:{n}"}, capture_output=True, text=True
+        )
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         left = [p.name for p in out.iterdir()]
         assert len(left) == 1 and left[0].startswith(".store.tmp-"), left

@@ -92,7 +92,14 @@ def test_reader_and_setting_refuse_bad_worker_counts(tmp_path):
         BatchReader(0)
     store, split = write_tiny_task(tmp_path)
     with pytest.raises(ConfigError, match="data_workers: expected an integer >= 0, got -1"):
-        run_training(tiny_run_config(store, split, rounds=1), tmp_path / "run", device="cpu", threads=1, progress=False, data_workers=-1)
+        run_training(
+            tiny_run_config(store, split, rounds=1),
+            tmp_path / "run",
+            device="cpu",
+            threads=1,
+            progress=False,
+            data_workers=-1,
+        )
     assert not (tmp_path / "run").exists()
 
 

@@ -23,8 +23,21 @@ DATA_RECORDS = {("download", ".sha256"), ("preprocess", "counts.json")}
 
 
 def snakemake(workdir: Path, *flags: str) -> subprocess.CompletedProcess:
-    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(workdir), "--cores", "1", *flags, "--configfile", *map(str, CONFIGFILES)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}, cwd=workdir)
+    cmd = [
+        str(BIN / "snakemake"),
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "1",
+        *flags,
+        "--configfile",
+        *map(str, CONFIGFILES),
+    ]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}, cwd=workdir
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result
 
@@ -51,11 +64,20 @@ def tiny_workdir(tmp_path: Path) -> Path:
 
 def test_every_output_of_a_training_evaluation_or_report_job_is_asked_for(tmp_path):
     jobs = planned(tiny_workdir(tmp_path))
-    assert {rule for rule, _, _ in jobs} >= {"train", "collect_metrics", "table", "convergence_figure", "reproduction_report", "all"}
+    assert {rule for rule, _, _ in jobs} >= {
+        "train",
+        "collect_metrics",
+        "table",
+        "convergence_figure",
+        "reproduction_report",
+        "all",
+    }
     asked = {f for _, inputs, _ in jobs for f in inputs}
     unasked = sorted((rule, out) for rule, _, outputs in jobs for out in outputs if out not in asked)
     records = [(rule, out) for rule, out in unasked if any(rule == r and out.endswith(end) for r, end in DATA_RECORDS)]
-    assert unasked == records, [u for u in unasked if u not in records]  # was: 6 model_best.pt, 6 predictions.npz, the convergence CSV
+    assert unasked == records, [
+        u for u in unasked if u not in records
+    ]  # was: 6 model_best.pt, 6 predictions.npz, the convergence CSV
 
 
 @pytest.mark.slow  # six Snakemake runs: about 30 s on a busy two-core machine

@@ -117,10 +117,19 @@ def write_task_without_test_foreground(root: Path):
         labels[:, 4:10, 4:10] = 1
         if name == "C":
             labels[-2:] = 0
-        meta = pd.DataFrame({"id": [f"{name}/s{i}" for i in range(count)], "group": [f"{name}/s{i}" for i in range(count)], "source": "synthetic"})
+        meta = pd.DataFrame(
+            {
+                "id": [f"{name}/s{i}" for i in range(count)],
+                "group": [f"{name}/s{i}" for i in range(count)],
+                "source": "synthetic",
+            }
+        )
         write_client(root / "store", name, images, labels, meta)
         parts = ["train"] * (count - 4) + ["val"] * 2 + ["test"] * 2
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/s{i}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/s{i}"}
+            for i, s in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv"
 
@@ -147,14 +156,19 @@ def test_a_collapsed_run_is_flagged_in_the_log_and_final_json(tmp_path, monkeypa
     assert final["test"]["A"]["dice_fg"] == 0.0
     assert final["test"]["A"]["dice_paper"] == pytest.approx((2 * 220 / (256 + 220)) / 2)  # Dice_bg / 2 classes
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert f"client A: collapsed: the selected model (round 1) {collapsed}; its test scores are flagged in final.json, the tables and the report" in warnings
+    assert (
+        f"client A: collapsed: the selected model (round 1) {collapsed}; its test scores are flagged in final.json, the tables and the report"
+        in warnings
+    )
     assert any(m.startswith("client C: no foreground: ") for m in warnings)
 
 
 # --- tables: marks, footnotes, ties, the metric in words ------------------------------------------------
 
 
-def final_json(run: str, seed: int, values, flags=None, metric="dice_fg", split_name="val", labels=("A", "B", "C")) -> dict:
+def final_json(
+    run: str, seed: int, values, flags=None, metric="dice_fg", split_name="val", labels=("A", "B", "C")
+) -> dict:
     clients = ["siteA", "siteB", "siteC"]
     scores = {c: {metric: v, "loss": 0.1} for c, v in zip(clients, values)}
     return {
@@ -173,7 +187,14 @@ FOOTNOTE = "FedAvg, B, seed 0: predicts class 0 (background) on every pixel of a
 def test_a_collapsed_models_cells_carry_a_mark_and_the_footnote_names_run_site_and_seed(tmp_path):
     finals = [final_json("fedavg", 0, [0.9, 0.0, 0.7], COLLAPSED), final_json("fedprox", 0, [0.8, 0.6, 0.7])]
     rows = [("fedavg", "FedAvg"), ("fedprox", "FedProx")]
-    write_table(seed_summary(finals, "dice_fg"), tmp_path / "t", rows, "My sites", metric="dice_fg", flags=collect_flags(finals, dict(rows)))
+    write_table(
+        seed_summary(finals, "dice_fg"),
+        tmp_path / "t",
+        rows,
+        "My sites",
+        metric="dice_fg",
+        flags=collect_flags(finals, dict(rows)),
+    )
     md = (tmp_path / "t.md").read_text()
     assert md.startswith("**My sites**\n\nMetric: foreground Dice, in %.\n\n| Method | A | B | C | Avg |")
     # B (the collapsed site) and the Avg that averages it are marked; FedProx is not
@@ -198,8 +219,20 @@ def test_the_table_command_marks_a_collapsed_run_read_from_final_json(tmp_path):
         paths.append(tmp_path / f"seed{final['seed']}" / "final.json")
         paths[-1].parent.mkdir()
         write_final(paths[-1], final)
-    experiment = {"title": "Mine", "task": "mysites", "runs": ["fedavg"], "labels": {"fedavg": "FedAvg"}, "seeds": [0, 1], "metric": "dice_fg"}
-    assert cli.main(["table", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "tab"), *map(str, paths)]) == 0
+    experiment = {
+        "title": "Mine",
+        "task": "mysites",
+        "runs": ["fedavg"],
+        "labels": {"fedavg": "FedAvg"},
+        "seeds": [0, 1],
+        "metric": "dice_fg",
+    }
+    assert (
+        cli.main(
+            ["table", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "tab"), *map(str, paths)]
+        )
+        == 0
+    )
     md = (tmp_path / "tab.md").read_text()
     # seed 1 is sound, seed 0 is not; a flagged Avg is never bold, even as the table's only row
     assert "| FedAvg | 90.00 (0.00) | 10.00 (14.14) † | 70.00 (0.00) | 56.67 (41.63) † |" in md
@@ -227,12 +260,24 @@ def test_methods_equal_on_every_site_get_a_note_and_a_last_digit_apart_do_not(tm
 
 
 def test_collapsed_flags_follow_the_validation_selection_and_no_foreground_the_split():
-    flags = {"siteC": {"collapsed": "predicts class 0 (background) on every pixel of all 2 test images", "no_foreground": "no foreground pixel in any of its 2 test images"}}
+    flags = {
+        "siteC": {
+            "collapsed": "predicts class 0 (background) on every pixel of all 2 test images",
+            "no_foreground": "no foreground pixel in any of its 2 test images",
+        }
+    }
     on_val = collect_flags([final_json("fedavg", 0, [0.9, 0.8, 0.0], flags)])
     on_test = collect_flags([final_json("fedavg", 0, [0.9, 0.8, 0.0], flags, split_name="test (official Fed-LWR)")])
     assert [kind for kind, _ in on_val[("fedavg", "C")]] == ["collapsed", "no_foreground"]
     # another round's test scores: the selected model's collapse says nothing about them
-    assert on_test == {("fedavg", "C"): [("no_foreground", "C: no foreground pixel in any of its 2 test images (foreground Dice is undefined there and Dice incl. background scores only the background).")]}
+    assert on_test == {
+        ("fedavg", "C"): [
+            (
+                "no_foreground",
+                "C: no foreground pixel in any of its 2 test images (foreground Dice is undefined there and Dice incl. background scores only the background).",
+            )
+        ]
+    }
 
 
 # --- the report: a user's own data, and flags beside the paper -------------------------------------------
@@ -249,9 +294,27 @@ def write_finals(tmp_path: Path, finals: list[dict]) -> list[str]:
 
 
 def test_a_report_on_a_users_own_data_has_the_per_site_table_and_claims_no_reproduction(tmp_path):
-    paths = write_finals(tmp_path, [final_json("fedavg", 0, [0.9, 0.0, 0.7], COLLAPSED), final_json("fedprox", 0, [0.8, 0.6, 0.7])])
-    experiment = {"title": "Your data: test Dice (%) per site", "task": "mysites", "runs": ["fedavg", "fedprox"], "labels": {"fedavg": "FedAvg", "fedprox": "FedProx"}, "seeds": [0], "metric": "dice_fg"}
-    argv = ["report", "--experiments", json.dumps({"mine": experiment}), "--paper-tables", str(tmp_path / "none"), "--out", str(tmp_path / "report.md"), *paths]
+    paths = write_finals(
+        tmp_path, [final_json("fedavg", 0, [0.9, 0.0, 0.7], COLLAPSED), final_json("fedprox", 0, [0.8, 0.6, 0.7])]
+    )
+    experiment = {
+        "title": "Your data: test Dice (%) per site",
+        "task": "mysites",
+        "runs": ["fedavg", "fedprox"],
+        "labels": {"fedavg": "FedAvg", "fedprox": "FedProx"},
+        "seeds": [0],
+        "metric": "dice_fg",
+    }
+    argv = [
+        "report",
+        "--experiments",
+        json.dumps({"mine": experiment}),
+        "--paper-tables",
+        str(tmp_path / "none"),
+        "--out",
+        str(tmp_path / "report.md"),
+        *paths,
+    ]
     assert cli.main(argv) == 0
     text = (tmp_path / "report.md").read_text()
     assert text.startswith("# fedmedbench report\n")
@@ -267,10 +330,30 @@ def test_a_report_on_a_users_own_data_has_the_per_site_table_and_claims_no_repro
 def test_a_reproduction_report_marks_a_flagged_cell_beside_the_paper(tmp_path):
     paper = tmp_path / "paper"
     paper.mkdir()
-    (paper / "t.csv").write_text("paper,table,task,method,method_id,client,metric,mean,std\n" + "".join(f"P,1,mysites,FedAvg,fedavg,{c},dice,80.00,1.00\n" for c in ("A", "B", "C", "Avg")))
+    (paper / "t.csv").write_text(
+        "paper,table,task,method,method_id,client,metric,mean,std\n"
+        + "".join(f"P,1,mysites,FedAvg,fedavg,{c},dice,80.00,1.00\n" for c in ("A", "B", "C", "Avg"))
+    )
     paths = write_finals(tmp_path, [final_json("fedavg", 0, [0.9, 0.0, 0.7], COLLAPSED, metric="dice_paper")])
-    experiment = {"title": "Paper table", "task": "mysites", "runs": ["fedavg"], "labels": {"fedavg": "FedAvg"}, "seeds": [0], "metric": "dice_paper", "paper_table": "t.csv"}
-    argv = ["report", "--experiments", json.dumps({"t": experiment}), "--paper-tables", str(paper), "--out", str(tmp_path / "report.md"), *paths]
+    experiment = {
+        "title": "Paper table",
+        "task": "mysites",
+        "runs": ["fedavg"],
+        "labels": {"fedavg": "FedAvg"},
+        "seeds": [0],
+        "metric": "dice_paper",
+        "paper_table": "t.csv",
+    }
+    argv = [
+        "report",
+        "--experiments",
+        json.dumps({"t": experiment}),
+        "--paper-tables",
+        str(paper),
+        "--out",
+        str(tmp_path / "report.md"),
+        *paths,
+    ]
     assert cli.main(argv) == 0
     text = (tmp_path / "report.md").read_text()
     assert text.startswith("# fedmedbench reproduction report\n") and "Δ = ours − paper" in text
@@ -300,8 +383,13 @@ def test_a_folders_segmentation_table_defaults_to_foreground_dice(tmp_path):
     cfgmod.complete_user_data(config)
     cfgmod.validate(config)
     assert config["tasks"]["mysites"]["selection_metric"] == "dice_fg"
-    assert config["experiments"]["mine"]["metric"] == "dice_fg" and config["experiments"]["paper_dice"]["metric"] == "dice_paper"
-    assert config["experiments"]["fedlwr_table1_prostate"]["metric"] == "dice_paper"  # the papers' experiments as written
+    assert (
+        config["experiments"]["mine"]["metric"] == "dice_fg"
+        and config["experiments"]["paper_dice"]["metric"] == "dice_paper"
+    )
+    assert (
+        config["experiments"]["fedlwr_table1_prostate"]["metric"] == "dice_paper"
+    )  # the papers' experiments as written
 
 
 def render_caption(name: str, config: dict, experiment: str | None = None, metric: str | None = None) -> str:
@@ -312,7 +400,11 @@ def render_caption(name: str, config: dict, experiment: str | None = None, metri
     from jinja2 import Environment
 
     text = (ROOT / "workflow" / "report" / name).read_text()
-    snakemake = SimpleNamespace(config=config, wildcards=SimpleNamespace(experiment=experiment), params=SimpleNamespace(metric=metric) if metric else SimpleNamespace())
+    snakemake = SimpleNamespace(
+        config=config,
+        wildcards=SimpleNamespace(experiment=experiment),
+        params=SimpleNamespace(metric=metric) if metric else SimpleNamespace(),
+    )
     rendered = Environment(trim_blocks=True, lstrip_blocks=True).from_string(text).render(snakemake=snakemake)
     publish_parts(rendered, writer="html")  # valid reStructuredText
     return " ".join(rendered.split())

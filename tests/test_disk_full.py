@@ -25,7 +25,9 @@ def disk_full(*args, **kwargs):
 def client_arrays(n=5, size=16):
     images = np.zeros((n, size, size, 3), np.uint8)
     labels = np.zeros((n, size, size), np.uint8)
-    meta = pd.DataFrame({"id": [f"A/{i}" for i in range(n)], "group": [f"A/{i}" for i in range(n)], "source": "synthetic"})
+    meta = pd.DataFrame(
+        {"id": [f"A/{i}" for i in range(n)], "group": [f"A/{i}" for i in range(n)], "source": "synthetic"}
+    )
     return images, labels, meta
 
 
@@ -46,9 +48,13 @@ def test_a_full_disk_while_a_client_is_written_names_the_file_and_the_bytes(tmp_
         store.write_client(tmp_path / "store", "A", images, labels, meta)
     needed = (images if file == "images.npy" else labels).nbytes + 128  # the array and np.save's header
     message = str(err.value)
-    assert message.startswith(f"{tmp_path / 'store' / 'A' / file}: no space left on device while writing it: it needs {needed:,} bytes "
-                              f"and 2,000 bytes are free there; free some space on that disk or put results_dir on a larger one"), message
-    assert isinstance(err.value, FedmedbenchError) and isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC
+    assert message.startswith(
+        f"{tmp_path / 'store' / 'A' / file}: no space left on device while writing it: it needs {needed:,} bytes "
+        f"and 2,000 bytes are free there; free some space on that disk or put results_dir on a larger one"
+    ), message
+    assert (
+        isinstance(err.value, FedmedbenchError) and isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC
+    )
     assert not (tmp_path / "store").exists()  # nothing half written is left: no client folder, no temporary
 
 
@@ -56,7 +62,12 @@ def test_a_full_disk_while_the_split_is_written_names_it(tmp_path, monkeypatch):
     split = pd.DataFrame({"client": ["A"], "split": ["train"], "row": [0], "id": ["A/0"], "group": ["A/0"]})
     text = split.to_csv(index=False, lineterminator="\n")
     monkeypatch.setattr(os, "fsync", disk_full)  # the data reach the disk at the fsync: ENOSPC there
-    with pytest.raises(DiskFullError, match=re.escape(f"{tmp_path / 'split.csv'}: no space left on device while writing it: it needs {len(text):,} bytes")):
+    with pytest.raises(
+        DiskFullError,
+        match=re.escape(
+            f"{tmp_path / 'split.csv'}: no space left on device while writing it: it needs {len(text):,} bytes"
+        ),
+    ):
         store.write_split_csv(split, tmp_path / "split.csv")
     assert list(tmp_path.iterdir()) == []
 
@@ -72,7 +83,26 @@ def test_preprocess_on_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeyp
     monkeypatch.setattr(store.np, "save", disk_full)
     monkeypatch.delenv("FEDMEDBENCH_JOBSERVER", raising=False)
     out = tmp_path / "run" / "store"
-    assert cli.main(["preprocess", "fundus", "--protocol", "fedlwr", "--raw", f"{archive}={raw}", "--out", str(out), "--size", "16"]) == 1
+    assert (
+        cli.main(
+            [
+                "preprocess",
+                "fundus",
+                "--protocol",
+                "fedlwr",
+                "--raw",
+                f"{archive}={raw}",
+                "--out",
+                str(out),
+                "--size",
+                "16",
+            ]
+        )
+        == 1
+    )
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert re.search(rf"DiskFullError: {re.escape(str(out.parent))}/\.store\.tmp-\w{{8}}/\w+/images\.npy: no space left on device while writing it: it needs [\d,]+ bytes", line), line
+    assert re.search(
+        rf"DiskFullError: {re.escape(str(out.parent))}/\.store\.tmp-\w{{8}}/\w+/images\.npy: no space left on device while writing it: it needs [\d,]+ bytes",
+        line,
+    ), line
     assert not out.parent.exists() or list(out.parent.iterdir()) == []

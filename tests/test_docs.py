@@ -25,7 +25,9 @@ import docs_numbers  # noqa: E402
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-USER_GUIDE = [DOCS / n for n in ("data.md", "extending.md", "federation.md", "troubleshooting.md", "cost.md", "index.md")]
+USER_GUIDE = [
+    DOCS / n for n in ("data.md", "extending.md", "federation.md", "troubleshooting.md", "cost.md", "index.md")
+]
 # Pages whose command blocks their owners' tests run (tests that read the page and execute its blocks).
 RUN_BY_OTHER_TESTS = [DOCS / n for n in ("data.md", "extending.md", "federation.md")]
 REMOVED = ("docs/decisions.md", "docs/performance.md", "docs/reliability.md")
@@ -105,8 +107,12 @@ def commands(body: str) -> list[list[str]]:
 
 
 def linked_pages() -> list[Path]:
-    return [*doc_pages(), ROOT / "CHANGELOG.md", ROOT / "config" / "README.md",
-            *sorted((ROOT / "benchmarks" / "results").glob("*.md"))]
+    return [
+        *doc_pages(),
+        ROOT / "CHANGELOG.md",
+        ROOT / "config" / "README.md",
+        *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
+    ]
 
 
 @pytest.mark.parametrize("page", linked_pages(), ids=rel)
@@ -132,9 +138,18 @@ def test_the_slug_rule_is_githubs():
 
 
 def test_no_reference_to_a_removed_page_is_left():
-    sources = [README, *DOCS.rglob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
-               *(ROOT / "workflow").rglob("*"), *(ROOT / "config").rglob("*"), *(ROOT / "benchmarks").glob("*.py"),
-               *(ROOT / "benchmarks").glob("*.sh"), ROOT / "Makefile", ROOT / "pyproject.toml"]
+    sources = [
+        README,
+        *DOCS.rglob("*.md"),
+        *(ROOT / "src").rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "workflow").rglob("*"),
+        *(ROOT / "config").rglob("*"),
+        *(ROOT / "benchmarks").glob("*.py"),
+        *(ROOT / "benchmarks").glob("*.sh"),
+        ROOT / "Makefile",
+        ROOT / "pyproject.toml",
+    ]
     found = []
     for path in sources:
         if not path.is_file() or path == Path(__file__) or path.suffix == ".pyc":
@@ -154,8 +169,14 @@ def test_the_readme_keeps_the_two_commands_a_new_user_types():
 
 @functools.cache
 def cli_help(*subcommand: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "fedmedbench", *subcommand, "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120, env=_env())
+    result = subprocess.run(
+        [sys.executable, "-m", "fedmedbench", *subcommand, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     assert result.returncode == 0, f"fedmedbench {' '.join(subcommand)} --help: {result.stderr[-2000:]}"
     return result.stdout
 
@@ -202,7 +223,9 @@ def check_command(argv: list[str], where: str) -> None:
         else:
             raise AssertionError(f"{where}: {' '.join(argv)}: no such fedmedbench command")
         missing = [a.split("=")[0] for a in argv if a.startswith("--") and a.split("=")[0] not in text]
-        assert not missing, f"{where}: {' '.join(argv)}: options {missing} are not in `fedmedbench {' '.join(sub)} --help`"
+        assert not missing, (
+            f"{where}: {' '.join(argv)}: options {missing} are not in `fedmedbench {' '.join(sub)} --help`"
+        )
     elif argv[0] == "snakemake":
         from snakemake.cli import get_argument_parser
 
@@ -239,17 +262,22 @@ def test_an_unmarked_block_runs_on_a_fresh_checkout(page):
         for argv in commands(body):
             assert argv[0] in ("make", "snakemake") or _fedmedbench_subcommand(argv) is not None, (
                 f"{rel(page)}:{line}: `{' '.join(argv)}` is neither run by a test nor marked "
-                "(put <!-- needs: real-data --> or <!-- needs: gpu --> above the block)")
+                "(put <!-- needs: real-data --> or <!-- needs: gpu --> above the block)"
+            )
 
 
 @pytest.mark.parametrize("page", [p for p in RUN_BY_OTHER_TESTS if p.exists()], ids=rel)
 def test_the_blocks_of_the_pages_other_tests_run_are_run_or_marked(page):
     """Every block of these pages is either run by a test (a test under tests/ reads the page) or marked."""
-    readers = [t for t in (ROOT / "tests").glob("test_*.py") if t.name != Path(__file__).name
-               and rel(page) in t.read_text(encoding="utf-8")]
+    readers = [
+        t
+        for t in (ROOT / "tests").glob("test_*.py")
+        if t.name != Path(__file__).name and rel(page) in t.read_text(encoding="utf-8")
+    ]
     unmarked = [line for line, _body, marker in command_blocks(page) if marker is None]
     assert readers or not unmarked, (
-        f"{rel(page)}: blocks at lines {unmarked} are neither marked nor read by any test under tests/")
+        f"{rel(page)}: blocks at lines {unmarked} are neither marked nor read by any test under tests/"
+    )
 
 
 @pytest.mark.slow
@@ -257,8 +285,14 @@ def test_the_readmes_plan_step_is_a_valid_dry_run(tmp_path):
     """The README's configure step (`snakemake -n --configfile ...`) plans the real config's DAG."""
     overlay = tmp_path / "my_changes.yaml"
     overlay.write_text("selected_experiments: [harmofl_table1_prostate]\n")
-    result = subprocess.run(["snakemake", "-n", "-q", "--configfile", "config/config.yaml", str(overlay)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600, env=_env())
+    result = subprocess.run(
+        ["snakemake", "-n", "-q", "--configfile", "config/config.yaml", str(overlay)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
@@ -306,15 +340,21 @@ def test_the_readme_fits_one_screen():
 def test_the_user_guide_is_under_ten_thousand_words():
     """The pages a reader reads through; troubleshooting.md is looked up by message, one row at a time
     (its rows are bounded instead, below)."""
-    words = {rel(p): len(re.findall(r"\S+", p.read_text(encoding="utf-8"))) for p in USER_GUIDE
-             if p.exists() and p.name != "troubleshooting.md"}
+    words = {
+        rel(p): len(re.findall(r"\S+", p.read_text(encoding="utf-8")))
+        for p in USER_GUIDE
+        if p.exists() and p.name != "troubleshooting.md"
+    }
     assert sum(words.values()) < 10_000, words
 
 
 def test_each_troubleshooting_row_is_short():
     """A row is the message, its cause, what to do and the test that pins it: a paragraph at most."""
-    rows = [line for line in (DOCS / "troubleshooting.md").read_text(encoding="utf-8").splitlines()
-            if line.startswith("| ") and not line.startswith("| message") and not re.match(r"^\|\s*-", line)]
+    rows = [
+        line
+        for line in (DOCS / "troubleshooting.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| ") and not line.startswith("| message") and not re.match(r"^\|\s*-", line)
+    ]
     long_rows = [row[:60] for row in rows if len(re.findall(r"\S+", row)) > 150]
     assert rows and not long_rows, f"troubleshooting.md rows over 150 words: {long_rows}"
 
@@ -323,7 +363,8 @@ def test_each_troubleshooting_row_is_short():
 def test_each_page_says_on_its_first_line_whom_it_is_for(page):
     first = page.read_text(encoding="utf-8").splitlines()[0] if page.read_text(encoding="utf-8") else ""
     assert re.match(r"^> \*\*For [^*]+\*\*", first), (
-        f"{rel(page)}: the first line must say whom the page is for, e.g. '> **For users** who ...'; got {first!r}")
+        f"{rel(page)}: the first line must say whom the page is for, e.g. '> **For users** who ...'; got {first!r}"
+    )
 
 
 WORK_LOG = [
@@ -336,7 +377,10 @@ WORK_LOG = [
     (r"\b(?:other|another) helpers?\b|\bhelpers?'s?\b", "who changed what"),
     (r"\b(?:first|second|third|fourth|fifth|sixth) (?:session|work period|call)\b", "a numbered work period"),
     (r"\bwork periods?\b", "a numbered work period"),
-    (r"(?<![\w/.-])20\d\d-\d\d-\d\d(?![\w.-])", "the date of a work period (dated results live in benchmarks/results/)"),
+    (
+        r"(?<![\w/.-])20\d\d-\d\d-\d\d(?![\w.-])",
+        "the date of a work period (dated results live in benchmarks/results/)",
+    ),
     (r"\b(?:yesterday|this morning|today we|we tried|I tried)\b", "a diary"),
 ]
 
@@ -388,7 +432,9 @@ def test_each_troubleshooting_message_is_checked_by_the_test_it_cites(row):
     assert path.exists(), f"troubleshooting.md:{line}: {test_file} does not exist"
     source = path.read_text(encoding="utf-8")
     if test_name:
-        assert re.search(rf"^\s*def {test_name}\(", source, re.M), f"troubleshooting.md:{line}: no test {test_file}::{test_name}"
+        assert re.search(rf"^\s*def {test_name}\(", source, re.M), (
+            f"troubleshooting.md:{line}: no test {test_file}::{test_name}"
+        )
     plain = source.replace("\\", "")
     quoted = re.findall(r"`([^`]+)`", message)
     # The page's message is the example a user sees; the test checks it with placeholders ({client},
@@ -397,7 +443,8 @@ def test_each_troubleshooting_message_is_checked_by_the_test_it_cites(row):
     pieces = [p for p in pieces if len(p) >= 8]
     assert pieces, f"troubleshooting.md:{line}: no message text to check"
     assert any(p in plain for p in pieces), (
-        f"troubleshooting.md:{line}: none of {pieces} appears in {test_file}: the message the page quotes is not the one the test checks")
+        f"troubleshooting.md:{line}: none of {pieces} appears in {test_file}: the message the page quotes is not the one the test checks"
+    )
 
 
 # --- the reviewer's guide names keys that exist ---------------------------------------------------------

@@ -25,7 +25,8 @@ GENERATED = re.compile(r"<!-- generated:[a-z0-9-]+ -->\n.*?<!-- /generated -->",
 FENCE = re.compile(r"^[ \t]*(```|~~~)[^\n]*\n.*?^[ \t]*\1[ \t]*$", re.M | re.S)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 NUMBER = re.compile(
-    r"(?<![\w.])(?:~|≈|about |under |up to |< ?)?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?(?:min|GB|s|h|×|%)(?!\w)")
+    r"(?<![\w.])(?:~|≈|about |under |up to |< ?)?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?(?:min|GB|s|h|×|%)(?!\w)"
+)
 
 # (page, the number as written, why it may stay). Keep it short: a number a run produced is generated or removed.
 ALLOWED: list[tuple[str, str, str]] = [
@@ -44,7 +45,11 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("docs/data/camelyon17.md", "35 GB", "archive + extraction + store (sizes)"),
     ("docs/data/fundus.md", "≈0.8 GB", "the store's shape at 384 px (arithmetic)"),
     ("docs/data/fundus.md", "25 %", "MAX_OFF_LEVEL_FRACTION (a default)"),
-    ("docs/data/fundus.md", "3–6 %", "off-level pixels of the seeded synthetic twin's masks (deterministic, not a timing)"),
+    (
+        "docs/data/fundus.md",
+        "3–6 %",
+        "off-level pixels of the seeded synthetic twin's masks (deterministic, not a timing)",
+    ),
     ("docs/data/fundus.md", "under 1 %", "off-level pixels at 384 px (deterministic)"),
     ("docs/data/fundus.md", "1 %", "the alternative threshold discussed"),
     ("docs/data/skin.md", "≈1.3 GB", "the archive's published size"),
@@ -78,8 +83,10 @@ def numbers_with_units(text: str) -> list[str]:
 
 
 def test_the_scanner_finds_numbers_with_units_and_skips_generated_blocks_and_code():
-    page = ("A round takes 4.7 s, 2 min, 6.7 GB, 1.15×, 12 % and 3 h.\n<!-- generated:x -->\n| 9.9 s |\n"
-            "<!-- /generated -->\n```bash\nsleep 5 s\n```\nSee `--wait 3 s`.\n")
+    page = (
+        "A round takes 4.7 s, 2 min, 6.7 GB, 1.15×, 12 % and 3 h.\n<!-- generated:x -->\n| 9.9 s |\n"
+        "<!-- /generated -->\n```bash\nsleep 5 s\n```\nSee `--wait 3 s`.\n"
+    )
     assert numbers_with_units(page) == ["4.7 s", "2 min", "6.7 GB", "1.15×", "12 %", "3 h"]
     assert numbers_with_units("python 3.11 and 455,954 images, 1e-4, model 5.3") == []
 
@@ -91,11 +98,16 @@ def test_no_page_quotes_a_measured_number_outside_a_generated_block(page):
     found = [n for n in numbers_with_units(page.read_text(encoding="utf-8")) if re.sub(r"\s+", " ", n) not in allowed]
     assert not found, (
         f"{rel}: numbers with units outside generated blocks: {found}. A number a run produced goes in a "
-        "generated block (scripts/docs_numbers.py) or goes; a constant goes in ALLOWED with its reason")
+        "generated block (scripts/docs_numbers.py) or goes; a constant goes in ALLOWED with its reason"
+    )
 
 
 def test_every_allowed_number_is_still_on_its_page():
     """The allow-list stays small: an entry whose number left its page is removed."""
-    stale = [f"{where}: {number}" for where, number, _ in ALLOWED
-             if re.sub(r"\s+", " ", number) not in {re.sub(r"\s+", " ", n) for n in numbers_with_units((ROOT / where).read_text(encoding="utf-8"))}]
+    stale = [
+        f"{where}: {number}"
+        for where, number, _ in ALLOWED
+        if re.sub(r"\s+", " ", number)
+        not in {re.sub(r"\s+", " ", n) for n in numbers_with_units((ROOT / where).read_text(encoding="utf-8"))}
+    ]
     assert not stale, f"ALLOWED entries no longer on their page: {stale}"

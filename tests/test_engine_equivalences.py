@@ -80,7 +80,9 @@ def test_predictions_of_the_selected_round_are_saved(tmp_path, tiny_task):
     import numpy as np
 
     store, split = tiny_task
-    run_training(tiny_run_config(store, split, "fedavg", rounds=2, qualitative_samples=2), tmp_path / "p", progress=False)
+    run_training(
+        tiny_run_config(store, split, "fedavg", rounds=2, qualitative_samples=2), tmp_path / "p", progress=False
+    )
     with np.load(tmp_path / "p" / "predictions.npz") as saved:
         assert saved["A|image"].shape == (2, 16, 16, 3) and saved["A|image"].dtype == np.uint8
         assert saved["B|label"].shape == saved["B|pred"].shape == (2, 16, 16)

@@ -32,7 +32,9 @@ def test_a_resume_onto_a_rebuilt_store_starts_afresh(tmp_path, monkeypatch, capl
         engine.run_training(cfg, tmp_path / "run", progress=False)
     assert "the data it was trained on changed since" in caplog.text
     fresh_store, fresh_split = write_tiny_task(tmp_path / "fresh", size=32)
-    engine.run_training(tiny_run_config(fresh_store, fresh_split, "fedavg", rounds=3), tmp_path / "fresh_run", progress=False)
+    engine.run_training(
+        tiny_run_config(fresh_store, fresh_split, "fedavg", rounds=3), tmp_path / "fresh_run", progress=False
+    )
     ours, fresh = (json.loads((tmp_path / d / "final.json").read_text()) for d in ("run", "fresh_run"))
     assert ours["test"] == fresh["test"] and ours["selection"] == fresh["selection"]
 
@@ -67,18 +69,35 @@ def classification_task(root, val_classes=((0, 1), (0, 1)), n_train=9, size=32):
     rows = []
     for name, classes in zip("AB", val_classes):
         labels = np.concatenate([np.arange(n_train) % 2, np.resize(classes, 4), [0, 1]]).astype(np.int64)
-        images = (rng.integers(0, 60, (len(labels), size, size, 3)) + 150 * labels[:, None, None, None]).astype(np.uint8)
-        meta = pd.DataFrame({"id": [f"{name}/{i}" for i in range(len(labels))], "group": [f"{name}/{i}" for i in range(len(labels))], "source": "synthetic"})
+        images = (rng.integers(0, 60, (len(labels), size, size, 3)) + 150 * labels[:, None, None, None]).astype(
+            np.uint8
+        )
+        meta = pd.DataFrame(
+            {
+                "id": [f"{name}/{i}" for i in range(len(labels))],
+                "group": [f"{name}/{i}" for i in range(len(labels))],
+                "source": "synthetic",
+            }
+        )
         write_client(root / "store", name, images, labels, meta)
         parts = ["train"] * n_train + ["val"] * 4 + ["test"] * 2
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/{i}", "group": f"{name}/{i}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/{i}", "group": f"{name}/{i}"}
+            for i, s in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv"
 
 
 def classification_config(store, split, **changes):
-    cfg = tiny_run_config(store, split, "fedavg", clients=("A", "B"), kind="classification", loss="ce", augment="none", rounds=2)
-    cfg.update(model={"name": "vgg_slim", "in_channels": 3, "num_classes": 2, "init_features": 4}, optimizer={"name": "sgd", "lr": 0.01}, selection_metric="auc_macro")
+    cfg = tiny_run_config(
+        store, split, "fedavg", clients=("A", "B"), kind="classification", loss="ce", augment="none", rounds=2
+    )
+    cfg.update(
+        model={"name": "vgg_slim", "in_channels": 3, "num_classes": 2, "init_features": 4},
+        optimizer={"name": "sgd", "lr": 0.01},
+        selection_metric="auc_macro",
+    )
     cfg.update(changes)
     return cfg
 
@@ -87,10 +106,15 @@ def test_a_validation_split_that_cannot_define_the_metric_stops_before_training(
     """The audit: client B's validation holds one class, so its AUC is NaN every round and
     selection froze at round 1 with exit 0. Now: one line naming client and metric, nothing trained."""
     store, split = classification_task(tmp_path / "data", val_classes=((0, 1), (1,)), n_train=8)
-    with pytest.raises(ConfigError, match=r"client B: its validation split \(4 samples, classes \[1\]\) cannot define selection_metric 'auc_macro'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"client B: its validation split \(4 samples, classes \[1\]\) cannot define selection_metric 'auc_macro'",
+    ):
         engine.run_training(classification_config(store, split), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
-    final = engine.run_training(classification_config(store, split, selection_metric="accuracy"), tmp_path / "ok", progress=False)
+    final = engine.run_training(
+        classification_config(store, split, selection_metric="accuracy"), tmp_path / "ok", progress=False
+    )
     assert final["selection"]["metric"] == "accuracy"
 
 
@@ -103,8 +127,13 @@ def test_an_undefined_score_during_training_is_an_error_never_a_frozen_selection
 
 def test_a_last_batch_of_one_under_batchnorm1d_is_named_before_training(tmp_path):
     store, split = classification_task(tmp_path / "data", n_train=9)
-    with pytest.raises(ConfigError, match=r"client A: its train split has 9 samples, so with batch_size 4 the last batch of every epoch holds 1 sample"):
-        engine.run_training(classification_config(store, split, selection_metric="accuracy"), tmp_path / "run", progress=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"client A: its train split has 9 samples, so with batch_size 4 the last batch of every epoch holds 1 sample",
+    ):
+        engine.run_training(
+            classification_config(store, split, selection_metric="accuracy"), tmp_path / "run", progress=False
+        )
 
 
 @pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
@@ -118,7 +147,13 @@ def test_a_kill_during_the_checkpoint_write_leaves_no_temporary_after_the_rerun(
         assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert list(out.glob(".*.tmp")), "the kill should have left a temporary"
     assert train_cli(cfg, out).returncode == 0
-    assert sorted(p.name for p in out.iterdir()) == ["final.json", "history.csv", "model_best.pt", "predictions.npz", "run_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "final.json",
+        "history.csv",
+        "model_best.pt",
+        "predictions.npz",
+        "run_config.json",
+    ]
     assert (out / "final.json").read_bytes() == (tmp_path / "straight" / "final.json").read_bytes()
 
 
@@ -168,7 +203,11 @@ def test_a_global_method_can_be_selected_per_client(tmp_path, tiny_task):
     """PRR-FL's tables: every row selected per client (client k picks the round whose global model
     scores best on its own validation split), so rows differ by method, not by selection rule."""
     store, split = tiny_task
-    final = engine.run_training(tiny_run_config(store, split, "fedavg", rounds=4, selection_scope="per_client"), tmp_path / "run", progress=False)
+    final = engine.run_training(
+        tiny_run_config(store, split, "fedavg", rounds=4, selection_scope="per_client"),
+        tmp_path / "run",
+        progress=False,
+    )
     assert final["selection"]["per_client"] is True
     history = pd.read_csv(tmp_path / "run" / "history.csv")
     val = history[(history["split"] == "val") & (history["metric"] == "dice_paper")]
@@ -186,7 +225,11 @@ def test_drop_last_drops_the_last_partial_batch_only():
     from fedmedbench.fl.data import SplitData, train_batches
 
     split = SplitData(np.zeros((10, 4, 4, 3), np.uint8), np.zeros((10, 4, 4), np.uint8), np.arange(10), np.zeros(10))
-    sizes = lambda drop: [len(y) for _, y in train_batches(split, 4, torch.Generator().manual_seed(0), "none", 1.0, drop_last=drop)]  # noqa: E731
+    sizes = lambda drop: [
+        len(y) for _, y in train_batches(split, 4, torch.Generator().manual_seed(0), "none", 1.0, drop_last=drop)
+    ]  # noqa: E731
     assert sizes(False) == [4, 4, 2] and sizes(True) == [4, 4]
     small = SplitData(split.images, split.labels, np.arange(3), np.zeros(3))
-    assert [len(y) for _, y in train_batches(small, 4, torch.Generator(), "none", 1.0, drop_last=True)] == [3]  # never an empty epoch
+    assert [len(y) for _, y in train_batches(small, 4, torch.Generator(), "none", 1.0, drop_last=True)] == [
+        3
+    ]  # never an empty epoch

@@ -44,9 +44,13 @@ def test_pyproject_declares_ranges_that_admit_the_tested_versions():
     tested = constraints()
     for requirement in declared():
         name = canonicalize_name(requirement.name)
-        assert not any(s.operator == "==" for s in requirement.specifier), f"pyproject.toml pins {requirement}: declare a range"
+        assert not any(s.operator == "==" for s in requirement.specifier), (
+            f"pyproject.toml pins {requirement}: declare a range"
+        )
         assert name in tested, f"constraints.txt has no version of {name}"
-        assert Version(tested[name]) in requirement.specifier, f"{requirement} excludes the tested {name}=={tested[name]}"
+        assert Version(tested[name]) in requirement.specifier, (
+            f"{requirement} excludes the tested {name}=={tested[name]}"
+        )
 
 
 def test_envs_pin_the_tested_versions():
@@ -58,7 +62,9 @@ def test_envs_pin_the_tested_versions():
         assert env["channels"][-1] == "nodefaults", path
         pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
         for name, version in pins(pip_section).items():
-            assert tested.get(name) == version, f"{path.name}: {name}=={version}, constraints.txt has {tested.get(name)}"
+            assert tested.get(name) == version, (
+                f"{path.name}: {name}=={version}, constraints.txt has {tested.get(name)}"
+            )
         assert "python=3.11" in env["dependencies"], path
 
 
@@ -78,9 +84,22 @@ def test_a_plugin_package_installs_beside_fedmedbench_without_changing_a_version
     new_method("labfed", package)
     report = tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation", "--quiet",
-         "--report", str(report), str(package)],
-        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-index",
+            "--no-build-isolation",
+            "--quiet",
+            "--report",
+            str(report),
+            str(package),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     assert result.returncode == 0, result.stderr
     installs = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
@@ -106,4 +125,3 @@ def test_the_cpu_torch_install_takes_the_tested_pins_and_the_readme_names_none()
     assert pins(install_torch.torch_pins()) == {"torch": pinned["torch"], "torchvision": pinned["torchvision"]}
     assert not re.search(r"torch(vision)?==", (ROOT / "README.md").read_text())
     assert "scripts/install_torch.py" in (ROOT / "Makefile").read_text()
-

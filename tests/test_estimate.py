@@ -62,7 +62,9 @@ def test_evaluation_cost_counts_the_engines_passes_and_is_printed_as_a_share_of_
     assert (cost.trained_samples, cost.val_passes) == (18, 6)
     assert cost.test_passes == pytest.approx(6 * 3 / 5)  # test in rounds 2, 4, 5 of 5
     assert cost.seconds > 0
-    truncated = estimate.measure_evaluation({**cfg, "truncate_to_smallest": True, "local_epochs": 2}, "cpu", threads=1, data_workers=2)
+    truncated = estimate.measure_evaluation(
+        {**cfg, "truncate_to_smallest": True, "local_epochs": 2}, "cpu", threads=1, data_workers=2
+    )
     assert truncated.trained_samples == 4 * 3 * 2 and truncated.val_passes == 6  # evaluation is never truncated
 
     jobs = [Job("table", "tiny", "fedavg", 0, 5, "k"), Job("table", "tiny", "fedavg", 1, 5, "k")]
@@ -93,7 +95,13 @@ def test_a_job_is_projected_with_its_own_test_cadence_not_the_short_runs_one(tmp
 
     monkeypatch.setattr(engine, "run_training", fake_run_training)
     monkeypatch.setattr(estimate.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(estimate, "measure_evaluation", lambda *a, **k: estimate.EvalCost(trained_samples=1, val_passes=1, test_passes=0.1, seconds=0.5, test_seconds=3.0))
+    monkeypatch.setattr(
+        estimate,
+        "measure_evaluation",
+        lambda *a, **k: estimate.EvalCost(
+            trained_samples=1, val_passes=1, test_passes=0.1, seconds=0.5, test_seconds=3.0
+        ),
+    )
     config = {"tasks": {}, "experiments": {}}
     monkeypatch.setattr(estimate.cfgmod, "resolve_run", lambda config, task, run, seed: cfg)
     job = Job("table", "tiny", "fedavg", 0, 500, "k", estimate.rounds_with_test(500, 10))
@@ -101,8 +109,12 @@ def test_a_job_is_projected_with_its_own_test_cadence_not_the_short_runs_one(tmp
     timing = estimate.measure(config, [job], 2, "cpu", 1)["k"]
     assert runs[1:] == [(1, 3), (2, 3)]  # after the warm-up: the timed runs test in their last round only
     assert timing == Timing(fixed_seconds=4.0, seconds_per_round=2.0, test_seconds=3.0)
-    assert timing.job_seconds(500, 50) == 1151.0 and timing.round_seconds(500, 50) == pytest.approx(2.0 + 49 * 3.0 / 500)
-    rows = {r["experiment"]: r for r in estimate.project([job], {"k": timing}, gpus=1, jobs_per_gpu=1, sharing_gain=1.0)}
+    assert timing.job_seconds(500, 50) == 1151.0 and timing.round_seconds(500, 50) == pytest.approx(
+        2.0 + 49 * 3.0 / 500
+    )
+    rows = {
+        r["experiment"]: r for r in estimate.project([job], {"k": timing}, gpus=1, jobs_per_gpu=1, sharing_gain=1.0)
+    }
     assert rows["table"]["gpu_hours"] == pytest.approx(1151.0 / 3600)
 
 

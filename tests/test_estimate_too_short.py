@@ -18,9 +18,18 @@ def timed(monkeypatch, tiny_task, run_seconds: dict[int, float], val_seconds: fl
     store, split = tiny_task
     cfg = tiny_run_config(store, split, rounds=100, curve_every=10)
     now = [0.0]
-    monkeypatch.setattr(engine, "run_training", lambda run_cfg, out, **kw: now.__setitem__(0, now[0] + run_seconds[run_cfg["rounds"]]))
+    monkeypatch.setattr(
+        engine, "run_training", lambda run_cfg, out, **kw: now.__setitem__(0, now[0] + run_seconds[run_cfg["rounds"]])
+    )
     monkeypatch.setattr(estimate.time, "perf_counter", lambda: now[0])
-    cost = EvalCost(trained_samples=18, val_passes=6, test_passes=0.6, seconds=val_seconds + 0.1 * 0.5, test_seconds=0.5, val_seconds=val_seconds)
+    cost = EvalCost(
+        trained_samples=18,
+        val_passes=6,
+        test_passes=0.6,
+        seconds=val_seconds + 0.1 * 0.5,
+        test_seconds=0.5,
+        val_seconds=val_seconds,
+    )
     monkeypatch.setattr(estimate, "measure_evaluation", lambda *a, **kw: cost)
     monkeypatch.setattr(estimate.cfgmod, "resolve_run", lambda config, task, run, seed: cfg)
     job = Job("table", "tiny", "fedavg", 0, 100, "k", 10)

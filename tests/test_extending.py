@@ -36,9 +36,16 @@ def private_venv(where: Path) -> Path:
     scripts (pip, snakemake) re-pointed at its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     python = where / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # addsitedir, not a plain path line: this environment's own .pth files (the editable fedmedbench) count too.
-    (Path(purelib) / "_outer_environment.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    (Path(purelib) / "_outer_environment.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+    )
     for script in ("pip", "snakemake"):
         text = (BIN / script).read_text()
         (where / "bin" / script).write_text(re.sub(r"^#!.*", f"#!{python}", text, count=1))
@@ -62,7 +69,11 @@ def run(block: str, cwd: Path, bin_dir: Path) -> subprocess.CompletedProcess:
 
 
 def table_rows(path: Path) -> list[str]:
-    return [line.split("|")[1].strip() for line in path.read_text().splitlines() if line.startswith("| ") and not line.startswith("| Method")]
+    return [
+        line.split("|")[1].strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("| ") and not line.startswith("| Method")
+    ]
 
 
 def trained(result: subprocess.CompletedProcess) -> int:
@@ -112,8 +123,12 @@ def test_the_extending_guide_runs_as_written(tmp_path):
     printed = result.stdout.splitlines()
     start = printed.index(listing.splitlines()[0])
     assert printed[start : start + len(listing.splitlines())] == listing.splitlines()
-    listed = printed[printed.index(next(line for line in printed if line.startswith("Successfully installed myfed"))) + 1 :]
-    assert len(listed) > 50 and not any(str(tmp_path) in line or str(ROOT) in line for line in listed)  # no path of this machine
+    listed = printed[
+        printed.index(next(line for line in printed if line.startswith("Successfully installed myfed"))) + 1 :
+    ]
+    assert len(listed) > 50 and not any(
+        str(tmp_path) in line or str(ROOT) in line for line in listed
+    )  # no path of this machine
 
     result = run(table, repo, bin_dir)
     assert result.returncode == 0, (table, result.stderr[-3000:])
@@ -124,7 +139,9 @@ def test_the_extending_guide_runs_as_written(tmp_path):
     assert "## Your data: test Dice (%) per site" in report and "Metric: foreground Dice, in %." in report
     # no published table: our per-site table alone, and no claim to reproduce a paper
     assert report.startswith("# fedmedbench report\n") and "| Method | siteA | siteB | siteC | Avg |" in report
-    assert re.search(r"^\| MyFed \(yours\) \| \d+\.\d\d \(–\)", report, flags=re.MULTILINE) and "| paper |" not in report
+    assert (
+        re.search(r"^\| MyFed \(yours\) \| \d+\.\d\d \(–\)", report, flags=re.MULTILINE) and "| paper |" not in report
+    )
     assert "samples per client (train/val/test): siteA 4/2/2, siteB 6/2/2, siteC 8/2/2" in report
     final = out / "train" / "mysites" / "myfed" / "seed0" / "final.json"
     assert final.is_file()

@@ -245,10 +245,19 @@ def write_shuffled_label_task(root, count=14, size=16):
             images[i, y : y + 6, x : x + 6] += np.uint8(190)
         if name == "C":
             labels = labels[np.roll(np.arange(count), 1)]
-        meta = pd.DataFrame({"id": [f"{name}/s{i}" for i in range(count)], "group": [f"{name}/c{i}" for i in range(count)], "source": "synthetic"})
+        meta = pd.DataFrame(
+            {
+                "id": [f"{name}/s{i}" for i in range(count)],
+                "group": [f"{name}/c{i}" for i in range(count)],
+                "source": "synthetic",
+            }
+        )
         write_client(root / "store", name, images, labels, meta)
         parts = ["train"] * (count - 6) + ["val"] * 4 + ["test"] * 2
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/c{i}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/c{i}"}
+            for i, s in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv"
 
@@ -260,7 +269,9 @@ def test_cffl_shuffled_label_participant_gets_the_lowest_reputation_and_is_remov
     # round of training, so its validation score says what the site learnt. With the default top
     # 10 % the candidates' scores differ by less than their noise (C's beat B's in round 1 and 2 on
     # one CPU's kernels and not on another's), and the ranking below would test the kernels.
-    cfg = tiny_run_config(store, split, "cffl", augment="none", local_epochs=8, batch_size=2, method_params={"upload_fraction": 1.0})
+    cfg = tiny_run_config(
+        store, split, "cffl", augment="none", local_epochs=8, batch_size=2, method_params={"upload_fraction": 1.0}
+    )
     _, _, server, clients = build_federation(cffl, cfg)
     assert server.params["upload_fraction"] == 1.0
     trajectory = []

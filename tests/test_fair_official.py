@@ -55,7 +55,17 @@ def one_round_config(tiny, method, **params):
     store, split = tiny
     # Fed-LWR's loss (soft Dice), no augmentation; two local epochs (4, 4 and 2 Adam steps at lr 1e-2), so
     # every coordinate moves past CFFL's clip 1e-3 as it does at paper size (lr 1e-3, 10-40 steps).
-    return tiny_run_config(store, split, method, rounds=1, local_epochs=2, loss="dice", augment="none", eval_batch_size=64, method_params=params)
+    return tiny_run_config(
+        store,
+        split,
+        method,
+        rounds=1,
+        local_epochs=2,
+        loss="dice",
+        augment="none",
+        eval_batch_size=64,
+        method_params=params,
+    )
 
 
 def record(monkeypatch, module, seen):
@@ -73,7 +83,9 @@ def record(monkeypatch, module, seen):
     def recording_receive(self, package):
         receive(self, package)
         if package is not None and "state" not in package:
-            seen.setdefault("received", {})[self.index] = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+            seen.setdefault("received", {})[self.index] = {
+                n: p.detach().clone() for n, p in self.model.named_parameters()
+            }
 
     monkeypatch.setattr(module.Server, "aggregate", recording_aggregate)
     monkeypatch.setattr(module.Client, "receive", recording_receive)
@@ -166,7 +178,9 @@ def cgsv_round(server_params, before, after, shard_sizes, gamma, alpha, beta):
         for agg, g in zip(aggregated, gradient):
             agg += g * weight
     new_server = {n: server_params[n] + agg for n, agg in zip(names, aggregated)}
-    phis = torch.tensor([float(torch.nn.functional.cosine_similarity(flat(g), flat(aggregated), 0, 1e-10)) for g in gradients])
+    phis = torch.tensor(
+        [float(torch.nn.functional.cosine_similarity(flat(g), flat(aggregated), 0, 1e-10)) for g in gradients]
+    )
     rs = alpha * torch.zeros(len(before)) + (1 - alpha) * phis
     rs = torch.clamp(rs, min=1e-3)
     rs = rs / rs.sum()
@@ -188,7 +202,10 @@ def test_cgsv_official_row_matches_the_official_main(tiny, tmp_path, monkeypatch
     reply = cgsv.Client.reply
 
     def recording_reply(self):  # the agent's model before and after local training
-        trained[self.index] = ({n: b.clone() for n, b in self.before.items()}, {n: p.detach().clone() for n, p in self.model.named_parameters()})
+        trained[self.index] = (
+            {n: b.clone() for n, b in self.before.items()},
+            {n: p.detach().clone() for n, p in self.model.named_parameters()},
+        )
         return reply(self)
 
     monkeypatch.setattr(cgsv.Client, "reply", recording_reply)
@@ -198,8 +215,13 @@ def test_cgsv_official_row_matches_the_official_main(tiny, tmp_path, monkeypatch
     shard = [r["num_samples"] for r in seen["replies"]]
     assert shard == [8, 6, 4]
     expected_server, rs, agents = cgsv_round(
-        {n: seen["before"][n] for n in names}, [trained[i][0] for i in range(3)], [trained[i][1] for i in range(3)],
-        shard, gamma=1.0, alpha=cgsv.DEFAULTS["alpha"], beta=cgsv.DEFAULTS["beta"],
+        {n: seen["before"][n] for n in names},
+        [trained[i][0] for i in range(3)],
+        [trained[i][1] for i in range(3)],
+        shard,
+        gamma=1.0,
+        alpha=cgsv.DEFAULTS["alpha"],
+        beta=cgsv.DEFAULTS["beta"],
     )
     for n in names:
         assert torch.allclose(seen["after"][n], expected_server[n], rtol=1e-5, atol=1e-7), n
@@ -212,7 +234,11 @@ def test_cgsv_official_row_matches_the_official_main(tiny, tmp_path, monkeypatch
     assert 0.5 < step <= 1.0 + 1e-6
     # the reference's mask for the best agent (q = 1) drops each tensor's smallest entry, ours would not
     best = max(range(3), key=lambda i: rs[i])
-    dropped = [n for n in names if seen["server"].rewards[best][n].numel() > 1 and int((seen["server"].rewards[best][n] == 0).sum()) >= 1]
+    dropped = [
+        n
+        for n in names
+        if seen["server"].rewards[best][n].numel() > 1 and int((seen["server"].rewards[best][n] == 0).sum()) >= 1
+    ]
     assert len(dropped) == len([n for n in names if seen["server"].rewards[best][n].numel() > 1])
 
 
@@ -290,7 +316,11 @@ def test_cffl_official_row_matches_the_official_federated_learner(tiny, tmp_path
 
     def recording_reply(self):  # before, after local training, and the whole trained state (BN statistics)
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        trained[self.index] = ({n: b.clone() for n, b in self.before.items()}, {n: p.detach().clone() for n, p in self.model.named_parameters()}, state)
+        trained[self.index] = (
+            {n: b.clone() for n, b in self.before.items()},
+            {n: p.detach().clone() for n, p in self.model.named_parameters()},
+            state,
+        )
         return reply(self)
 
     monkeypatch.setattr(cffl.Client, "reply", recording_reply)
@@ -300,8 +330,15 @@ def test_cffl_official_row_matches_the_official_federated_learner(tiny, tmp_path
     data = load_clients(Path(cfg["data"]["store"]), Path(cfg["data"]["split"]), cfg["clients"], False)
     d = cffl.DEFAULTS
     federated, reputations, R, models, accs, filtered = cffl_round(
-        cfg, {n: seen["before"][n] for n in names}, [trained[i] for i in range(3)],
-        clip=0.001, theta=d["upload_fraction"], alpha=d["alpha"], coef=d["threshold_coef"], data=data, names=names,
+        cfg,
+        {n: seen["before"][n] for n in names},
+        [trained[i] for i in range(3)],
+        clip=0.001,
+        theta=d["upload_fraction"],
+        alpha=d["alpha"],
+        coef=d["threshold_coef"],
+        data=data,
+        names=names,
     )
     server = seen["server"]
     assert [server.last_log[i]["validation"] for i in range(3)] == pytest.approx(accs, abs=1e-9)
@@ -329,7 +366,9 @@ def test_threshold_mask_keeps_ties_and_reference_reward_drops_the_smallest():
     update = {"a": torch.tensor([0.001, -0.001, 0.0005]), "b": torch.tensor([-0.001, 0.0002])}
     # k = int(0.2·5) = 1: the largest magnitude is 0.001, tied three times: all three kept (exact top-k: 1)
     kept = threshold_mask(update, 1)
-    assert kept["a"].tolist() == pytest.approx([0.001, -0.001, 0.0]) and kept["b"].tolist() == pytest.approx([-0.001, 0.0])
+    assert kept["a"].tolist() == pytest.approx([0.001, -0.001, 0.0]) and kept["b"].tolist() == pytest.approx(
+        [-0.001, 0.0]
+    )
     assert sum(int((v != 0).sum()) for v in cffl.top_fraction(update, 0.2).values()) == 1
     assert all(int((v != 0).sum()) == 0 for v in threshold_mask(update, 0).values())  # k = 0: nothing
     assert torch.equal(threshold_mask(update, 5)["b"], update["b"])  # k = D: everything

@@ -26,10 +26,19 @@ def write_fair_task(root, clients=("A", "B", "C"), count=12, size=16, identical=
             y, x = rng.integers(2, size - 8, 2)
             labels[i, y : y + 6, x : x + 6] = 1
             images[i, y : y + 6, x : x + 6] += np.uint8(150 if identical else 120 + 30 * c)
-        meta = pd.DataFrame({"id": [f"{name}/s{i}" for i in range(count)], "group": [f"{name}/c{i % 3}" for i in range(count)], "source": "synthetic"})
+        meta = pd.DataFrame(
+            {
+                "id": [f"{name}/s{i}" for i in range(count)],
+                "group": [f"{name}/c{i % 3}" for i in range(count)],
+                "source": "synthetic",
+            }
+        )
         write_client(root / "store", name, images, labels, meta)
         parts = ["train"] * (count - 6) + ["val"] * 4 + ["test"] * 2
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/c{i % 3}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/c{i % 3}"}
+            for i, s in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv"
 
@@ -90,14 +99,22 @@ def test_fedlwr_identical_clients_get_uniform_weights_and_equal_fedavg(identical
     rhos = [v for entry in log.values() for k, v in entry.items() if k.startswith("rho:")]
     assert len(rhos) == 3 * len(hooked_layers(clients[0].model))
     assert rhos == pytest.approx([1 / 3] * len(rhos), abs=1e-12)
-    ref_server, ref_clients = federation(fedavg, tiny_run_config(store, split, "fedavg", augment="none"), same_generators=True)
+    ref_server, ref_clients = federation(
+        fedavg, tiny_run_config(store, split, "fedavg", augment="none"), same_generators=True
+    )
     run_rounds(ref_server, ref_clients, 2)
     assert_close(server.global_state, ref_server.global_state)
 
 
 def fabricated_replies(server, similarities):
     torch.manual_seed(1)
-    states = [{k: torch.randn_like(v.float()).to(v.dtype) if v.is_floating_point() else v + i for k, v in server.global_state.items()} for i in range(len(similarities))]
+    states = [
+        {
+            k: torch.randn_like(v.float()).to(v.dtype) if v.is_floating_point() else v + i
+            for k, v in server.global_state.items()
+        }
+        for i in range(len(similarities))
+    ]
     replies = [{"state": s, "num_samples": 5, "steps": 1} for s in states]
     server.query(1, replies)
     for r, sim in zip(replies, similarities):
@@ -113,13 +130,22 @@ def test_fedlwr_layerwise_weights_apply_to_every_tensor_of_a_layer(tiny_task):
     sims = [{layer: float(rng.uniform(0.2, 0.95)) for layer in layers} for _ in range(3)]
     replies, states = fabricated_replies(server, sims)
     server.aggregate(1, replies)
-    for key in ("encoders.0.0.weight", "encoders.0.1.weight", "encoders.0.1.running_mean", "encoders.0.1.running_var", "upconvs.1.bias", "head.bias"):
+    for key in (
+        "encoders.0.0.weight",
+        "encoders.0.1.weight",
+        "encoders.0.1.running_mean",
+        "encoders.0.1.running_var",
+        "upconvs.1.bias",
+        "head.bias",
+    ):
         layer = key.rpartition(".")[0]
         gaps = [1 - s[layer] for s in sims]
         rho = [g / sum(gaps) for g in gaps]
         expected = weighted_average(states, rho, [key])[key]
         assert torch.allclose(server.global_state[key], expected, atol=1e-6), key
-    assert int(server.global_state["encoders.0.1.num_batches_tracked"]) == max(int(s["encoders.0.1.num_batches_tracked"]) for s in states)
+    assert int(server.global_state["encoders.0.1.num_batches_tracked"]) == max(
+        int(s["encoders.0.1.num_batches_tracked"]) for s in states
+    )
 
 
 def test_fedlwr_lastlayer_applies_one_weight_per_client_to_every_layer(tiny_task):
@@ -147,7 +173,9 @@ def test_fedlwr_cosine_variant_runs_and_logs_similarities(fair_task):
 # --- q-FedAvg -----------------------------------------------------------------------------------
 def test_qfedavg_with_q0_is_the_uniform_mean_of_the_local_models(tiny_task):
     store, split = tiny_task
-    cfg = tiny_run_config(store, split, "qfedavg", method_params={"q": 0.0}, aggregation={"weighting": "samples", "bn_buffers": "average"})
+    cfg = tiny_run_config(
+        store, split, "qfedavg", method_params={"q": 0.0}, aggregation={"weighting": "samples", "bn_buffers": "average"}
+    )
     server, clients = federation(qfedavg, cfg)
     replies = run_rounds(server, clients, 1)
     params = parameter_keys(clients[0].model)
@@ -205,7 +233,12 @@ def test_ditto_lambda_pulls_the_personal_model_towards_the_global(tiny_task):
     for lam in (0.0, 10.0):
         server, clients = federation(ditto, tiny_run_config(store, split, "ditto", method_params={"lam": lam}))
         run_rounds(server, clients, 2)
-        distances.append(sum(float(((p.detach() - q.detach()) ** 2).sum()) for p, q in zip(clients[0].personal.parameters(), clients[0].model.parameters())))
+        distances.append(
+            sum(
+                float(((p.detach() - q.detach()) ** 2).sum())
+                for p, q in zip(clients[0].personal.parameters(), clients[0].model.parameters())
+            )
+        )
     assert distances[1] < distances[0]
 
 
@@ -227,7 +260,10 @@ def test_fedce_combination_rules():
     a, s = [1.0, 1.0, 1.0], [0.1, 0.2, 0.7]  # uniform a: Sum ∝ 1/3 + s, Multi ∝ s
     assert fedce.combine_contributions(a, s, "sum", 1e-3) == pytest.approx([(1 / 3 + x) / 2 for x in s])
     assert fedce.combine_contributions(a, s, "multi", 1e-3) == pytest.approx(s)
-    assert fedce.combine_contributions(a, [0.1, 0.2, 0.3], "sum", 1e-3)[2] > fedce.combine_contributions(a, [0.1, 0.2, 0.3], "sum", 1e-3)[0]
+    assert (
+        fedce.combine_contributions(a, [0.1, 0.2, 0.3], "sum", 1e-3)[2]
+        > fedce.combine_contributions(a, [0.1, 0.2, 0.3], "sum", 1e-3)[0]
+    )
 
 
 @pytest.mark.parametrize("combine", ["sum", "multi"])
@@ -238,7 +274,15 @@ def test_fedce_identical_updates_and_equal_scores_give_uniform_fedavg(tiny_task,
     for r in (1, 2):
         torch.manual_seed(r)
         update = {k: torch.randn_like(v) * 0.01 if v.is_floating_point() else v + 1 for k, v in base.items()}
-        replies = [{"state": {k: base[k] + update[k] if v.is_floating_point() else update[k] for k, v in base.items()}, "num_samples": 4, "steps": 1, "answer": {"score": 0.4}} for _ in range(3)]
+        replies = [
+            {
+                "state": {k: base[k] + update[k] if v.is_floating_point() else update[k] for k, v in base.items()},
+                "num_samples": 4,
+                "steps": 1,
+                "answer": {"score": 0.4},
+            }
+            for _ in range(3)
+        ]
         server.aggregate(r, replies)
         assert server.coefficients == pytest.approx([1 / 3] * 3)
         expected = weighted_average([x["state"] for x in replies], [1 / 3] * 3, sorted(base))
@@ -298,7 +342,14 @@ def test_cffl_upload_keeps_the_largest_entries():
 # --- resume ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "run, params",
-    [("fedlwr", {}), ("qfedavg", {"q": 1.0}), ("cffl", {}), ("cgsv", {}), ("ditto", {}), ("fedce", {"combine": "multi"})],
+    [
+        ("fedlwr", {}),
+        ("qfedavg", {"q": 1.0}),
+        ("cffl", {}),
+        ("cgsv", {}),
+        ("ditto", {}),
+        ("fedce", {"combine": "multi"}),
+    ],
 )
 @pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_resume_gives_the_same_run(tmp_path, fair_task, monkeypatch, run, params):

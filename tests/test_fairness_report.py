@@ -14,7 +14,9 @@ def history():
             rows.append({"round": rnd, "client": client, "split": "test", "metric": "dice_paper", "value": v})
             rows.append({"round": rnd, "client": client, "split": "val", "metric": "dice_paper", "value": 1 - v})
             for i, layer in enumerate(("enc.0", "enc.1", "head")):
-                rows.append({"round": rnd, "client": client, "split": "server", "metric": f"cka:{layer}", "value": v - 0.1 * i})
+                rows.append(
+                    {"round": rnd, "client": client, "split": "server", "metric": f"cka:{layer}", "value": v - 0.1 * i}
+                )
     return pd.DataFrame(rows)
 
 
@@ -35,7 +37,9 @@ def test_select_on_test_picks_the_best_mean_test_round_or_per_client():
     personal = fedlwr.select_on_test(final(per_client=True), history(), "dice_paper")
     assert personal["test"]["A"]["dice_paper"] == 0.9 and personal["test"]["B"]["dice_paper"] == 0.8
     sparse = history()[history()["round"] != 2]
-    sparse = pd.concat([sparse, pd.DataFrame([{"round": 2, "client": "A", "split": "train", "metric": "loss", "value": 1.0}])])
+    sparse = pd.concat(
+        [sparse, pd.DataFrame([{"round": 2, "client": "A", "split": "train", "metric": "loss", "value": 1.0}])]
+    )
     with pytest.raises(ValueError, match="curve_every"):
         fedlwr.select_on_test(final(), sparse, "dice_paper")
 

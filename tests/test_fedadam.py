@@ -96,14 +96,18 @@ def test_fedavg_limit_on_replies():
     damped = toy_server("samples", server_lr=T, tau=T, beta1=0.0, beta2=0.99)
     damped.aggregate(1, replies)
     w0 = torch.tensor(W0, dtype=torch.float64)
-    assert torch.allclose(damped.global_state["w"] - w0, (avg.global_state["w"] - w0) / (1 + math.sqrt(0.99)), rtol=1e-7)
+    assert torch.allclose(
+        damped.global_state["w"] - w0, (avg.global_state["w"] - w0) / (1 + math.sqrt(0.99)), rtol=1e-7
+    )
 
 
 def test_fedavg_limit_whole_run(tmp_path, tiny_task):
     store, split = tiny_task
     T = 1e8
     adam = run_training(
-        tiny_run_config(store, split, "fedadam", rounds=2, method_params={"server_lr": T, "tau": T, "beta1": 0.0, "beta2": 0.0}),
+        tiny_run_config(
+            store, split, "fedadam", rounds=2, method_params={"server_lr": T, "tau": T, "beta1": 0.0, "beta2": 0.0}
+        ),
         tmp_path / "adam",
         progress=False,
     )

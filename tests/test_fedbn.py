@@ -18,12 +18,20 @@ def federation(store, split, model, cfg):
 
 def test_after_communication_bn_is_local_and_the_rest_is_the_average(tiny_task):
     store, split = tiny_task
-    cfg = tiny_run_config(store, split, "fedbn", augment="none", aggregation={"weighting": "samples", "bn_buffers": "average"})
+    cfg = tiny_run_config(
+        store, split, "fedbn", augment="none", aggregation={"weighting": "samples", "bn_buffers": "average"}
+    )
     torch.manual_seed(0)
     model = build_model(cfg["model"])
     server, clients = federation(store, split, model, cfg)
     bn = batchnorm_keys(model)
-    assert {"encoders.0.1.weight", "encoders.0.1.bias", "encoders.0.1.running_mean", "encoders.0.1.running_var", "encoders.0.1.num_batches_tracked"} <= bn
+    assert {
+        "encoders.0.1.weight",
+        "encoders.0.1.bias",
+        "encoders.0.1.running_mean",
+        "encoders.0.1.running_var",
+        "encoders.0.1.num_batches_tracked",
+    } <= bn
     for c in clients:
         c.train(1)
     before = [{k: v.clone() for k, v in c.model.state_dict().items()} for c in clients]
@@ -92,7 +100,11 @@ def test_model_without_bn_is_fedavg_bitwise(tmp_path, tiny_task, monkeypatch):
     runs = {}
     for method in ("fedbn", "fedavg"):
         final = run_training(tiny_run_config(store, split, method, rounds=2), tmp_path / method, progress=False)
-        runs[method] = (final, checkpoint.load_plain(tmp_path / method / "model_best.pt"), (tmp_path / method / "history.csv").read_text())
+        runs[method] = (
+            final,
+            checkpoint.load_plain(tmp_path / method / "model_best.pt"),
+            (tmp_path / method / "history.csv").read_text(),
+        )
     (bn_final, bn_best, bn_hist), (avg_final, avg_best, avg_hist) = runs["fedbn"], runs["fedavg"]
     assert not any("running_mean" in k for k in avg_best["models"]["base"])  # really no BN
     assert bn_hist == avg_hist and bn_final["test"] == avg_final["test"]

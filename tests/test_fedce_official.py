@@ -55,7 +55,9 @@ def fedce_2023(rounds, param_names, mode, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("combine, mode", [("sum", "plus"), ("multi", "times")])
-def test_default_prior_is_the_2023_codes_uniform_one_over_three_real_rounds(tiny_task, tmp_path, monkeypatch, combine, mode):
+def test_default_prior_is_the_2023_codes_uniform_one_over_three_real_rounds(
+    tiny_task, tmp_path, monkeypatch, combine, mode
+):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedce", rounds=3, method_params={"combine": combine})
     seen = []
@@ -65,7 +67,14 @@ def test_default_prior_is_the_2023_codes_uniform_one_over_three_real_rounds(tiny
         before = {k: v.detach().clone() for k, v in self.global_state.items()}
         states = [{k: v.detach().clone() for k, v in r["state"].items()} for r in replies]
         original(self, round_index, replies)
-        seen.append({"before": before, "states": states, "scores": [r["answer"]["score"] for r in replies], "coefficients": list(self.coefficients)})
+        seen.append(
+            {
+                "before": before,
+                "states": states,
+                "scores": [r["answer"]["score"] for r in replies],
+                "coefficients": list(self.coefficients),
+            }
+        )
 
     monkeypatch.setattr(fedce.Server, "aggregate", recording)
     run_training(cfg, tmp_path / "run", progress=False)
@@ -82,9 +91,20 @@ def test_default_prior_is_the_2023_codes_uniform_one_over_three_real_rounds(tiny
         assert seen[r]["coefficients"] == pytest.approx(official_precision[r], abs=1e-5), r
 
     # The refactor's prior (previous coefficients) on the same updates and scores: another number.
-    previous = fedce.Server(RunConfig.from_dict({**cfg, "method_params": {**fedce.DEFAULTS, "combine": combine, "prior": "previous"}}), model, 3)
+    previous = fedce.Server(
+        RunConfig.from_dict({**cfg, "method_params": {**fedce.DEFAULTS, "combine": combine, "prior": "previous"}}),
+        model,
+        3,
+    )
     for r, record in enumerate(seen, start=1):
         previous.global_state = {k: v.clone() for k, v in record["before"].items()}
-        original(previous, r, [{"state": s, "num_samples": 4, "steps": 1, "answer": {"score": sc}} for s, sc in zip(record["states"], record["scores"])])
+        original(
+            previous,
+            r,
+            [
+                {"state": s, "num_samples": 4, "steps": 1, "answer": {"score": sc}}
+                for s, sc in zip(record["states"], record["scores"])
+            ],
+        )
     # 7.5e-5 (sum) and 2.6e-4 (multi) on this task after 3 rounds; 1e-12 is the agreement above
     assert max(abs(a - b) for a, b in zip(previous.coefficients, expected[2])) > 2e-5

@@ -20,13 +20,22 @@ from tests.federation_matrix import FIRST_HALF, MATRIX, assert_equals_the_engine
 
 
 def test_payloads_cross_flower_records_bit_for_bit():
-    state = {"w": torch.randn(3, 4), "bn.num_batches_tracked": torch.tensor(7), "idx": torch.arange(5, dtype=torch.int32), "h": torch.randn(2).half()}
+    state = {
+        "w": torch.randn(3, 4),
+        "bn.num_batches_tracked": torch.tensor(7),
+        "idx": torch.arange(5, dtype=torch.int32),
+        "h": torch.randn(2).half(),
+    }
     value = {"state": state, "num_samples": 12, "steps": 3, "loss": 0.1 + 0.2, "scores": {"dice": 1 / 3, "loss": math.pi},
              "nested": {"deputy": {"w": torch.ones(2)}, "stage": "det"}, "nothing": None, "flag": True, "bf": torch.randn(2).bfloat16()}  # fmt: skip
     back = unpack(pack(value, round=2), "test")
     assert list(back) == list(value)
     for key, tensor in state.items():
-        assert back["state"][key].dtype == tensor.dtype and back["state"][key].shape == tensor.shape and torch.equal(back["state"][key], tensor), key
+        assert (
+            back["state"][key].dtype == tensor.dtype
+            and back["state"][key].shape == tensor.shape
+            and torch.equal(back["state"][key], tensor)
+        ), key
     assert back["num_samples"] == 12 and type(back["num_samples"]) is int and back["loss"] == 0.1 + 0.2
     assert back["scores"] == {"dice": 1 / 3, "loss": math.pi}
     assert torch.equal(back["nested"]["deputy"]["w"], torch.ones(2)) and back["nested"]["stage"] == "det"
@@ -34,7 +43,9 @@ def test_payloads_cross_flower_records_bit_for_bit():
     assert unpack(pack(None), "test") is None
     # The state travels as an ArrayRecord, the scores as a MetricRecord (not pickled bytes).
     records = pack(value)
-    assert isinstance(records["a:state"], flwr.app.ArrayRecord) and isinstance(records["s:scores"], flwr.app.MetricRecord)
+    assert isinstance(records["a:state"], flwr.app.ArrayRecord) and isinstance(
+        records["s:scores"], flwr.app.MetricRecord
+    )
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch, reading the pickled object it then refuses
@@ -58,7 +69,9 @@ def test_a_pickled_object_is_refused_naming_the_site():
     ],
 )
 def test_a_malformed_reply_is_refused_naming_the_site(reply, message):
-    check_reply("site A", {"state": {"w": torch.zeros(2)}, "num_samples": 3}, {"w": torch.zeros(2)})  # a good one passes
+    check_reply(
+        "site A", {"state": {"w": torch.zeros(2)}, "num_samples": 3}, {"w": torch.zeros(2)}
+    )  # a good one passes
     with pytest.raises(SiteError, match=message):
         check_reply("site A", reply, {"w": torch.zeros(2)})
 
@@ -83,13 +96,20 @@ def test_a_state_travels_as_one_array_within_two_percent_of_its_bytes():
 
     from fedmedbench.models import build_model
 
-    state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in build_model({"name": "unet", "init_features": 2, "in_channels": 3, "num_classes": 2}).state_dict().items()}
+    state = {
+        k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+        for k, v in build_model({"name": "unet", "init_features": 2, "in_channels": 3, "num_classes": 2})
+        .state_dict()
+        .items()
+    }
     records = pack({"state": state, "num_samples": 8}, loss=0.5)
     raw = sum(v.numel() * v.element_size() for v in state.values())
     sent = sum(len(obj.deflate()) for obj in get_all_nested_objects(records).values())
     assert len(state) == 118 and list(records["a:state"]) == ["bytes"] and raw < sent < 1.02 * raw
     back = unpack(records, "site A")["state"]
-    assert list(back) == list(state) and all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in state.items())
+    assert list(back) == list(state) and all(
+        torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in state.items()
+    )
     records["a:state"]["bytes"] = flwr.app.Array(records["a:state"]["bytes"].numpy()[:-4].copy())
     with pytest.raises(SiteError, match="site A: the state's bytes end before tensor"):
         unpack(records, "site A")
@@ -108,12 +128,24 @@ def test_nested_models_travel_as_one_array_not_pickled_tensor_by_tensor():
 
     model = build_model({"name": "unet", "init_features": 2, "in_channels": 3, "num_classes": 2}).state_dict()
     peers = {name: {k: v + i for k, v in model.items()} for i, name in enumerate("ABC")}
-    value = {"peers": peers, "candidates": [OrderedDict(peers["A"]), peers["B"]], "mixed": ("x", torch.randn(3).bfloat16(), 2)}
+    value = {
+        "peers": peers,
+        "candidates": [OrderedDict(peers["A"]), peers["B"]],
+        "mixed": ("x", torch.randn(3).bfloat16(), 2),
+    }
     records = pack(value)
     back = unpack(records, "site B")
-    assert type(back["candidates"][0]) is OrderedDict and back["mixed"][0] == "x" and back["mixed"][2] == 2 and torch.equal(back["mixed"][1], value["mixed"][1])
+    assert (
+        type(back["candidates"][0]) is OrderedDict
+        and back["mixed"][0] == "x"
+        and back["mixed"][2] == 2
+        and torch.equal(back["mixed"][1], value["mixed"][1])
+    )
     for name in "ABC":
-        assert all(torch.equal(back["peers"][name][k], v) and back["peers"][name][k].dtype == v.dtype for k, v in peers[name].items())
+        assert all(
+            torch.equal(back["peers"][name][k], v) and back["peers"][name][k].dtype == v.dtype
+            for k, v in peers[name].items()
+        )
     raw = 5 * sum(v.numel() * v.element_size() for v in model.values()) + 6
     sent = sum(len(obj.deflate()) for obj in get_all_nested_objects(records).values())
     assert raw < sent < 1.05 * raw

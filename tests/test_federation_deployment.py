@@ -41,7 +41,12 @@ with run_folder_lock(sys.argv[1], holder=sys.argv[2]):
 @contextlib.contextmanager
 def held(out: Path, holder: str):
     """``out``'s run lock held by another process (``holder`` written in it) for the block."""
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), holder], env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out), holder],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout.readline().strip() == "held"
         yield process
@@ -91,7 +96,10 @@ def test_federation_local_refuses_a_second_command_for_the_same_run_before_it_st
     out = tmp_path / "results" / "demo" / "federation" / "prostate" / "fedavg" / "seed0"
     out.mkdir(parents=True)
     with held(out, "federation local prostate/fedavg/seed0") as holder:
-        with pytest.raises(runlock.RunFolderBusy, match=rf"^{out}: another training job is writing this run folder \(process {holder.pid} \(federation local prostate/fedavg/seed0\)"):
+        with pytest.raises(
+            runlock.RunFolderBusy,
+            match=rf"^{out}: another training job is writing this run folder \(process {holder.pid} \(federation local prostate/fedavg/seed0\)",
+        ):
             local._run_local(local_args(tmp_path))
     assert started == [] and not out.with_name("seed0-flower").exists()
 
@@ -113,14 +121,27 @@ def test_a_finished_run_says_where_its_results_are_and_does_nothing_unless_resta
     monkeypatch.setattr(local, "local_federation", lambda *args, **kwargs: contextlib.nullcontext(Federation()))
     out = tmp_path / "results" / "demo" / "federation" / "prostate" / "fedavg" / "seed0"
     out.mkdir(parents=True)
-    final = {"primary_metric": "dice_paper", "test": {"BIDMC": {"dice_paper": 0.5}, "HK": {"dice_paper": 0.7}}, "selection": {"best_round": 1}, "flags": {}}
+    final = {
+        "primary_metric": "dice_paper",
+        "test": {"BIDMC": {"dice_paper": 0.5}, "HK": {"dice_paper": 0.7}},
+        "selection": {"best_round": 1},
+        "flags": {},
+    }
     (out / "final.json").write_text(json.dumps(final))
     local._run_local(local_args(tmp_path))
     printed = capsys.readouterr().out
-    assert started == [] and "prostate/fedavg/seed0: this run has finished already; nothing to do (--restart trains it again)" in printed
+    assert (
+        started == []
+        and "prostate/fedavg/seed0: this run has finished already; nothing to do (--restart trains it again)" in printed
+    )
     assert "mean test dice_paper 0.6000 over 2 sites" in printed and f"results: {out}/" in printed
     local._run_local(local_args(tmp_path, restart=True))
-    assert started[0] == "data" and started[1]["restart"] is True and started[1]["lock-owner"] == os.getpid() and started[1]["out"] == str(out.resolve())
+    assert (
+        started[0] == "data"
+        and started[1]["restart"] is True
+        and started[1]["lock-owner"] == os.getpid()
+        and started[1]["out"] == str(out.resolve())
+    )
 
 
 def test_the_serverapp_leaves_a_folder_another_run_finished_naming_both_run_ids(tmp_path):
@@ -164,7 +185,10 @@ class PushPullGrid:
     def pull_messages(self, ids):
         replies = []
         for message in self.pending:
-            error = Message(Error(code=5, reason="Error: Node Unavailable - The destination node failed to report a heartbeat"), reply_to=message)
+            error = Message(
+                Error(code=5, reason="Error: Node Unavailable - The destination node failed to report a heartbeat"),
+                reply_to=message,
+            )
             error.metadata.__dict__["_src_node_id"] = 0  # what Flower's SuperLink sets (SUPERLINK_NODE_ID)
             replies.append(error)
         self.pending = []
@@ -181,11 +205,23 @@ def test_a_lost_nodes_error_reply_from_the_superlink_is_filed_under_its_site(tmp
     (tmp_path / "run.json").write_text(json.dumps(tiny_run_config(store, split, "fedavg", rounds=1)))
     run = read_run_config(str(tmp_path / "run.json"))
     transport = FlowerTransport.__new__(FlowerTransport)  # no hello: the sites' nodes are known
-    transport.grid, transport.reply_timeout, transport.cohort_node, transport.node = PushPullGrid([101, 102]), None, {}, {"A": 101, "B": 102}
-    transport.fingerprint, transport.bytes_sent, transport.bytes_received, transport.messages_sent = run.fingerprint(), 0, 0, 0
+    transport.grid, transport.reply_timeout, transport.cohort_node, transport.node = (
+        PushPullGrid([101, 102]),
+        None,
+        {},
+        {"A": 101, "B": 102},
+    )
+    transport.fingerprint, transport.bytes_sent, transport.bytes_received, transport.messages_sent = (
+        run.fingerprint(),
+        0,
+        0,
+        0,
+    )
     with pytest.raises(SiteError) as lost:
         transport._exchange("train", {101: None}, "round 2 train", round=2)
-    assert str(lost.value).startswith("round 2 train: site A: its SuperNode stopped sending heartbeats (killed, or cut off for over 2 heartbeat intervals); the run stops (Flower error 5: ")
+    assert str(lost.value).startswith(
+        "round 2 train: site A: its SuperNode stopped sending heartbeats (killed, or cut off for over 2 heartbeat intervals); the run stops (Flower error 5: "
+    )
     assert "None s" not in str(lost.value)
 
 
@@ -211,15 +247,21 @@ def test_a_superlink_whose_superexec_fails_the_tls_handshake_is_told_with_its_ca
         "httpcore.ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: IP address mismatch, certificate is not valid for '127.0.0.1'. (_ssl.c:1006)\n"
     )
     cause = superlink_cause(log)
-    assert cause.startswith("its own SuperExec cannot connect to it over TLS (httpcore.ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED]")
-    assert cause.endswith("the server certificate must name 127.0.0.1 and localhost besides the address the sites dial (make_tls_files names them)")
+    assert cause.startswith(
+        "its own SuperExec cannot connect to it over TLS (httpcore.ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED]"
+    )
+    assert cause.endswith(
+        "the server certificate must name 127.0.0.1 and localhost besides the address the sites dial (make_tls_files names them)"
+    )
 
 
 def test_flowers_error_box_is_quoted_by_its_message_not_its_border(tmp_path):
     from fedmedbench.federation.local import last_error
 
     log = tmp_path / "flwr-run.log"
-    log.write_text("INFO :      Starting logstream\n╭─ Error ─────────────────────────╮\n│ Connection to the SuperLink is  │\n│ unavailable.                    │\n╰─────────────────────────────────╯\n")
+    log.write_text(
+        "INFO :      Starting logstream\n╭─ Error ─────────────────────────╮\n│ Connection to the SuperLink is  │\n│ unavailable.                    │\n╰─────────────────────────────────╯\n"
+    )
     assert last_error(log) == "Error: Connection to the SuperLink is unavailable."
 
 
@@ -235,7 +277,13 @@ def test_a_site_given_data_the_run_was_not_planned_on_says_so_in_its_own_log(tmp
         monkeypatch.setattr(TaskIdentity, key, value)
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=1)
-    context = Context(run_id=1, node_id=101, node_config={"client": "B", "store": str(store), "split": str(split), "state-dir": str(tmp_path / "B")}, state=RecordDict(), run_config={})
+    context = Context(
+        run_id=1,
+        node_id=101,
+        node_config={"client": "B", "store": str(store), "split": str(split), "state-dir": str(tmp_path / "B")},
+        state=RecordDict(),
+        run_config={},
+    )
     hello = Message(pack(None, cfg=json.dumps(cfg), digests=json.dumps({"B": "0123456789abcdef"})), 101, "query.hello")
     reply = clientapp.hello(hello, context)
     digest = data_digest(store, split, ["B"])
@@ -244,7 +292,10 @@ def test_a_site_given_data_the_run_was_not_planned_on_says_so_in_its_own_log(tmp
     assert f"fedmedbench: refused: {text}" in capfd.readouterr().err  # the SuperNode's log
     # A site pointed at a store without its rows says so in its own log as well.
     other = {**context.node_config, "client": "D"}
-    reply = clientapp.hello(Message(pack(None, cfg=json.dumps({**cfg, "clients": ["A", "B", "C", "D"]})), 101, "query.hello"), Context(run_id=1, node_id=101, node_config=other, state=RecordDict(), run_config={}))
+    reply = clientapp.hello(
+        Message(pack(None, cfg=json.dumps({**cfg, "clients": ["A", "B", "C", "D"]})), 101, "query.hello"),
+        Context(run_id=1, node_id=101, node_config=other, state=RecordDict(), run_config={}),
+    )
     assert "error" in reply.content and "fedmedbench: refused: site D:" in capfd.readouterr().err
 
 
@@ -260,7 +311,9 @@ def shown_run_names() -> list[tuple[str, str, str]]:
             for name in re.findall(r"--run[ =]([a-z][a-z0-9_.]*(?:-[a-z0-9_.]+)?)", line):
                 found.append((page.name, task.group(1) if task else "prostate", name))
         # "`--run` (a method or method-variant, e.g. `fedavg-e2`)", across a line break
-        for name in re.findall(r"`--run`[^`]*?e\.g\. `([a-z][a-z0-9_]*(?:-[a-z0-9_.]+)?)`", " ".join(page.read_text().split())):
+        for name in re.findall(
+            r"`--run`[^`]*?e\.g\. `([a-z][a-z0-9_]*(?:-[a-z0-9_.]+)?)`", " ".join(page.read_text().split())
+        ):
             found.append((page.name, "prostate", name))
     return found
 
@@ -274,7 +327,11 @@ def test_every_run_name_the_docs_show_exists():
     # The --run options' own help gives examples too.
     for source in (SRC / "fedmedbench" / "federation" / "local.py", SRC / "fedmedbench" / "cli.py"):
         for text in re.findall(r'"--run".*?help="([^"]*)"', source.read_text()):
-            shown += [(source.name, "prostate", name) for name in re.findall(r"\b([a-z]+-[a-z0-9.]+)\b", text) if name != "method-variant"]
+            shown += [
+                (source.name, "prostate", name)
+                for name in re.findall(r"\b([a-z]+-[a-z0-9.]+)\b", text)
+                if name != "method-variant"
+            ]
     for page, task, name in shown:
         try:
             cfgmod.resolve_run(config, task, name, 0)

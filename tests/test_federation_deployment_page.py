@@ -46,18 +46,29 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "federation.md"
 MARK = "<!-- run-by: tests/test_federation_deployment_page.py -->"
 # A fenced block, indented as in a numbered list item; group "above": the line right above it.
-BLOCK = re.compile(r"^(?P<above>[^\n]*)\n(?P<indent>[ ]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
+BLOCK = re.compile(
+    r"^(?P<above>[^\n]*)\n(?P<indent>[ ]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S
+)
 SITES = ("BIDMC", "HK")  # BIDMC: the page's site; HK: the second one
 OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
-PLACEHOLDERS = ("NODE_ID", "1234567890")  # `flwr supernode unregister NODE_ID`, `flwr stop 1234567890`: examples, not run
+PLACEHOLDERS = (
+    "NODE_ID",
+    "1234567890",
+)  # `flwr supernode unregister NODE_ID`, `flwr stop 1234567890`: examples, not run
 
 
 def substitutions(tmp: Path, link_port: int, site: str, node_port: int) -> list[tuple[str, str]]:
     """What the page's commands name that a CI machine has not, in the order applied."""
     site_dir = tmp / f"site-{site}"
     return [
-        ("link.example.org:9093", f"127.0.0.1:{link_port}"),  # the address the sites and flwr dial (the certificate still names link.example.org)
-        ("--host 0.0.0.0 --port 9093", f"--host 127.0.0.1 --port {link_port}"),  # nothing leaves the machine; a free port
+        (
+            "link.example.org:9093",
+            f"127.0.0.1:{link_port}",
+        ),  # the address the sites and flwr dial (the certificate still names link.example.org)
+        (
+            "--host 0.0.0.0 --port 9093",
+            f"--host 127.0.0.1 --port {link_port}",
+        ),  # nothing leaves the machine; a free port
         ("--port 9094", f"--port {node_port}"),  # each SuperNode's local API: a free port
         ("sudo ", ""),  # no root here: the folder below is the test's own
         ("/var/lib/flwr", str(tmp / "link" / "var-lib-flwr")),
@@ -77,8 +88,13 @@ def page_blocks() -> dict[str, tuple[str, str]]:
     for m in BLOCK.finditer(PAGE.read_text(encoding="utf-8")):
         if m.group("above").strip() != MARK:
             continue
-        body = "".join(line[len(m.group("indent")) :] if line.startswith(m.group("indent")) else line for line in m.group("body").splitlines(True))
-        role = next(role for key, role in roles.items() if key in body)  # StopIteration: a marked block of no known role
+        body = "".join(
+            line[len(m.group("indent")) :] if line.startswith(m.group("indent")) else line
+            for line in m.group("body").splitlines(True)
+        )
+        role = next(
+            role for key, role in roles.items() if key in body
+        )  # StopIteration: a marked block of no known role
         assert role not in found, f"{PAGE}: two marked blocks of role {role}"
         found[role] = (m.group("lang"), body)
     assert sorted(found) == sorted(roles.values()), f"{PAGE}: the marked blocks are {sorted(found)}"
@@ -95,8 +111,12 @@ def script(body: str, substitutions: list[tuple[str, str]]) -> str:
 
 
 def run(text: str, cwd: Path, env: dict, timeout: float = 300) -> str:
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, f"in {cwd}:\n{text}\nexited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, (
+        f"in {cwd}:\n{text}\nexited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     return result.stdout + result.stderr
 
 
@@ -116,9 +136,21 @@ def test_the_page_parses_into_its_roles_and_the_substitutions_leave_no_example_a
     blocks = page_blocks()
     for role, (_lang, body) in blocks.items():
         text = script(body, substitutions(tmp_path, 1, "HK", 2))
-        for example in ("link.example.org:", "/var/lib/", "/data/fedmedbench", '"/srv/', "/etc/fedmedbench", "sudo", "BIDMC", "9093", "9094"):
+        for example in (
+            "link.example.org:",
+            "/var/lib/",
+            "/data/fedmedbench",
+            '"/srv/',
+            "/etc/fedmedbench",
+            "sudo",
+            "BIDMC",
+            "9093",
+            "9094",
+        ):
             assert example not in text, f"{role}: {example} left in\n{text}"
-    assert "make_tls_files('certificates', hosts=['link.example.org'])" in blocks["certificates"][1]  # the certificate as printed
+    assert (
+        "make_tls_files('certificates', hosts=['link.example.org'])" in blocks["certificates"][1]
+    )  # the certificate as printed
 
 
 @pytest.mark.slow
@@ -141,6 +173,7 @@ def test_the_deployment_as_the_page_prints_it_equals_the_engine(tmp_path):
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
     link_port = free_port()
     with process_guard(base) as marker:
+
         def env(folder: Path) -> dict:
             return {**base, "FLWR_HOME": str(folder / "flwr-home")}  # each machine its own Flower home
 
@@ -149,7 +182,12 @@ def test_the_deployment_as_the_page_prints_it_equals_the_engine(tmp_path):
 
         # On the SuperLink's machine: the trial certificates, then the SuperLink.
         run(script(blocks["certificates"][1], subs()), link, env(link))
-        superlink = spawn(["bash", "-euo", "pipefail", "-c", script(blocks["superlink"][1], subs())], env=env(link), cwd=link, log=link / "superlink.log")
+        superlink = spawn(
+            ["bash", "-euo", "pipefail", "-c", script(blocks["superlink"][1], subs())],
+            env=env(link),
+            cwd=link,
+            log=link / "superlink.log",
+        )
         # Meanwhile each site makes its key pair; ca.crt goes to every site and to the operator, each public key to the operator.
         (operator / "keys").mkdir()
         for site, folder in folders.items():
@@ -194,4 +232,6 @@ def test_the_deployment_as_the_page_prints_it_equals_the_engine(tmp_path):
     # Each site read its own data only: the digests are of its own folder.
     for site, folder in folders.items():
         assert sorted(p.name for p in (folder / "data" / "store").iterdir()) == [site]
-        assert traffic["data_digests"][site] == data_digest(folder / "data" / "store", folder / "data" / "split.csv", [site])
+        assert traffic["data_digests"][site] == data_digest(
+            folder / "data" / "store", folder / "data" / "split.csv", [site]
+        )

@@ -58,7 +58,9 @@ class FakeGrid:
         self.contexts = {}
         for i, (name, node_config) in enumerate(sites.items()):
             settings = {"client": name, "state-dir": str(tmp_path / f"site-{name}"), **node_config}
-            self.contexts[100 + i] = Context(run_id=1, node_id=100 + i, node_config=settings, state=RecordDict(), run_config={})
+            self.contexts[100 + i] = Context(
+                run_id=1, node_id=100 + i, node_config=settings, state=RecordDict(), run_config={}
+            )
         self.tamper = tamper
         self.sent: list[str] = []
 
@@ -87,13 +89,17 @@ def rewrite(message, reply, change):
     return Message(pack(value, **dict(reply.content["c"])), reply_to=message)
 
 
-def setup_run(tmp_path, tiny_task, method="fedavg", rounds=2, node_config=None, tamper=None, expected=None, **overrides):
+def setup_run(
+    tmp_path, tiny_task, method="fedavg", rounds=2, node_config=None, tamper=None, expected=None, **overrides
+):
     store, split = tiny_task
     cfg = tiny_run_config(store, split, method, rounds=rounds, **overrides)
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "run.json").write_text(json.dumps(cfg))
     run = read_run_config(str(tmp_path / "run.json"))
-    sites = {name: {"store": str(store), "split": str(split), **(node_config or {}).get(name, {})} for name in cfg["clients"]}
+    sites = {
+        name: {"store": str(store), "split": str(split), **(node_config or {}).get(name, {})} for name in cfg["clients"]
+    }
     grid = FakeGrid(tmp_path, sites, tamper)
     return run, grid, FlowerTransport(grid, run, nodes_timeout=1, expected_digests=expected)
 
@@ -120,16 +126,27 @@ def one_round(run, transport):
     "reply, message",
     [
         ({"update": {"w": torch.tensor([1.0, float("inf")])}, "num_samples": 3}, "site A: tensor 'w' is not finite"),
-        ({"update": {"w": torch.zeros(2, dtype=torch.float64)}, "num_samples": 3}, r"tensor 'w' is \(2,\) torch.float64, the global model's is \(2,\) torch.float32"),
-        ({"state": {"w": torch.zeros(2)}, "num_samples": 3, "amplitude": torch.tensor([float("nan")])}, "site A: tensor 'amplitude' is not finite"),
-        ({"state": {"w": torch.zeros(2)}, "num_samples": 3, "deputy": {"w": torch.tensor([0.0, float("nan")])}}, "site A: tensor 'deputy.w' is not finite"),
+        (
+            {"update": {"w": torch.zeros(2, dtype=torch.float64)}, "num_samples": 3},
+            r"tensor 'w' is \(2,\) torch.float64, the global model's is \(2,\) torch.float32",
+        ),
+        (
+            {"state": {"w": torch.zeros(2)}, "num_samples": 3, "amplitude": torch.tensor([float("nan")])},
+            "site A: tensor 'amplitude' is not finite",
+        ),
+        (
+            {"state": {"w": torch.zeros(2)}, "num_samples": 3, "deputy": {"w": torch.tensor([0.0, float("nan")])}},
+            "site A: tensor 'deputy.w' is not finite",
+        ),
         ({"state": {"w": torch.zeros(2)}, "num_samples": True}, "site A: num_samples True is not a positive integer"),
         ({"state": {"w": [1.0, 2.0]}, "num_samples": 3}, "site A: 'state' is not a dict of named tensors"),
     ],
 )
 def test_replies_that_are_not_a_plain_state_are_checked_too(reply, message):
     reference = {"w": torch.zeros(2)}
-    check_reply("site A", {"update": {"w": torch.ones(2)}, "num_samples": 3, "steps": 2}, reference)  # CGSV's reply passes
+    check_reply(
+        "site A", {"update": {"w": torch.ones(2)}, "num_samples": 3, "steps": 2}, reference
+    )  # CGSV's reply passes
     check_reply("site A", {"answer": torch.ones(3)}, None)  # no model, no reference: only finiteness
     with pytest.raises(SiteError, match=message):
         check_reply("site A", reply, reference)
@@ -139,9 +156,15 @@ def test_the_site_whose_reply_differs_in_shape_is_named():
     good = {"state": {"w": torch.zeros(2)}, "num_samples": 3, "steps": 1}
     check_same_shape("round 2 train", {"A": good, "B": {**good, "num_samples": 7}, "C": good})  # numbers may differ
     cases = [
-        ({**good, "extra": 1}, r"round 2 train: site B: its reply differs in shape from the other sites': the payload has extra key\(s\) \['extra'\]"),
+        (
+            {**good, "extra": 1},
+            r"round 2 train: site B: its reply differs in shape from the other sites': the payload has extra key\(s\) \['extra'\]",
+        ),
         ({"state": good["state"], "num_samples": 3}, r"site B: .*the payload has no key\(s\) \['steps'\]"),
-        ({**good, "state": {"w": torch.zeros(3)}}, r"site B: .*'state.w' is \(3,\) torch.float32, not \(2,\) torch.float32"),
+        (
+            {**good, "state": {"w": torch.zeros(3)}},
+            r"site B: .*'state.w' is \(3,\) torch.float32, not \(2,\) torch.float32",
+        ),
         ({**good, "steps": 1.0}, "site B: .*'steps' is a float, not a int"),
     ]
     for bad, message in cases:
@@ -154,11 +177,23 @@ def test_the_site_whose_reply_differs_in_shape_is_named():
 def test_a_final_reply_is_checked_and_withheld_parts_are_listed():
     reference = {"w": torch.zeros(2)}
     scores = {"dice": 0.5}
-    full = {"test": scores, "flags": {}, "counts": {}, "model": {"w": torch.ones(2)}, "predictions": {"pred": torch.zeros(1, 2)}, "round": 2}
+    full = {
+        "test": scores,
+        "flags": {},
+        "counts": {},
+        "model": {"w": torch.ones(2)},
+        "predictions": {"pred": torch.zeros(1, 2)},
+        "round": 2,
+    }
     assert check_final("final: site A", full, reference, 3) == []
-    assert check_final("final: site A", {k: v for k, v in full.items() if k != "model"} | {"withheld": ["model"]}, reference, 3) == ["model"]
+    assert check_final(
+        "final: site A", {k: v for k, v in full.items() if k != "model"} | {"withheld": ["model"]}, reference, 3
+    ) == ["model"]
     for bad, message in [
-        ({k: v for k, v in full.items() if k != "model"}, r"final: site A: the final reply has extra key\(s\) \[\] / lacks \['model'\]"),
+        (
+            {k: v for k, v in full.items() if k != "model"},
+            r"final: site A: the final reply has extra key\(s\) \[\] / lacks \['model'\]",
+        ),
         ({**full, "withheld": ["test"]}, "'withheld' \\['test'\\] is not a list of"),
         ({**full, "round": 4}, r"kept round 4 is not a round of this run \(1..3\)"),
         ({**full, "model": {"w": torch.tensor([0.0, float("nan")])}}, "tensor 'w' is not finite"),
@@ -199,15 +234,51 @@ def nan_state(value):
     "step, change, message",
     [
         ("train", nan_state, r"round 1 train: site B: tensor '.*' is not finite \(NaN or inf\); refused"),
-        ("train", lambda v: {**v, "state": {**v["state"], "extra.weight": torch.zeros(1)}}, "round 1 train: site B: the reply holds tensor 'extra.weight', which the global model has not"),
-        ("train", lambda v: {k: x for k, x in v.items() if k != "steps"}, r"round 1 train: site B: its reply differs in shape from the other sites': the payload has no key\(s\) \['steps'\]"),
-        ("train", lambda v: {**v, "state": {k: x.double() if x.is_floating_point() else x for k, x in v["state"].items()}}, "round 1 train: site B: tensor '.*' is .* torch.float64, the global model's is .* torch.float32"),
-        ("train", lambda v: [1, 2], r"round 1 train: site B: the reply is not a model update \(a dict of named values, got list\)"),
-        ("evaluate", lambda v: {"val": v["val"]}, r"round 1 evaluate: site B: the evaluation reply is not \{'val', 'test'\} \(got \['val'\]\)"),
-        ("evaluate", lambda v: {**v, "val": {**v["val"], "dice_paper": math.inf}}, "round 1 evaluate: site B val: an infinite score"),
-        ("evaluate", lambda v: {**v, "val": {**v["val"], "extra_metric": 0.5}}, r"round 1 evaluate: site B: .*extra key\(s\) \['extra_metric'\]"),
-        ("query.final", lambda v: {**v, "round": 7}, r"final: site B: kept round 7 is not a round of this run \(1..1\)"),
-        ("query.final", lambda v: {**v, "secret": 1}, r"final: site B: the final reply has extra key\(s\) \['secret'\]"),
+        (
+            "train",
+            lambda v: {**v, "state": {**v["state"], "extra.weight": torch.zeros(1)}},
+            "round 1 train: site B: the reply holds tensor 'extra.weight', which the global model has not",
+        ),
+        (
+            "train",
+            lambda v: {k: x for k, x in v.items() if k != "steps"},
+            r"round 1 train: site B: its reply differs in shape from the other sites': the payload has no key\(s\) \['steps'\]",
+        ),
+        (
+            "train",
+            lambda v: {**v, "state": {k: x.double() if x.is_floating_point() else x for k, x in v["state"].items()}},
+            "round 1 train: site B: tensor '.*' is .* torch.float64, the global model's is .* torch.float32",
+        ),
+        (
+            "train",
+            lambda v: [1, 2],
+            r"round 1 train: site B: the reply is not a model update \(a dict of named values, got list\)",
+        ),
+        (
+            "evaluate",
+            lambda v: {"val": v["val"]},
+            r"round 1 evaluate: site B: the evaluation reply is not \{'val', 'test'\} \(got \['val'\]\)",
+        ),
+        (
+            "evaluate",
+            lambda v: {**v, "val": {**v["val"], "dice_paper": math.inf}},
+            "round 1 evaluate: site B val: an infinite score",
+        ),
+        (
+            "evaluate",
+            lambda v: {**v, "val": {**v["val"], "extra_metric": 0.5}},
+            r"round 1 evaluate: site B: .*extra key\(s\) \['extra_metric'\]",
+        ),
+        (
+            "query.final",
+            lambda v: {**v, "round": 7},
+            r"final: site B: kept round 7 is not a round of this run \(1..1\)",
+        ),
+        (
+            "query.final",
+            lambda v: {**v, "secret": 1},
+            r"final: site B: the final reply has extra key\(s\) \['secret'\]",
+        ),
     ],
 )
 def test_a_bad_reply_is_refused_naming_the_site_and_round(tmp_path, tiny_task, step, change, message):
@@ -219,9 +290,15 @@ def test_a_bad_reply_is_refused_naming_the_site_and_round(tmp_path, tiny_task, s
 
 def test_a_nan_answer_of_a_query_is_refused(tmp_path, tiny_task):
     def nan_answer(value):
-        return torch.full((2,), float("nan")) if isinstance(value, torch.Tensor) else {k: torch.full((1,), float("nan")) for k in ["x"]}
+        return (
+            torch.full((2,), float("nan"))
+            if isinstance(value, torch.Tensor)
+            else {k: torch.full((1,), float("nan")) for k in ["x"]}
+        )
 
-    run, grid, transport = setup_run(tmp_path, tiny_task, "fedce", rounds=1, tamper=poison_site_b("query.answer", nan_answer))
+    run, grid, transport = setup_run(
+        tmp_path, tiny_task, "fedce", rounds=1, tamper=poison_site_b("query.answer", nan_answer)
+    )
     with pytest.raises(SiteError, match=r"round 1 answer: site B: tensor '.*' is not finite"):
         one_round(run, transport)
 
@@ -252,7 +329,10 @@ def test_a_lost_site_stops_the_run_naming_it_and_the_round(tmp_path, tiny_task, 
 # --- hello: who a node is, what it reads, what it agreed to ------------------------------------------
 def test_a_node_of_an_unknown_site_or_method_is_refused_at_hello(tmp_path, tiny_task):
     store, split = tiny_task
-    with pytest.raises(SiteError, match=r"hello: site D: the run's clients are \['A', 'B', 'C'\]; this SuperNode's client is not one of them"):
+    with pytest.raises(
+        SiteError,
+        match=r"hello: site D: the run's clients are \['A', 'B', 'C'\]; this SuperNode's client is not one of them",
+    ):
         setup_run(tmp_path / "d", tiny_task, node_config={"C": {"client": "D"}})
     # The run names a method this site's installation does not have (a plug-in not installed there).
     cfg = tiny_run_config(store, split, "fedavg", rounds=1)
@@ -278,17 +358,30 @@ def test_a_site_whose_data_differs_from_the_runs_expectation_is_refused(tmp_path
     _, _, transport = setup_run(tmp_path / "none", tiny_task)  # no expectation: recorded only
     assert transport.site_digests == digests
     wrong = {**digests, "B": "0123456789abcdef"}
-    with pytest.raises(SiteError, match=f"hello: site B: its data digest is {digests['B']}, the run expects 0123456789abcdef"):
+    with pytest.raises(
+        SiteError, match=f"hello: site B: its data digest is {digests['B']}, the run expects 0123456789abcdef"
+    ):
         setup_run(tmp_path / "bad", tiny_task, expected=wrong)
 
 
 def test_a_site_pinned_to_another_run_config_or_holding_another_runs_state_refuses(tmp_path, tiny_task):
-    with pytest.raises(SiteError, match="hello: site C: this SuperNode is approved for run config fingerprint 0000000000000000, the server sent [0-9a-f]{16}; refused"):
+    with pytest.raises(
+        SiteError,
+        match="hello: site C: this SuperNode is approved for run config fingerprint 0000000000000000, the server sent [0-9a-f]{16}; refused",
+    ):
         setup_run(tmp_path / "pin", tiny_task, node_config={"C": {"run-fingerprint": "0000000000000000"}})
-    run, _, transport = setup_run(tmp_path / "ok", tiny_task, rounds=1, node_config={"C": {"run-fingerprint": run_fingerprint(tmp_path, tiny_task)}})
+    run, _, transport = setup_run(
+        tmp_path / "ok",
+        tiny_task,
+        rounds=1,
+        node_config={"C": {"run-fingerprint": run_fingerprint(tmp_path, tiny_task)}},
+    )
     one_round(run, transport)  # the approved config runs
     transport.fingerprint = "feedfeedfeedfeed"  # the server now runs another config over the sites' state
-    with pytest.raises(SiteError, match="round 2 train: site A: the server runs config fingerprint feedfeedfeedfeed, this site's state at .* was made for [0-9a-f]{16}; refused"):
+    with pytest.raises(
+        SiteError,
+        match="round 2 train: site A: the server runs config fingerprint feedfeedfeedfeed, this site's state at .* was made for [0-9a-f]{16}; refused",
+    ):
         transport.train(2)
 
 
@@ -298,7 +391,9 @@ def run_fingerprint(tmp_path, tiny_task):
 
 
 def test_a_bad_share_setting_is_refused_at_hello(tmp_path, tiny_task):
-    with pytest.raises(SiteError, match="hello: site B: SuperNode node config: share-model='maybe' is not true or false"):
+    with pytest.raises(
+        SiteError, match="hello: site B: SuperNode node config: share-model='maybe' is not true or false"
+    ):
         setup_run(tmp_path, tiny_task, node_config={"B": {"share-model": "maybe"}})
 
 
@@ -321,14 +416,19 @@ def test_a_site_may_withhold_its_model_and_predictions_and_the_tables_still_read
     assert transport.withheld == {"B": ["model"], "C": ["predictions"]}
     # The scores are all there, and equal the engine's: withholding changes what goes up, not the run.
     store, split = tiny_task
-    engine = run_training(tiny_run_config(store, split, "fedavg", rounds=2), tmp_path / "engine", threads=1, progress=False)
+    engine = run_training(
+        tiny_run_config(store, split, "fedavg", rounds=2), tmp_path / "engine", threads=1, progress=False
+    )
     assert final["test"] == engine["test"] and final["val"] == engine["val"]
     saved = checkpoint.load_plain(tmp_path / "fed" / "model_best.pt")
     assert saved["withheld"] == ["B"] and saved["clients"] == ["A", "B", "C"]
     assert saved["models"]["base_client"] == "A" and set(saved["models"]["diffs"]) == {"C"}
     import numpy as np
 
-    with np.load(tmp_path / "fed" / "predictions.npz") as predictions, np.load(tmp_path / "engine" / "predictions.npz") as full:
+    with (
+        np.load(tmp_path / "fed" / "predictions.npz") as predictions,
+        np.load(tmp_path / "engine" / "predictions.npz") as full,
+    ):
         assert sorted({k.split("|")[0] for k in predictions.files}) == ["A", "B"]
         for key in predictions.files:
             assert np.array_equal(predictions[key], full[key]), key
@@ -344,7 +444,10 @@ def cohort_run(tmp_path, tiny_task, node_config=None, tamper=None, rounds=2, **o
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "prrfl", rounds=rounds, clients=["A", "B"], ood_clients=["C"], **overrides)
     run = read_run_config_dict(tmp_path, cfg)
-    sites = {name: {"store": str(store), "split": str(split), **(node_config or {}).get(name, {})} for name in ("A", "B", "C")}
+    sites = {
+        name: {"store": str(store), "split": str(split), **(node_config or {}).get(name, {})}
+        for name in ("A", "B", "C")
+    }
     grid = FakeGrid(tmp_path, sites, tamper)
     return cfg, run, grid, FlowerTransport(grid, run, nodes_timeout=1)
 
@@ -361,7 +464,9 @@ def test_a_test_only_cohort_scores_the_sites_models_as_the_engine(tmp_path, tiny
     assert transport.node == {"A": 100, "B": 101} and transport.cohort_node == {"C": 102}
     grid.sent.clear()
     sent_to = []
-    grid.tamper = lambda message, reply: sent_to.append((message.metadata.message_type, message.metadata.dst_node_id)) or reply
+    grid.tamper = lambda message, reply: (
+        sent_to.append((message.metadata.message_type, message.metadata.dst_node_id)) or reply
+    )
     serve(run, tmp_path / "fed", transport, progress=False)
     assert [kind for kind, node in sent_to if node == 102] == ["query.ood"] and sent_to[-1] == ("query.ood", 102)
     run_training(cfg, tmp_path / "engine", threads=1, progress=False)
@@ -372,16 +477,27 @@ def test_a_test_only_cohort_scores_the_sites_models_as_the_engine(tmp_path, tiny
 
 
 def test_a_site_that_withholds_its_model_from_a_run_with_a_cohort_is_refused_at_hello(tmp_path, tiny_task):
-    with pytest.raises(SiteError, match=r"hello: site B keeps its model to itself \(share-model=false\), so test-only cohort\(s\) C cannot score it; .*; refused"):
+    with pytest.raises(
+        SiteError,
+        match=r"hello: site B keeps its model to itself \(share-model=false\), so test-only cohort\(s\) C cannot score it; .*; refused",
+    ):
         cohort_run(tmp_path, tiny_task, node_config={"B": {"share-model": False}})
-    cohort_run(tmp_path / "predictions", tiny_task, node_config={"B": {"share-predictions": False}})  # its predictions only: served
+    cohort_run(
+        tmp_path / "predictions", tiny_task, node_config={"B": {"share-predictions": False}}
+    )  # its predictions only: served
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda v: {**v, "per_model": {"A": v["per_model"]["A"]}}, r"ood: cohort C: per_model scores sites \['A'\], the run's sites are \['A', 'B'\]; refused"),
-        (lambda v: {**v, "ensemble": {**v["ensemble"], "f1": math.inf}}, r"ood: cohort C ensemble: an infinite score; refused"),
+        (
+            lambda v: {**v, "per_model": {"A": v["per_model"]["A"]}},
+            r"ood: cohort C: per_model scores sites \['A'\], the run's sites are \['A', 'B'\]; refused",
+        ),
+        (
+            lambda v: {**v, "ensemble": {**v["ensemble"], "f1": math.inf}},
+            r"ood: cohort C ensemble: an infinite score; refused",
+        ),
         (lambda v: {"mean": v["mean"]}, r"ood: cohort C: the reply is not \['ensemble', 'mean', 'per_model'\]"),
     ],
     ids=["a-site-missing", "infinite", "keys"],
@@ -407,7 +523,10 @@ def test_a_cohort_node_is_not_taken_for_a_training_site(tmp_path, tiny_task):
             return rewrite(sent, reply, lambda v: {k: w for k, w in v.items() if k != "test_only"})
         return reply
 
-    with pytest.raises(SiteError, match="hello: site C: it is a test-only cohort of run prrfl, but its SuperNode answered as a training site; refused"):
+    with pytest.raises(
+        SiteError,
+        match="hello: site C: it is a test-only cohort of run prrfl, but its SuperNode answered as a training site; refused",
+    ):
         cohort_run(tmp_path, tiny_task, tamper=tamper)
 
 
@@ -427,7 +546,9 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
     with local_federation(sites, tmp_path / "federation", warm=True) as federation:
         # 1. Site C's SuperNode was started with a bad node config: refused at hello, naming it.
         out1 = tmp_path / "run1"
-        result = federation.run({"run-config": str(tmp_path / "run.json"), "out": str(out1), "nodes-timeout": 240}, timeout=300)
+        result = federation.run(
+            {"run-config": str(tmp_path / "run.json"), "out": str(out1), "nodes-timeout": 240}, timeout=300
+        )
         text = result.stdout + result.stderr
         assert "hello: site C: SuperNode node config: share-model='maybe' is not true or false" in text, text[-3000:]
         assert not any((out1 / name).exists() for name in outputs)
@@ -438,7 +559,19 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
         federation.start_supernode("C", good)
         out2 = tmp_path / "run2"
         outcome = {}
-        runner = threading.Thread(target=lambda: outcome.update(result=federation.run({"run-config": str(tmp_path / "run.json"), "out": str(out2), "nodes-timeout": 240, "reply-timeout": 40}, timeout=300)))
+        runner = threading.Thread(
+            target=lambda: outcome.update(
+                result=federation.run(
+                    {
+                        "run-config": str(tmp_path / "run.json"),
+                        "out": str(out2),
+                        "nodes-timeout": 240,
+                        "reply-timeout": 40,
+                    },
+                    timeout=300,
+                )
+            )
+        )
         runner.start()
         # Site B has sent 3 replies (run 1's hello, run 2's hello and setup): the run is set up on it.
         log_b = tmp_path / "federation" / "supernode-B.log"
@@ -452,9 +585,13 @@ def test_a_real_federation_stops_in_one_line_on_a_bad_node_and_on_a_killed_super
         assert "result" in outcome, "flwr run did not return within 300 s"
         result = outcome["result"]
     text = result.stdout + result.stderr
-    assert "round 1 train: site B: no reply within 40.0 s (the SuperNode stopped or lost its connection)" in text, text[-3000:]
+    assert "round 1 train: site B: no reply within 40.0 s (the SuperNode stopped or lost its connection)" in text, text[
+        -3000:
+    ]
     assert not any((out2 / name).exists() for name in outputs)
-    print(f"real federation faults: {time.monotonic() - started:.0f} s, flwr run exit {result.returncode}\n{text[-2500:]}")
+    print(
+        f"real federation faults: {time.monotonic() - started:.0f} s, flwr run exit {result.returncode}\n{text[-2500:]}"
+    )
 
 
 def test_the_qualitative_figure_leaves_out_a_site_that_withheld_its_predictions(tmp_path, caplog):
@@ -464,7 +601,11 @@ def test_the_qualitative_figure_leaves_out_a_site_that_withheld_its_predictions(
 
     files = {}
     for run, sites in (("engine", ("X", "Y")), ("flower", ("X",))):  # the federated run's site Y withheld them
-        arrays = {f"{c}|{k}": np.full((2, 8, 8) + ((3,) if k == "image" else ()), 1, np.uint8) for c in sites for k in ("image", "label", "pred")}
+        arrays = {
+            f"{c}|{k}": np.full((2, 8, 8) + ((3,) if k == "image" else ()), 1, np.uint8)
+            for c in sites
+            for k in ("image", "label", "pred")
+        }
         files[run] = tmp_path / f"{run}.npz"
         np.savez(files[run], **arrays)
     with caplog.at_level("WARNING", logger="fedmedbench.report"):

@@ -34,7 +34,9 @@ QUICKSTART = "## Quick start: a federation on this machine"
 TEST_MARKER = "FMB_TEST_RUN"
 # A stopped run is stopped in the middle: far more rounds than it gets through.
 STOPPED_ROUNDS = 50
-SUPEREXEC = "flower-superexec"  # Flower's own processes in sessions of their own: one per SuperNode, one for the SuperLink
+SUPEREXEC = (
+    "flower-superexec"  # Flower's own processes in sessions of their own: one per SuperNode, one for the SuperLink
+)
 
 
 def cmdline(pid: int) -> str:
@@ -102,7 +104,11 @@ def test_the_quick_start_as_the_docs_give_it_runs_and_leaves_its_files_and_no_pr
     assert out.is_relative_to(results) and out.parts[-4:] == ("federation", "prostate", "fedavg", "seed0"), out
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
     final = json.loads((out / "final.json").read_text())
-    assert final["clients"] == ["BIDMC", "HK"] and final["selection"]["rounds"] == 1 and sorted(final["test"]) == ["BIDMC", "HK"]
+    assert (
+        final["clients"] == ["BIDMC", "HK"]
+        and final["selection"]["rounds"] == 1
+        and sorted(final["test"]) == ["BIDMC", "HK"]
+    )
     assert re.search(r"^prostate/fedavg/seed0: mean test dice_paper \d\.\d{4} over 2 sites", stdout, re.M), stdout
     logs = out.with_name("seed0-flower")
     for name in ("superlink.log", "supernode-BIDMC.log", "supernode-HK.log", "flwr-run.log", "snakemake.log"):
@@ -120,7 +126,9 @@ def stopped_run(results: Path, seed: int, marker: str, wrap: list[str] = (), **p
     """The quick start's command on a long run (seed ``seed``), returned once it is in the middle of
     its run: the ServerApp's process is up (so are the SuperExecs that Flower starts in sessions of
     their own)."""
-    argv = with_options([sys.executable, *docs_command()[1:]], rounds=STOPPED_ROUNDS, sites=2, results=results, seed=seed)
+    argv = with_options(
+        [sys.executable, *docs_command()[1:]], rounds=STOPPED_ROUNDS, sites=2, results=results, seed=seed
+    )
     process = start([*wrap, *argv], marker, **popen)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
@@ -128,7 +136,9 @@ def stopped_run(results: Path, seed: int, marker: str, wrap: list[str] = (), **p
         if any("flwr-serverapp" in c for c in commands) and sum(SUPEREXEC in c for c in commands) >= 3:
             return process
         if process.poll() is not None:
-            pytest.fail(f"the run ended before it was stopped ({process.returncode}):\n{process.stdout.read()[-2000:]}\n{process.stderr.read()[-3000:]}")
+            pytest.fail(
+                f"the run ended before it was stopped ({process.returncode}):\n{process.stdout.read()[-2000:]}\n{process.stderr.read()[-3000:]}"
+            )
         time.sleep(0.5)
     process.kill()
     pytest.fail("the run's ServerApp did not start within 900 s")
@@ -166,7 +176,9 @@ def test_however_the_command_is_stopped_no_process_of_it_is_left(results, how, s
         process.kill()
         expected = -signal.SIGKILL
     stdout, stderr = process.communicate(timeout=300)
-    assert before >= 10, before  # command, watchdog, warm server, SuperLink, 2 SuperNodes, 3 SuperExecs, the ServerApp, flwr run
+    assert before >= 10, (
+        before
+    )  # command, watchdog, warm server, SuperLink, 2 SuperNodes, 3 SuperExecs, the ServerApp, flwr run
     assert process.returncode == expected, f"{process.returncode}\n{stderr[-3000:]}"
     if how != "sigkill":  # the command's own handler ran (timeout's SIGTERM reaches it too)
         name = "SIGINT" if how == "ctrl-c" else "SIGTERM"
@@ -195,11 +207,20 @@ def parent_of(pid: int) -> int:
 
 def test_a_guard_ends_grandchildren_in_other_sessions_when_its_process_is_killed(tmp_path):
     marker = uuid.uuid4().hex
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=tmp_path, env={**os.environ, TEST_MARKER: marker}, stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT],
+        cwd=tmp_path,
+        env={**os.environ, TEST_MARKER: marker},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert parent.stdout.readline().strip() == "started"
         deadline = time.monotonic() + 60
-        while not (sleepers := [pid for pid in marked_processes(marker, TEST_MARKER) if cmdline(pid) == "sleep 1000"]) and time.monotonic() < deadline:
+        while (
+            not (sleepers := [pid for pid in marked_processes(marker, TEST_MARKER) if cmdline(pid) == "sleep 1000"])
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
         # sleep -> its sh (a session of its own) -> the sh the guarded process spawned (another) -> the guarded process.
         shell = parent_of(parent_of(sleepers[0]))
@@ -243,8 +264,13 @@ def test_a_run_folder_keeps_its_run_config_which_flwr_run_reads_as_the_same_run(
     cfg["method_params"] = {}
     final = run_training(cfg, tmp_path / "run", threads=1, progress=False)
     saved = json.loads((tmp_path / "run" / "run_config.json").read_text())
-    assert saved == final["config"] and saved["method_params"] == {"mu": 1e-2} and saved["rounds"] == 1  # the default filled in
-    assert read_run_config(str(tmp_path / "run" / "run_config.json")).fingerprint() == RunConfig.from_dict(final["config"]).fingerprint()
+    assert (
+        saved == final["config"] and saved["method_params"] == {"mu": 1e-2} and saved["rounds"] == 1
+    )  # the default filled in
+    assert (
+        read_run_config(str(tmp_path / "run" / "run_config.json")).fingerprint()
+        == RunConfig.from_dict(final["config"]).fingerprint()
+    )
 
 
 def local_args(tmp_path, **changes):
@@ -264,7 +290,9 @@ def test_a_run_that_fails_is_told_in_one_line_with_the_servers_last_error(tmp_pa
         address = "127.0.0.1:1"
 
         def stream(self, run_config, log, echo=None):
-            log.write_text("INFO : Start `flwr-serverapp` process\nfedmedbench.fl.rounds.SiteError: round 1 train: site HK: its ClientApp raised an exception\nINFO : done\n")
+            log.write_text(
+                "INFO : Start `flwr-serverapp` process\nfedmedbench.fl.rounds.SiteError: round 1 train: site HK: its ClientApp raised an exception\nINFO : done\n"
+            )
             return 0
 
     monkeypatch.chdir(REPO)
@@ -287,15 +315,28 @@ def test_a_data_step_that_fails_is_told_in_one_line_with_snakemakes_error(tmp_pa
     from fedmedbench.federation import local
 
     def failing_snakemake(command, *, env, cwd, log=None, **popen):
-        assert command[1:3] == ["--snakefile", str(REPO / "workflow" / "Snakefile")] and command[-1].endswith("data/prostate/harmofl/split.csv")
-        return subprocess.Popen(["sh", "-c", "echo 'Building DAG of jobs...'; echo 'Error in rule preprocess:'; echo 'Shutting down'; exit 1"], stdout=log.open("w"), env=env)
+        assert command[1:3] == ["--snakefile", str(REPO / "workflow" / "Snakefile")] and command[-1].endswith(
+            "data/prostate/harmofl/split.csv"
+        )
+        return subprocess.Popen(
+            [
+                "sh",
+                "-c",
+                "echo 'Building DAG of jobs...'; echo 'Error in rule preprocess:'; echo 'Shutting down'; exit 1",
+            ],
+            stdout=log.open("w"),
+            env=env,
+        )
 
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(local, "spawn", failing_snakemake)
     with pytest.raises(FedmedbenchError) as failed:
         local._run_local(local_args(tmp_path))
     log = tmp_path / "results" / "demo" / "federation" / "prostate" / "fedavg" / "seed0-flower" / "snakemake.log"
-    assert str(failed.value) == f"federation local: preparing the data failed (Snakemake exited with 1): Error in rule preprocess:; its log: {log}"
+    assert (
+        str(failed.value)
+        == f"federation local: preparing the data failed (Snakemake exited with 1): Error in rule preprocess:; its log: {log}"
+    )
 
 
 def test_without_flower_or_outside_the_checkout_it_says_what_to_do(tmp_path, monkeypatch):
@@ -305,12 +346,20 @@ def test_without_flower_or_outside_the_checkout_it_says_what_to_do(tmp_path, mon
     from fedmedbench.federation import local
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real_find_spec(name, *a)
+    )
     monkeypatch.chdir(REPO)
-    with pytest.raises(ConfigError, match=r"^federation local: Flower is not installed; install the flower extra: pip install -e '\.\[flower\]'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^federation local: Flower is not installed; install the flower extra: pip install -e '\.\[flower\]'$",
+    ):
         local._run_local(local_args(tmp_path))
     monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"^federation local: run it from the fedmedbench checkout \(.*\): it prepares the data with the pipeline's workflow and config/config.yaml$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^federation local: run it from the fedmedbench checkout \(.*\): it prepares the data with the pipeline's workflow and config/config.yaml$",
+    ):
         local._run_local(local_args(tmp_path, config=[str(REPO / "config" / "config.yaml")]))
     assert not (tmp_path / "results").exists()

@@ -29,7 +29,14 @@ OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
 
 def flwr(federation, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """The ``flwr`` CLI against this federation's SuperLink (its ``$FLWR_HOME``)."""
-    return subprocess.run([str(Path(sys.executable).with_name("flwr")), *args], env=federation.env, cwd=federation.workdir, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("flwr")), *args],
+        env=federation.env,
+        cwd=federation.workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def killed_in_round_3(workdir: Path, out: Path, clients) -> bool:
@@ -80,7 +87,10 @@ def test_a_restarted_server_resumes_from_its_checkpoint_as_the_engine(tmp_path, 
         flwr(federation, "stop", run_id.group(1), CONNECTION)  # tidy the SuperLink's view of the dead run
         # Each site keeps the snapshots of the two latest checkpointed rounds it was told of.
         for name in cfg["clients"]:
-            assert sorted(p.name for p in (workdir / f"site-{name}" / "state").glob(f"run-*/{name}.round-*.pt")) == [f"{name}.round-1.pt", f"{name}.round-2.pt"], name
+            assert sorted(p.name for p in (workdir / f"site-{name}" / "state").glob(f"run-*/{name}.round-*.pt")) == [
+                f"{name}.round-1.pt",
+                f"{name}.round-2.pt",
+            ], name
         first = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in workdir.glob("site-*/state/run-*/*.round-1.pt")}
         resumed = federation.run(settings, timeout=600)  # a new Flower run id, the same state folders
     log = resumed.stdout[-4000:] + resumed.stderr[-2000:]
@@ -133,8 +143,14 @@ class InProcessGrid:
         for number, message in enumerate(messages):
             self.sent.append((message.metadata.message_type, message.content["c"].get("round")))
             message.metadata.__dict__["_message_id"] = f"m{number}"  # as Flower's InMemoryGrid stamps it
-            self.replies[f"m{number}"] = HANDLERS[message.metadata.message_type](message, self.contexts[message.metadata.dst_node_id])
-        if self.stop_at and messages and (messages[0].metadata.message_type, messages[0].content["c"].get("round")) == self.stop_at:
+            self.replies[f"m{number}"] = HANDLERS[message.metadata.message_type](
+                message, self.contexts[message.metadata.dst_node_id]
+            )
+        if (
+            self.stop_at
+            and messages
+            and (messages[0].metadata.message_type, messages[0].content["c"].get("round")) == self.stop_at
+        ):
             raise Stop()
         return list(self.replies)
 
@@ -157,7 +173,9 @@ def start_run(tmp_path, tiny_task, rounds=3, **overrides):
     cfg = tiny_run_config(store, split, "fedavg", rounds=rounds, **overrides)
     (tmp_path / "run.json").write_text(json.dumps(cfg))
     run = read_run_config(str(tmp_path / "run.json"))
-    grid = InProcessGrid(tmp_path, {n: {"store": str(store), "split": str(split)} for n in cfg["clients"]}, tmp_path / "flower")
+    grid = InProcessGrid(
+        tmp_path, {n: {"store": str(store), "split": str(split)} for n in cfg["clients"]}, tmp_path / "flower"
+    )
     return cfg, run, grid
 
 
@@ -174,7 +192,12 @@ def test_a_server_stopped_mid_round_resumes_from_the_sites_snapshots(tmp_path, t
     grid.stop_at, grid.sent = None, []
     serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
     # Resumed (a fresh start would equal the engine too): no setup, back to round 3, then round 4 only.
-    assert {step for step in grid.sent if step[0] != "query.hello"} == {("query.resume", 3), ("train", 4), ("evaluate", 4), ("query.final", None)} | ({("query.keep", 4)} & set(grid.sent))
+    assert {step for step in grid.sent if step[0] != "query.hello"} == {
+        ("query.resume", 3),
+        ("train", 4),
+        ("evaluate", 4),
+        ("query.final", None),
+    } | ({("query.keep", 4)} & set(grid.sent))
     for name in OUTPUTS:
         assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
 
@@ -187,7 +210,10 @@ def test_a_site_that_cannot_go_back_to_the_checkpointed_round_is_refused(tmp_pat
     for snapshot in (tmp_path / "site-B").glob("run-*/B.round-*.pt"):
         snapshot.unlink()  # site B's disk lost it (its state file is mid-round 2)
     grid.stop_at = None
-    with pytest.raises(SiteError, match=r"^resume after round 1: site B: cannot resume after round 1: no snapshot of that round .*mid-round\); refused$"):
+    with pytest.raises(
+        SiteError,
+        match=r"^resume after round 1: site B: cannot resume after round 1: no snapshot of that round .*mid-round\); refused$",
+    ):
         serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
     assert (tmp_path / "flower" / "checkpoint.pt").is_file() and not (tmp_path / "flower" / "final.json").exists()
 
@@ -228,7 +254,9 @@ def test_a_keep_rides_on_the_sites_next_message(tmp_path, tiny_task, task_identi
         assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
 
 
-def test_a_server_killed_before_a_keep_was_carried_tells_the_sites_on_resume(tmp_path, tiny_task, task_identity, monkeypatch):
+def test_a_server_killed_before_a_keep_was_carried_tells_the_sites_on_resume(
+    tmp_path, tiny_task, task_identity, monkeypatch
+):
     """The server dies right after checkpointing the round its selection last improved: that round's
     keep rode on no message, so the sites' state files lack it. The restarted server's ``resume``
     carries it (its restored selection kept them at that round), the sites apply it, and the run
@@ -249,12 +277,16 @@ def test_a_server_killed_before_a_keep_was_carried_tells_the_sites_on_resume(tmp
     with pytest.raises(Stop):
         serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
     saved = checkpoint.load_plain(next((tmp_path / "site-A").glob("run-*")) / "A.pt")
-    assert saved["round_done"] == best and (saved["site"]["kept"] or {}).get("round") != best  # the keep never reached site A
+    assert (
+        saved["round_done"] == best and (saved["site"]["kept"] or {}).get("round") != best
+    )  # the keep never reached site A
     monkeypatch.setattr(faults, "reached", lambda point: None)
     carried = keeps_sent(grid)
     grid.sent = []
     serve(run, tmp_path / "flower", FlowerTransport(grid, run, nodes_timeout=1), progress=False)
-    assert [c for c in carried if c[1] == "query.resume"] == [(name, "query.resume", best, best) for name in cfg["clients"]]  # pooled: every site
+    assert [c for c in carried if c[1] == "query.resume"] == [
+        (name, "query.resume", best, best) for name in cfg["clients"]
+    ]  # pooled: every site
     assert ("query.resume", best) in grid.sent and "query.setup" not in [kind for kind, _ in grid.sent]
     for name in OUTPUTS:
         assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "flower" / name, shallow=False), name
@@ -267,5 +299,8 @@ def test_a_keep_of_a_round_whose_end_the_site_is_not_at_is_refused(tmp_path, tin
     transport = FlowerTransport(grid, run, nodes_timeout=1)
     serve(run, tmp_path / "flower", transport, progress=False)
     transport.pending_keep = {"B": 1}
-    with pytest.raises(SiteError, match=r"^final: site B: the server asks it to keep its model of round 1, but its state at .*B\.pt is not at the end of that round; refused$"):
+    with pytest.raises(
+        SiteError,
+        match=r"^final: site B: the server asks it to keep its model of round 1, but its state at .*B\.pt is not at the end of that round; refused$",
+    ):
         transport.final()

@@ -42,7 +42,11 @@ def grid_for(tmp_path: Path, tiny_task, name: str) -> InProcessGrid:
     store, split = tiny_task
     cfg = tiny_run_config(store, split, "fedavg", rounds=2)
     (tmp_path / "run.json").write_text(json.dumps(cfg))
-    return InProcessGrid(tmp_path / name, {n: {"store": str(store), "split": str(split)} for n in cfg["clients"]}, tmp_path / name / "out")
+    return InProcessGrid(
+        tmp_path / name,
+        {n: {"store": str(store), "split": str(split)} for n in cfg["clients"]},
+        tmp_path / name / "out",
+    )
 
 
 def lines(caplog) -> list[str]:
@@ -54,7 +58,9 @@ def test_a_line_per_round_then_a_resumed_run_says_so_and_counts_the_whole_run(tm
     caplog.set_level(logging.INFO, logger="fedmedbench")
     # Uninterrupted: a line per round, as `fedmedbench train` prints.
     whole = serverapp_run(tmp_path, tmp_path / "whole" / "out", 11, grid_for(tmp_path, tiny_task, "whole"))
-    assert [int(ROUND_LINE.match(line).group(1)) for line in lines(caplog) if ROUND_LINE.match(line)] == [1, 2], lines(caplog)
+    assert [int(ROUND_LINE.match(line).group(1)) for line in lines(caplog) if ROUND_LINE.match(line)] == [1, 2], lines(
+        caplog
+    )
     assert not any("resuming" in line for line in lines(caplog))
     assert whole["run_id"] == 11 and whole["resumed_after"] == [] and whole["messages_sent"] > 0
     # Stopped as round 2's training messages went out (round 1 checkpointed), then restarted.
@@ -70,7 +76,10 @@ def test_a_line_per_round_then_a_resumed_run_says_so_and_counts_the_whole_run(tm
     resumed = serverapp_run(tmp_path, out, 13, grid)
     said = lines(caplog)
     resuming = f"tiny/fedavg/seed0: resuming from round 2 (the checkpoint after round 1 in {out / 'checkpoint.pt'})"
-    assert [line for line in said if "resuming" in line or ROUND_LINE.match(line)] == [resuming, said[-1]] and ROUND_LINE.match(said[-1]).group(1) == "2", said
+    assert [line for line in said if "resuming" in line or ROUND_LINE.match(line)] == [
+        resuming,
+        said[-1],
+    ] and ROUND_LINE.match(said[-1]).group(1) == "2", said
     # federation.json: the whole run's messages (before the checkpoint and after the restart), the run
     # that finished it and where it resumed; the counts kept for the resume are gone.
     assert resumed["messages_sent"] == counted_before + len(grid.sent), (resumed, counted_before, len(grid.sent))
@@ -115,7 +124,10 @@ def test_no_warm_socket_is_left_once_a_local_federation_has_ended(tmp_path, monk
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     short = Path(tempfile.mkdtemp(prefix="fed-"))
     for workdir in (short, tmp_path / ("long-" + "x" * 100)):
-        with pytest.raises(FedmedbenchError, match="stopped here by the test"), local.local_federation({}, workdir, warm=True):
+        with (
+            pytest.raises(FedmedbenchError, match="stopped here by the test"),
+            local.local_federation({}, workdir, warm=True),
+        ):
             pass
     assert started[0] == short / "warm.sock" and started[1].parent.name.startswith("fmb-warm-")
     assert not started[0].exists() and not started[1].exists() and not started[1].parent.exists()

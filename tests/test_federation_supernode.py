@@ -42,10 +42,15 @@ def test_a_supernode_given_a_wrong_superlink_port_names_the_address_and_gives_up
     argv = [sys.executable, "-m", "fedmedbench", "federation", "supernode", "--root-certificates", "ca.crt",
             "--superlink", f"127.0.0.1:{port}", "--port", str(closed_port()), "--max-wait-time", "3"]  # fmt: skip
     started = time.monotonic()
-    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    result = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "src")}
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert time.monotonic() - started >= 3
-    assert f"no SuperLink answers at 127.0.0.1:{port} (--superlink) yet (Connection refused); trying every 2 s for up to 3 s" in result.stdout
+    assert (
+        f"no SuperLink answers at 127.0.0.1:{port} (--superlink) yet (Connection refused); trying every 2 s for up to 3 s"
+        in result.stdout
+    )
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1, result.stderr
     assert errors[0].endswith(
@@ -56,7 +61,9 @@ def test_a_supernode_given_a_wrong_superlink_port_names_the_address_and_gives_up
 
 def test_without_max_wait_time_it_waits_the_documented_bound(monkeypatch, listener):
     waited = []
-    monkeypatch.setattr(supernode, "wait_for_superlink", lambda address, timeout, say: waited.append((address, timeout)))
+    monkeypatch.setattr(
+        supernode, "wait_for_superlink", lambda address, timeout, say: waited.append((address, timeout))
+    )
     supernode.check(["--superlink", "link.example.org:9093", "--port", str(closed_port())])
     supernode.check(["--port", str(closed_port())])  # Flower's default address
     assert waited == [("link.example.org:9093", 600.0), ("127.0.0.1:8000", 600.0)] and supernode.DIAL_TIMEOUT == 600.0
@@ -74,7 +81,9 @@ def test_a_second_supernode_on_a_taken_port_says_so_and_how_to_choose_another(li
 
 
 def test_a_bad_superlink_address_is_named():
-    with pytest.raises(ConfigError, match=r"^--superlink link.example.org: expected host:port, e.g. link.example.org:9093$"):
+    with pytest.raises(
+        ConfigError, match=r"^--superlink link.example.org: expected host:port, e.g. link.example.org:9093$"
+    ):
         supernode.check(["--superlink", "link.example.org", "--port", str(closed_port())])
 
 

@@ -68,7 +68,9 @@ def test_node_keys_are_what_flower_reads(tmp_path):
     public = serialization.load_ssh_public_key(key.public.read_bytes())
     assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
     assert private.public_key().public_numbers() == public.public_numbers()
-    assert key.public.read_text().startswith("ecdsa-sha2-nistp384 ") and key.public.read_text().rstrip().endswith("fedmedbench-BIDMC")
+    assert key.public.read_text().startswith("ecdsa-sha2-nistp384 ") and key.public.read_text().rstrip().endswith(
+        "fedmedbench-BIDMC"
+    )
     assert key.private.stat().st_mode & 0o777 == 0o600
     # What `flwr supernode register` sends to the SuperLink: the same key, as PEM.
     sent = serialization.load_pem_public_key(try_load_public_key(key.public))
@@ -115,11 +117,15 @@ def test_tls_and_supernode_auth_equal_the_engine_and_refuse_strangers(tmp_path, 
         stranger_key = make_node_key(tmp_path / "stranger", "stranger")
         stranger = fed.start_supernode("stranger", sites["A"], private_key=stranger_key.private, wait=False)
         # ... a SuperNode with site B's registered key but without the CA certificate ...
-        no_ca = fed.start_supernode("no-ca", sites["B"], private_key=fed.node_keys["B"].private, root_certificates=None, wait=False)
+        no_ca = fed.start_supernode(
+            "no-ca", sites["B"], private_key=fed.node_keys["B"].private, root_certificates=None, wait=False
+        )
         # ... and a flwr CLI whose connection names the SuperLink but not the CA.
         home = tmp_path / "no-ca-home"
         home.mkdir()
-        (home / "config.toml").write_text(f'[superlink]\ndefault = "plain"\n\n[superlink.plain]\naddress = "{fed.address}"\n')
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "plain"\n\n[superlink.plain]\naddress = "{fed.address}"\n'
+        )
         cli = subprocess.Popen([str(Path(sys.executable).with_name("flwr")), "ls", "plain"], env={**fed.env, "FLWR_HOME": str(home)},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
@@ -127,8 +133,13 @@ def test_tls_and_supernode_auth_equal_the_engine_and_refuse_strangers(tmp_path, 
         assert (tmp_path / "flower" / "final.json").is_file(), result.stdout[-4000:] + result.stderr[-2000:]
 
         assert stranger.wait(120) != 0 and no_ca.wait(120) != 0
-        stranger_log, no_ca_log = (fed.workdir / "supernode-stranger.log").read_text(), (fed.workdir / "supernode-no-ca.log").read_text()
-        assert "Exit Code: 305" in stranger_log and "[code: 2004] Failed to activate SuperNode." in stranger_log, stranger_log[-2000:]
+        stranger_log, no_ca_log = (
+            (fed.workdir / "supernode-stranger.log").read_text(),
+            (fed.workdir / "supernode-no-ca.log").read_text(),
+        )
+        assert "Exit Code: 305" in stranger_log and "[code: 2004] Failed to activate SuperNode." in stranger_log, (
+            stranger_log[-2000:]
+        )
         superlink_log = (fed.workdir / "superlink.log").read_text()
         assert "No SuperNode found with the given public key" in superlink_log
         assert '"POST /v1/fleet/activate-node HTTP/1.1" 412' in superlink_log

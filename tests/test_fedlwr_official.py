@@ -32,7 +32,14 @@ from fedmedbench.models import build_model
 from fedmedbench.runconfig import RunConfig
 from tests.conftest import tiny_run_config
 
-OFFICIAL = {"official_numerics": True, "similarity_data": "val", "passes": 5, "hsic": "unbiased", "gram": "minibatch", "log_pairwise": False}
+OFFICIAL = {
+    "official_numerics": True,
+    "similarity_data": "val",
+    "passes": 5,
+    "hsic": "unbiased",
+    "gram": "minibatch",
+    "log_pairwise": False,
+}
 EPS = 1e-4
 VAL = 8  # two validation batches of 4 (the official loader would crash on a last batch of < 4)
 
@@ -48,10 +55,19 @@ def write_task(root, clients=("A", "B", "C"), size=16):
             y, x = rng.integers(2, size - 8, 2)
             labels[i, y : y + 6, x : x + 6] = 1
             images[i, y : y + 6, x : x + 6] += np.uint8(100 + 40 * c)
-        meta = pd.DataFrame({"id": [f"{name}/s{i}" for i in range(count)], "group": [f"{name}/c{i}" for i in range(count)], "source": "synthetic"})
+        meta = pd.DataFrame(
+            {
+                "id": [f"{name}/s{i}" for i in range(count)],
+                "group": [f"{name}/c{i}" for i in range(count)],
+                "source": "synthetic",
+            }
+        )
         write_client(root / "store", name, images, labels, meta)
         parts = ["train"] * 8 + ["val"] * VAL + ["test"] * 2
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/c{i}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/s{i}", "group": f"{name}/c{i}"}
+            for i, s in enumerate(parts)
+        ]
         images_of[name] = images[8 : 8 + VAL]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv", images_of

@@ -41,7 +41,11 @@ def outputs(model, state, x):
     found, handles = {}, []
     for name, module in model.named_modules():
         if isinstance(module, (torch.nn.Conv2d, torch.nn.ConvTranspose2d, torch.nn.BatchNorm2d)):
-            handles.append(module.register_forward_hook(lambda m, i, o, name=name: found.__setitem__(name, o.detach().flatten(1).double().numpy().copy())))
+            handles.append(
+                module.register_forward_hook(
+                    lambda m, i, o, name=name: found.__setitem__(name, o.detach().flatten(1).double().numpy().copy())
+                )
+            )
     with torch.no_grad():
         model(x)
     for h in handles:
@@ -62,7 +66,11 @@ def test_paper_row_is_eq2_on_the_training_data_and_logs_pairs_of_local_models(tm
     store, split, _ = write_task(tmp_path / "data")
     cfg = tiny_run_config(store, split, "fedlwr", augment="none", intensity_scale=1.0)
     cfg, model, server, clients = build_federation(fedlwr, cfg)
-    assert cfg.method_params["hsic"] == "biased" and cfg.method_params["gram"] == "dataset" and cfg.method_params["similarity_data"] == "train"
+    assert (
+        cfg.method_params["hsic"] == "biased"
+        and cfg.method_params["gram"] == "dataset"
+        and cfg.method_params["similarity_data"] == "train"
+    )
     replies, queries = one_round(server, clients)
     assert set(queries[0]["peers"]) == {"B", "C"}  # round 1 is a Fig. 1(b) round
     states = [r["state"] for r in replies]
@@ -82,7 +90,9 @@ def test_paper_row_is_eq2_on_the_training_data_and_logs_pairs_of_local_models(tm
                 continue
             assert log[k][f"cka:{layer}"] == pytest.approx(expected, rel=2e-4, abs=5e-5), (k, layer)
             for name, out in peers.items():
-                assert log[k][f"pair_cka:{name}:{layer}"] == pytest.approx(eq2(own[layer], out[layer]), rel=2e-4, abs=5e-5), (k, name, layer)
+                assert log[k][f"pair_cka:{name}:{layer}"] == pytest.approx(
+                    eq2(own[layer], out[layer]), rel=2e-4, abs=5e-5
+                ), (k, name, layer)
             checked += 1
     assert checked > 3 * 30
     # the anchor similarities are not all clipped: ρ is not uniform
@@ -116,12 +126,30 @@ def pair_history():
     for rnd in (1, 2, 3):
         for k, client in enumerate("ABC"):
             for i, layer in enumerate(layers):
-                rows.append({"round": rnd, "client": client, "split": "server", "metric": f"cka:{layer}", "value": 0.9 - 0.1 * i})
+                rows.append(
+                    {
+                        "round": rnd,
+                        "client": client,
+                        "split": "server",
+                        "metric": f"cka:{layer}",
+                        "value": 0.9 - 0.1 * i,
+                    }
+                )
                 if rnd in (1, 3):
                     for j, peer in enumerate("ABC"):
                         if j != k:  # the pair (A, B) measured 0.5 on A's data and 0.7 on B's: pair value 0.6
-                            base = {frozenset("AB"): 0.6, frozenset("AC"): 0.4, frozenset("BC"): 0.8}[frozenset((client, peer))]
-                            rows.append({"round": rnd, "client": client, "split": "server", "metric": f"pair_cka:{peer}:{layer}", "value": base + (0.1 if k < j else -0.1) - 0.1 * i})
+                            base = {frozenset("AB"): 0.6, frozenset("AC"): 0.4, frozenset("BC"): 0.8}[
+                                frozenset((client, peer))
+                            ]
+                            rows.append(
+                                {
+                                    "round": rnd,
+                                    "client": client,
+                                    "split": "server",
+                                    "metric": f"pair_cka:{peer}:{layer}",
+                                    "value": base + (0.1 if k < j else -0.1) - 0.1 * i,
+                                }
+                            )
     return pd.DataFrame(rows)
 
 
@@ -136,7 +164,9 @@ def test_layer_cka_figure_plots_the_mean_and_range_over_pairs_of_local_models(tm
     lines = {line.get_label(): line for line in axes[0].lines}
     mean = lines["mean over pairs of local models"]
     assert list(mean.get_xdata()) == [0, 1, 2]
-    assert list(mean.get_ydata()) == pytest.approx([0.6, 0.5, 0.4])  # mean of the pairs 0.6, 0.4, 0.8 (per layer - 0.1 i)
+    assert list(mean.get_ydata()) == pytest.approx(
+        [0.6, 0.5, 0.4]
+    )  # mean of the pairs 0.6, 0.4, 0.8 (per layer - 0.1 i)
     band = axes[0].collections[0].get_paths()[0].vertices[:, 1]
     assert band.min() == pytest.approx(0.2) and band.max() == pytest.approx(0.8)  # range over pairs
     assert list(lines["mean CKA(local, FedAvg anchor)"].get_ydata()) == pytest.approx([0.9, 0.8, 0.7])

@@ -48,7 +48,10 @@ def test_what_the_official_hsic_does_for_each_small_n():
 def test_a_minibatch_cka_with_batches_under_four_is_refused_before_training(tmp_path, variant, batch):
     store, split, _ = write_task(tmp_path / "data")
     cfg = tiny_run_config(store, split, "fedlwr", batch_size=batch, method_params=variant)
-    with pytest.raises(ConfigError, match=rf"tasks\.tiny\.batch_size: fedlwr's minibatch CKA .* needs batches of at least 4 samples .*got {batch}$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"tasks\.tiny\.batch_size: fedlwr's minibatch CKA .* needs batches of at least 4 samples .*got {batch}$",
+    ):
         build_federation(fedlwr, cfg)
 
 

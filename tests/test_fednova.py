@@ -66,11 +66,17 @@ def toy_cfg(weighting="uniform", optimizer=None, reset_optimizer_each_round=Fals
 
 
 def reply(w, stat, count, steps, n):
-    state = {"w": torch.tensor(w, dtype=torch.float64), "stat": torch.tensor([stat], dtype=torch.float64), "count": torch.tensor(count)}
+    state = {
+        "w": torch.tensor(w, dtype=torch.float64),
+        "stat": torch.tensor([stat], dtype=torch.float64),
+        "count": torch.tensor(count),
+    }
     return {"state": state, "num_samples": n, "steps": steps, "normalizer": float(steps)}
 
 
-@pytest.mark.parametrize(("weighting", "expected_w", "expected_stat"), [("uniform", [0.7, 2.0], 2.0), ("samples", [0.9375, 1.75], 2.5)])
+@pytest.mark.parametrize(
+    ("weighting", "expected_w", "expected_stat"), [("uniform", [0.7, 2.0], 2.0), ("samples", [0.9375, 1.75], 2.5)]
+)
 def test_two_clients_with_unequal_tau_by_hand(weighting, expected_w, expected_stat):
     # w^t = (1, 2). Client 1: tau 2, Delta = (-0.4, 0.2); client 2: tau 6, Delta = (0.3, -0.6).
     # d_1 = (w^t - w_1)/2 = (0.2, -0.1), d_2 = (-0.05, 0.1).
@@ -92,11 +98,17 @@ def test_server_momentum_by_hand():
     assert torch.allclose(server.global_state["w"], torch.tensor([0.7, 2.0], dtype=torch.float64), rtol=0, atol=1e-14)
     server.aggregate(2, [reply([0.3, 2.2], 1.0, 0, steps=2, n=1), reply([1.0, 1.4], 3.0, 0, steps=6, n=1)])
     assert torch.allclose(server.global_state["w"], torch.tensor([0.25, 2.0], dtype=torch.float64), rtol=0, atol=1e-13)
-    assert torch.allclose(server.state_dict()["momentum_buffer"]["w"], torch.tensor([4.5, 0.0], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(
+        server.state_dict()["momentum_buffer"]["w"], torch.tensor([4.5, 0.0], dtype=torch.float64), atol=1e-12
+    )
 
 
 def test_equal_normalizers_give_fedavg_bitwise_on_replies():
-    replies = [reply([0.6, 2.2], 1.0, 3, steps=4, n=1), reply([1.3, 1.4], 3.0, 5, steps=4, n=3), reply([0.1, -0.7], 2.0, 1, steps=4, n=2)]
+    replies = [
+        reply([0.6, 2.2], 1.0, 3, steps=4, n=1),
+        reply([1.3, 1.4], 3.0, 5, steps=4, n=3),
+        reply([0.1, -0.7], 2.0, 1, steps=4, n=2),
+    ]
     for r in replies:
         r["normalizer"] = fednova.normalizer(4, 0.1, momentum=0.9)
     for weighting in ("uniform", "samples"):
@@ -110,7 +122,11 @@ def test_equal_normalizers_give_fedavg_bitwise_on_replies():
 # --- whole runs ------------------------------------------------------------------------------------
 def train(tmp_path, name, cfg):
     final = run_training(cfg, tmp_path / name, progress=False)
-    return final, checkpoint.load_plain(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
+    return (
+        final,
+        checkpoint.load_plain(tmp_path / name / "model_best.pt"),
+        (tmp_path / name / "history.csv").read_text(),
+    )
 
 
 def same_models(a, b):
@@ -145,7 +161,14 @@ def test_momentum_warning_when_optimizer_persists(tmp_path, caplog):
 
 def test_resume_is_exact(tmp_path, tiny_task, monkeypatch):
     store, split = tiny_task
-    cfg = tiny_run_config(store, split, "fednova", rounds=2, optimizer=SGD_MOMENTUM, method_params={"server_momentum": 0.5, "proximal_mu": 0.1})
+    cfg = tiny_run_config(
+        store,
+        split,
+        "fednova",
+        rounds=2,
+        optimizer=SGD_MOMENTUM,
+        method_params={"server_momentum": 0.5, "proximal_mu": 0.1},
+    )
     straight = run_training(cfg, tmp_path / "straight", progress=False)
     interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
     assert checkpoint.load(tmp_path / "resumed" / "checkpoint.pt")["server"]["momentum_buffer"]

@@ -66,16 +66,37 @@ def cka_history():
     for rnd in (1, 2):
         for k, client in enumerate(CLIENTS):
             for i, layer in enumerate(("enc.0.0", "enc.0.1", "enc.1.0", "enc.1.1", "head")):
-                rows.append({"round": rnd, "client": client, "split": "server", "metric": f"cka:{layer}", "value": 0.9 - 0.1 * i})
+                rows.append(
+                    {
+                        "round": rnd,
+                        "client": client,
+                        "split": "server",
+                        "metric": f"cka:{layer}",
+                        "value": 0.9 - 0.1 * i,
+                    }
+                )
                 for peer in CLIENTS:
                     if peer != client:
-                        rows.append({"round": rnd, "client": client, "split": "server", "metric": f"pair_cka:{peer}:{layer}", "value": 0.8 - 0.05 * i + 0.01 * k})
+                        rows.append(
+                            {
+                                "round": rnd,
+                                "client": client,
+                                "split": "server",
+                                "metric": f"pair_cka:{peer}:{layer}",
+                                "value": 0.8 - 0.05 * i + 0.01 * k,
+                            }
+                        )
     return pd.DataFrame(rows)
 
 
 def ood_final(run, seed, f1, auc):
     scores = {"f1_macro": f1, "auc_macro": auc}
-    return {"run": run, "method": run, "seed": seed, "ood": {"OOD": {"mean": scores, "ensemble": {k: v + 0.01 for k, v in scores.items()}}}}
+    return {
+        "run": run,
+        "method": run,
+        "seed": seed,
+        "ood": {"OOD": {"mean": scores, "ensemble": {k: v + 0.01 for k, v in scores.items()}}},
+    }
 
 
 def every_figure(folder: Path, synthetic: bool):
@@ -83,17 +104,63 @@ def every_figure(folder: Path, synthetic: bool):
     prefixes. Values near 100 % with a wide spread, so that an unclipped bar would leave 0-100 %."""
     seed_values = ([0.97, 0.98, 0.99], [0.9, 0.85, 0.8])  # client means 98 and 85 %
     high = [history([v] * 4) for v in seed_values]
-    finals = [final(run, s, [0.99 - 0.15 * s, 0.97, 0.7 + 0.1 * i]) for i, run in enumerate(("fedavg", "fedlwr")) for s in range(2)]
+    finals = [
+        final(run, s, [0.99 - 0.15 * s, 0.97, 0.7 + 0.1 * i])
+        for i, run in enumerate(("fedavg", "fedlwr"))
+        for s in range(2)
+    ]
     draws = {
-        "table1_convergence": lambda p: figures.convergence({"fedavg": high}, "dice_paper", p, "T", finals={"fedavg": [final("fedavg", s, v) for s, v in enumerate(seed_values)]}, synthetic=synthetic),
-        "paper_fig5b_sweep": lambda p: sweeps.sweep_figure({"FedAvg": [(1.0, 98.0, 4.5, 3), (2.0, 90.0, 2.0, 3)]}, p, "T", "epochs", "y", error="clients_sem", synthetic=synthetic),
-        "paper_fig5c_sweep": lambda p: sweeps.sweep_figure({"HarmoFL": [(0.5, 97.0, 1.0, 3), (1.0, 96.0, 1.0, 3)]}, p, "T", "alpha", "y", error="clients_sem", synthetic=synthetic),
-        "fairness_bars": lambda p: fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], p, "T", "dice_paper", synthetic=synthetic),
-        "fairness_curves": lambda p: fedlwr.fairness_curves({"fedavg": high}, "dice_paper", p, "T", synthetic=synthetic),
+        "table1_convergence": lambda p: figures.convergence(
+            {"fedavg": high},
+            "dice_paper",
+            p,
+            "T",
+            finals={"fedavg": [final("fedavg", s, v) for s, v in enumerate(seed_values)]},
+            synthetic=synthetic,
+        ),
+        "paper_fig5b_sweep": lambda p: sweeps.sweep_figure(
+            {"FedAvg": [(1.0, 98.0, 4.5, 3), (2.0, 90.0, 2.0, 3)]},
+            p,
+            "T",
+            "epochs",
+            "y",
+            error="clients_sem",
+            synthetic=synthetic,
+        ),
+        "paper_fig5c_sweep": lambda p: sweeps.sweep_figure(
+            {"HarmoFL": [(0.5, 97.0, 1.0, 3), (1.0, 96.0, 1.0, 3)]},
+            p,
+            "T",
+            "alpha",
+            "y",
+            error="clients_sem",
+            synthetic=synthetic,
+        ),
+        "fairness_bars": lambda p: fedlwr.fairness_bars(
+            seed_summary(finals, "dice_paper", std_row=True),
+            ["fedavg", "fedlwr"],
+            p,
+            "T",
+            "dice_paper",
+            synthetic=synthetic,
+        ),
+        "fairness_curves": lambda p: fedlwr.fairness_curves(
+            {"fedavg": high}, "dice_paper", p, "T", synthetic=synthetic
+        ),
         "layer_cka": lambda p: fedlwr.layer_cka_figure(cka_history(), p, "T", synthetic=synthetic),
-        "ood": lambda p: prrfl.ood_figure(prrfl.ood_summary([ood_final("fedavg", s, 0.99 - 0.2 * s, 0.98) for s in range(2)], "OOD"), ["fedavg"], p, "T", synthetic=synthetic),
-        "retrogress": lambda p: prrfl.retrogress_figure({"fedavg": [retro_history()]}, "C", "accuracy", p, "T", n_test=3, synthetic=synthetic),
-        "qualitative": lambda p: qualitative.qualitative_figure([qualitative_row()], [("fedavg", "FedAvg")], p, "T", synthetic=synthetic),
+        "ood": lambda p: prrfl.ood_figure(
+            prrfl.ood_summary([ood_final("fedavg", s, 0.99 - 0.2 * s, 0.98) for s in range(2)], "OOD"),
+            ["fedavg"],
+            p,
+            "T",
+            synthetic=synthetic,
+        ),
+        "retrogress": lambda p: prrfl.retrogress_figure(
+            {"fedavg": [retro_history()]}, "C", "accuracy", p, "T", n_test=3, synthetic=synthetic
+        ),
+        "qualitative": lambda p: qualitative.qualitative_figure(
+            [qualitative_row()], [("fedavg", "FedAvg")], p, "T", synthetic=synthetic
+        ),
     }
     for name, draw in draws.items():
         draw(folder / name)
@@ -130,10 +197,15 @@ def test_a_synthetic_table_says_so_on_its_face(tmp_path):
     finals = [final("fedavg", 0, [0.8, 0.9, 0.7])]
     write_table(seed_summary(finals, "dice_paper"), tmp_path / "t", [("fedavg", "FedAvg")], "Table 1", synthetic=True)
     md, tex = (tmp_path / "t.md").read_text(), (tmp_path / "t.tex").read_text()
-    assert md.splitlines()[2] == f"**{SYNTHETIC_NOTE}**" and "SYNTHETIC DATA" in tex.split(r"\caption{")[1].split("}")[0]
+    assert (
+        md.splitlines()[2] == f"**{SYNTHETIC_NOTE}**" and "SYNTHETIC DATA" in tex.split(r"\caption{")[1].split("}")[0]
+    )
     assert set(pd.read_csv(tmp_path / "t.csv")["synthetic"]) == {True}
     write_table(seed_summary(finals, "dice_paper"), tmp_path / "r", [("fedavg", "FedAvg")], "Table 1")
-    assert "SYNTHETIC" not in (tmp_path / "r.md").read_text() and "synthetic" not in pd.read_csv(tmp_path / "r.csv").columns
+    assert (
+        "SYNTHETIC" not in (tmp_path / "r.md").read_text()
+        and "synthetic" not in pd.read_csv(tmp_path / "r.csv").columns
+    )
 
 
 def test_the_workflow_tells_the_report_jobs_which_tasks_are_synthetic():
@@ -157,7 +229,22 @@ def _errorbar_ends(ax):
 
 def test_no_error_bar_or_band_leaves_0_to_100_percent(drawn, tmp_path):
     every_figure(tmp_path, synthetic=False)
-    by_name = dict(zip(["table1_convergence", "paper_fig5b_sweep", "paper_fig5c_sweep", "fairness_bars", "fairness_curves", "layer_cka", "ood", "retrogress", "qualitative"], drawn))
+    by_name = dict(
+        zip(
+            [
+                "table1_convergence",
+                "paper_fig5b_sweep",
+                "paper_fig5c_sweep",
+                "fairness_bars",
+                "fairness_curves",
+                "layer_cka",
+                "ood",
+                "retrogress",
+                "qualitative",
+            ],
+            drawn,
+        )
+    )
     # Fig. 5b's point 98 ± 4.5 would reach 102.5 %: its bar ends at 100 and the legend says so
     sweep = by_name["paper_fig5b_sweep"].axes[0]
     ends = _errorbar_ends(sweep)
@@ -211,14 +298,38 @@ def test_sweep_axis_says_one_seed_with_one_seed():
 # ------------------------------------------------------------------------------ distinct series
 
 
-FEDLWR_RUNS = ["solo", "fedavg", "qfedavg", "qfedavg-official", "cffl", "cffl-official", "cgsv", "cgsv-official", "ditto", "fedce-sum", "fedce-multi", "fedlwr", "fedlwr-official"]
+FEDLWR_RUNS = [
+    "solo",
+    "fedavg",
+    "qfedavg",
+    "qfedavg-official",
+    "cffl",
+    "cffl-official",
+    "cgsv",
+    "cgsv-official",
+    "ditto",
+    "fedce-sum",
+    "fedce-multi",
+    "fedlwr",
+    "fedlwr-official",
+]
 
 
 def test_thirteen_bar_series_are_told_apart_and_a_collapsed_rule_is_marked(drawn, tmp_path):
     collapsed = {c: {"collapsed": "predicts class 0 on every pixel"} for c in CLIENTS}
-    finals = [final(run, 0, [0.05, 0.06, 0.05] if run == "qfedavg-official" else [0.8 + 0.01 * i, 0.85, 0.9], flags=collapsed if run == "qfedavg-official" else None) for i, run in enumerate(FEDLWR_RUNS)]
+    finals = [
+        final(
+            run,
+            0,
+            [0.05, 0.06, 0.05] if run == "qfedavg-official" else [0.8 + 0.01 * i, 0.85, 0.9],
+            flags=collapsed if run == "qfedavg-official" else None,
+        )
+        for i, run in enumerate(FEDLWR_RUNS)
+    ]
     flags = collect_flags(finals)
-    fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), FEDLWR_RUNS, tmp_path / "b", "b", "dice_paper", flags=flags)
+    fedlwr.fairness_bars(
+        seed_summary(finals, "dice_paper", std_row=True), FEDLWR_RUNS, tmp_path / "b", "b", "dice_paper", flags=flags
+    )
     ax = drawn[-1].axes[0]
     firsts = [c.patches[0] for c in ax.containers if not isinstance(c, ErrorbarContainer)]
     assert len(firsts) == 13
@@ -266,8 +377,12 @@ def test_per_client_selection_marks_each_clients_round(drawn, tmp_path):
     (ticks,) = [line for line in ax.get_lines() if line.get_label() == "_selected rounds"]
     (segment,) = [line for line in ax.get_lines() if line.get_label() == "_table Avg"]
     curve = [line for line in ax.get_lines() if line.get_label() == "fedbn"][0].get_ydata()
-    assert list(ticks.get_xdata()) == [2, 3, 4] and list(ticks.get_ydata()) == pytest.approx([curve[1], curve[2], curve[3]])
-    assert list(segment.get_xdata()) == [2, 4] and list(segment.get_ydata()) == pytest.approx([80.0, 80.0])  # (60 + 90 + 90) / 3
+    assert list(ticks.get_xdata()) == [2, 3, 4] and list(ticks.get_ydata()) == pytest.approx(
+        [curve[1], curve[2], curve[3]]
+    )
+    assert list(segment.get_xdata()) == [2, 4] and list(segment.get_ydata()) == pytest.approx(
+        [80.0, 80.0]
+    )  # (60 + 90 + 90) / 3
 
 
 # ------------------------------------------------------------------------------ best row
@@ -281,9 +396,17 @@ def test_a_flagged_row_is_never_bold_as_best(tmp_path):
     md = (tmp_path / "t.md").read_text()
     assert "| 90.00 (0.00) † |" in md and "**70.00 (10.00)**" in md  # the higher Avg is flagged: FedProx is best
     # every model collapsed (a newcomer's own data): nothing is bold
-    all_flagged = [final(r, 0, [0.5, 0.5, 0.4], flags={c: {"collapsed": "one class"} for c in CLIENTS}) for r in ("fedavg", "fedprox")]
-    write_table(seed_summary(all_flagged, "dice_paper"), tmp_path / "u", rows, "U", flags=collect_flags(all_flagged, dict(rows)))
-    assert "**" not in (tmp_path / "u.md").read_text().split("\n", 2)[2] and r"\textbf" not in (tmp_path / "u.tex").read_text()
+    all_flagged = [
+        final(r, 0, [0.5, 0.5, 0.4], flags={c: {"collapsed": "one class"} for c in CLIENTS})
+        for r in ("fedavg", "fedprox")
+    ]
+    write_table(
+        seed_summary(all_flagged, "dice_paper"), tmp_path / "u", rows, "U", flags=collect_flags(all_flagged, dict(rows))
+    )
+    assert (
+        "**" not in (tmp_path / "u.md").read_text().split("\n", 2)[2]
+        and r"\textbf" not in (tmp_path / "u.tex").read_text()
+    )
     assert figure_check.check_tables(tmp_path) == []
     (tmp_path / "v.md").write_text("| FedAvg | **50.00 (1.00)** † |\n")
     assert figure_check.check_tables(tmp_path) == ["v: a flagged Avg is bold (marked best): '**50.00 (1.00)** †'"]
@@ -300,7 +423,11 @@ def test_mri_is_shown_as_its_middle_slice_in_grey(drawn, tmp_path):
     harmofl.ampnorm_figure(panels, tmp_path / "a", "T", centre_slice={"prostate"})
     axes = drawn[-1].axes
     prostate, nuclei = axes[0].get_images()[0], axes[2].get_images()[0]
-    assert prostate.get_array().ndim == 2 and prostate.get_cmap().name == "gray" and float(prostate.get_array().mean()) == 120.0
+    assert (
+        prostate.get_array().ndim == 2
+        and prostate.get_cmap().name == "gray"
+        and float(prostate.get_array().mean()) == 120.0
+    )
     assert nuclei.get_array().ndim == 3  # colour histology stays colour
     assert "middle slice, grey" in axes[0].get_ylabel()
 
@@ -320,10 +447,22 @@ def test_qualitative_panels_have_a_key_and_a_score(drawn, tmp_path):
 
 
 def test_layer_labels_are_legible_and_do_not_overlap(drawn, tmp_path):
-    layers = [f"encoders.{b}.{k}" for b in range(4) for k in (0, 1, 3, 4)] + ["bottleneck.0", "bottleneck.1", "bottleneck.3", "bottleneck.4"]
-    layers += [name for b in range(4) for name in [f"upconvs.{b}"] + [f"decoders.{b}.{k}" for k in (0, 1, 3, 4)]] + ["head"]
+    layers = [f"encoders.{b}.{k}" for b in range(4) for k in (0, 1, 3, 4)] + [
+        "bottleneck.0",
+        "bottleneck.1",
+        "bottleneck.3",
+        "bottleneck.4",
+    ]
+    layers += [name for b in range(4) for name in [f"upconvs.{b}"] + [f"decoders.{b}.{k}" for k in (0, 1, 3, 4)]] + [
+        "head"
+    ]
     assert len(layers) == 41
-    rows = [{"round": r, "client": c, "split": "server", "metric": f"cka:{layer}", "value": 0.5} for r in (1, 2) for c in CLIENTS for layer in layers]
+    rows = [
+        {"round": r, "client": c, "split": "server", "metric": f"cka:{layer}", "value": 0.5}
+        for r in (1, 2)
+        for c in CLIENTS
+        for layer in layers
+    ]
     fedlwr.layer_cka_figure(pd.DataFrame(rows), tmp_path / "cka", "T")
     fig = drawn[-1]
     renderer = fig.canvas.get_renderer()
@@ -372,7 +511,9 @@ def test_the_folder_check_passes_every_figure_kind_and_can_fail(tmp_path):
     assert "ood: no source CSV ood.csv" in problems
 
 
-@pytest.mark.skipif(not os.environ.get("FEDMEDBENCH_FIGURES"), reason="set FEDMEDBENCH_FIGURES=<run>/figures to check a demo's figures")
+@pytest.mark.skipif(
+    not os.environ.get("FEDMEDBENCH_FIGURES"), reason="set FEDMEDBENCH_FIGURES=<run>/figures to check a demo's figures"
+)
 def test_a_demos_figures_pass_the_folder_check():
     folder = Path(os.environ["FEDMEDBENCH_FIGURES"])
     assert figure_check.check_figures(folder) == []

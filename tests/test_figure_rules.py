@@ -26,7 +26,10 @@ from fedmedbench.report.metric_names import METRIC_LABELS, metric_label
 from fedmedbench.report.tables import AVG, STD, seed_summary
 
 CLIENTS = ("A", "B", "C")
-LONG_TITLE = "HarmoFL Table 1 (prostate MRI segmentation): Dice (%), mean (std) over seeds, " * 2 + "and a title long enough to pass both edges of the figure"
+LONG_TITLE = (
+    "HarmoFL Table 1 (prostate MRI segmentation): Dice (%), mean (std) over seeds, " * 2
+    + "and a title long enough to pass both edges of the figure"
+)
 
 
 @pytest.fixture
@@ -63,13 +66,27 @@ def retro_history(offset=0.0, rounds=3, epochs=2):
     rows = []
     for rnd in range(1, rounds + 1):
         for e in range(epochs + 1):
-            rows.append({"round": rnd, "client": "C", "split": "test_local", "metric": "accuracy", "value": 0.5 + 0.03 * rnd + 0.01 * e + offset, "epoch": e})
+            rows.append(
+                {
+                    "round": rnd,
+                    "client": "C",
+                    "split": "test_local",
+                    "metric": "accuracy",
+                    "value": 0.5 + 0.03 * rnd + 0.01 * e + offset,
+                    "epoch": e,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def ood_final(run, seed, f1, auc):
     scores = {"f1_macro": f1, "auc_macro": auc}
-    return {"run": run, "method": run, "seed": seed, "ood": {"OOD": {"mean": scores, "ensemble": {k: v + 0.01 for k, v in scores.items()}}}}
+    return {
+        "run": run,
+        "method": run,
+        "seed": seed,
+        "ood": {"OOD": {"mean": scores, "ensemble": {k: v + 0.01 for k, v in scores.items()}}},
+    }
 
 
 def legends(fig):
@@ -98,11 +115,46 @@ def _tie_figures(tmp_path):
     """Each line figure with FedAvg, FedNova equal to it to the last bit, and HarmoFL apart."""
     labels = {"fedavg": "FedAvg", "fednova": "FedNova", "harmofl": "HarmoFL"}
     same, other = ramp(), ramp(0.03)
-    yield "convergence", lambda: figures.convergence({"fedavg": [same], "fednova": [same.copy()], "harmofl": [other]}, "dice_paper", tmp_path / "conv", "T", labels=labels)
-    yield "fairness_curves", lambda: fedlwr.fairness_curves({"fedavg": [same], "fednova": [same.copy()], "harmofl": [other]}, "dice_paper", tmp_path / "fc", "T", labels=labels)
-    yield "retrogress", lambda: prrfl.retrogress_figure({"fedavg": [retro_history()], "fednova": [retro_history()], "harmofl": [retro_history(0.1)]}, "C", "accuracy", tmp_path / "rg", "T", labels=labels)
-    points = {"FedAvg": [(1.0, 80.0, 2.0, 3), (2.0, 78.0, 1.0, 3)], "FedNova": [(1.0, 80.0, 2.0, 3), (2.0, 78.0, 1.0, 3)], "HarmoFL": [(1.0, 85.0, 1.0, 3), (2.0, 84.0, 1.0, 3)]}
-    yield "sweep", lambda: sweeps.sweep_figure(points, tmp_path / "sw", "T", "local epochs", "accuracy (%)", error="clients_std")
+    yield (
+        "convergence",
+        lambda: figures.convergence(
+            {"fedavg": [same], "fednova": [same.copy()], "harmofl": [other]},
+            "dice_paper",
+            tmp_path / "conv",
+            "T",
+            labels=labels,
+        ),
+    )
+    yield (
+        "fairness_curves",
+        lambda: fedlwr.fairness_curves(
+            {"fedavg": [same], "fednova": [same.copy()], "harmofl": [other]},
+            "dice_paper",
+            tmp_path / "fc",
+            "T",
+            labels=labels,
+        ),
+    )
+    yield (
+        "retrogress",
+        lambda: prrfl.retrogress_figure(
+            {"fedavg": [retro_history()], "fednova": [retro_history()], "harmofl": [retro_history(0.1)]},
+            "C",
+            "accuracy",
+            tmp_path / "rg",
+            "T",
+            labels=labels,
+        ),
+    )
+    points = {
+        "FedAvg": [(1.0, 80.0, 2.0, 3), (2.0, 78.0, 1.0, 3)],
+        "FedNova": [(1.0, 80.0, 2.0, 3), (2.0, 78.0, 1.0, 3)],
+        "HarmoFL": [(1.0, 85.0, 1.0, 3), (2.0, 84.0, 1.0, 3)],
+    }
+    yield (
+        "sweep",
+        lambda: sweeps.sweep_figure(points, tmp_path / "sw", "T", "local epochs", "accuracy (%)", error="clients_std"),
+    )
 
 
 @pytest.mark.parametrize("kind", ["convergence", "fairness_curves", "retrogress", "sweep"])
@@ -134,8 +186,14 @@ def test_only_exact_ties_are_named():
 
 
 def test_bar_charts_start_at_zero(drawn, tmp_path):
-    finals = [final(run, s, [0.9 + 0.01 * s, 0.92, 0.95 - 0.01 * i]) for i, run in enumerate(("fedavg", "fedlwr")) for s in range(2)]
-    fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "bars", "dice_paper")
+    finals = [
+        final(run, s, [0.9 + 0.01 * s, 0.92, 0.95 - 0.01 * i])
+        for i, run in enumerate(("fedavg", "fedlwr"))
+        for s in range(2)
+    ]
+    fedlwr.fairness_bars(
+        seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "bars", "dice_paper"
+    )
     oods = [ood_final(run, s, 0.8 + 0.02 * s, 0.9) for run in ("fedavg", "prrfl") for s in range(2)]
     prrfl.ood_figure(prrfl.ood_summary(oods, "OOD"), ["fedavg", "prrfl"], tmp_path / "ood", "ood")
     for fig in drawn:
@@ -149,8 +207,17 @@ def test_bar_charts_start_at_zero(drawn, tmp_path):
 
 
 def _figures_with_spread(tmp_path, seeds):
-    finals = [final(run, s, [0.8 + 0.01 * s + 0.01 * i, 0.85, 0.9]) for i, run in enumerate(("fedavg", "fedlwr")) for s in range(seeds)]
-    yield "fairness_bars", lambda: fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "b", "dice_paper")
+    finals = [
+        final(run, s, [0.8 + 0.01 * s + 0.01 * i, 0.85, 0.9])
+        for i, run in enumerate(("fedavg", "fedlwr"))
+        for s in range(seeds)
+    ]
+    yield (
+        "fairness_bars",
+        lambda: fedlwr.fairness_bars(
+            seed_summary(finals, "dice_paper", std_row=True), ["fedavg", "fedlwr"], tmp_path / "bars", "b", "dice_paper"
+        ),
+    )
     oods = [ood_final(run, s, 0.8 + 0.02 * s, 0.9 - 0.01 * s) for run in ("fedavg", "prrfl") for s in range(seeds)]
     yield "ood", lambda: prrfl.ood_figure(prrfl.ood_summary(oods, "OOD"), ["fedavg", "prrfl"], tmp_path / "ood", "o")
     sweep_finals = finals + [final("fedavg-e2", s, [0.7 + 0.02 * s, 0.75, 0.8]) for s in range(seeds)]
@@ -202,7 +269,9 @@ def saves(monkeypatch):
         seen = []
 
         def on_draw(event):
-            seen.append((Bbox(fig.bbox.get_points().copy()), [(a, a.get_window_extent(event.renderer)) for a in _texts(fig)]))
+            seen.append(
+                (Bbox(fig.bbox.get_points().copy()), [(a, a.get_window_extent(event.renderer)) for a in _texts(fig)])
+            )
 
         cid = fig.canvas.mpl_connect("draw_event", on_draw)
         try:
@@ -223,13 +292,17 @@ def _inside_saved_image(record, png):
     height, width = matplotlib.image.imread(png).shape[:2]
     assert abs(image.width - width) <= 1 and abs(image.height - height) <= 1  # (Agg truncates)
     for artist, box in boxes:
-        assert image.x0 - 1 <= box.x0 and box.x1 <= image.x1 + 1 and image.y0 - 1 <= box.y0 and box.y1 <= image.y1 + 1, (artist, box, image)
+        assert (
+            image.x0 - 1 <= box.x0 and box.x1 <= image.x1 + 1 and image.y0 - 1 <= box.y0 and box.y1 <= image.y1 + 1
+        ), (artist, box, image)
     return len(boxes)
 
 
 def test_title_and_an_outside_legend_stay_inside_the_saved_image(drawn, saves, tmp_path):
     runs = {f"m{i}": [ramp(0.01 * i)] for i in range(8)}  # > 6 entries: the legend goes outside
-    figures.convergence(runs, "dice_paper", tmp_path / "conv", LONG_TITLE, labels={r: f"A method with a long name {r}" for r in runs})
+    figures.convergence(
+        runs, "dice_paper", tmp_path / "conv", LONG_TITLE, labels={r: f"A method with a long name {r}" for r in runs}
+    )
     fig = drawn[-1]
     (record,) = saves
     (legend,), ax = legends(fig), fig.axes[0]
@@ -248,10 +321,21 @@ def test_every_figure_keeps_its_texts_inside_the_saved_image(drawn, saves, tmp_p
     oods = [ood_final(run, 0, 0.8, 0.9) for run in runs]
     draw = {
         "fairness_bars": lambda: fedlwr.fairness_bars(summary, runs, tmp_path / "f", LONG_TITLE, "dice_paper"),
-        "fairness_curves": lambda: fedlwr.fairness_curves({r: [ramp(0.01 * i)] for i, r in enumerate(runs)}, "dice_paper", tmp_path / "f", LONG_TITLE),
+        "fairness_curves": lambda: fedlwr.fairness_curves(
+            {r: [ramp(0.01 * i)] for i, r in enumerate(runs)}, "dice_paper", tmp_path / "f", LONG_TITLE
+        ),
         "ood": lambda: prrfl.ood_figure(prrfl.ood_summary(oods, "OOD"), runs, tmp_path / "f", LONG_TITLE),
-        "retrogress": lambda: prrfl.retrogress_figure({r: [retro_history(0.01 * i)] for i, r in enumerate(runs)}, "C", "accuracy", tmp_path / "f", LONG_TITLE),
-        "sweep": lambda: sweeps.sweep_figure({r: [(1.0, 80.0 + i, 1.0, 1), (2.0, 79.0 + i, 1.0, 1)] for i, r in enumerate(runs)}, tmp_path / "f", LONG_TITLE, "x", "y", error="clients_std"),
+        "retrogress": lambda: prrfl.retrogress_figure(
+            {r: [retro_history(0.01 * i)] for i, r in enumerate(runs)}, "C", "accuracy", tmp_path / "f", LONG_TITLE
+        ),
+        "sweep": lambda: sweeps.sweep_figure(
+            {r: [(1.0, 80.0 + i, 1.0, 1), (2.0, 79.0 + i, 1.0, 1)] for i, r in enumerate(runs)},
+            tmp_path / "f",
+            LONG_TITLE,
+            "x",
+            "y",
+            error="clients_std",
+        ),
         "layer_cka": lambda: fedlwr.layer_cka_figure(_cka_history(), tmp_path / "f", LONG_TITLE),
     }[kind]
     draw()
@@ -264,7 +348,15 @@ def _cka_history():
     for rnd in (1, 2):
         for client in CLIENTS:
             for i, layer in enumerate(("enc.0", "enc.1", "head")):
-                rows.append({"round": rnd, "client": client, "split": "server", "metric": f"cka:{layer}", "value": 0.9 - 0.1 * i})
+                rows.append(
+                    {
+                        "round": rnd,
+                        "client": client,
+                        "split": "server",
+                        "metric": f"cka:{layer}",
+                        "value": 0.9 - 0.1 * i,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -294,7 +386,9 @@ def test_axes_name_metrics_in_words(drawn, tmp_path, capsys):
     figures.convergence({"fedavg": [ramp()]}, "dice_paper", tmp_path / "c", "T")
     fedlwr.fairness_curves({"fedavg": [ramp()]}, "dice_paper", tmp_path / "fc", "T")
     finals = [final("fedavg", 0, [0.8, 0.85, 0.9]), final("fedavg-e2", 0, [0.7, 0.8, 0.9])]
-    fedlwr.fairness_bars(seed_summary(finals[:1], "dice_paper", std_row=True), ["fedavg"], tmp_path / "fb", "T", "dice_paper")
+    fedlwr.fairness_bars(
+        seed_summary(finals[:1], "dice_paper", std_row=True), ["fedavg"], tmp_path / "fb", "T", "dice_paper"
+    )
     prrfl.retrogress_figure({"fedavg": [retro_history()]}, "C", "accuracy", tmp_path / "rg", "T")
     # the sweep's axis label comes from the CLI, as the workflow calls it
     paths = []
@@ -303,8 +397,29 @@ def test_axes_name_metrics_in_words(drawn, tmp_path, capsys):
         paths.append(tmp_path / "train" / "t" / f["run"] / "seed0" / "final.json")
         paths[-1].parent.mkdir(parents=True)
         write_final(paths[-1], {**f, "task": "t", "selection": selection, "val": f["test"], "config": {"rounds": 1}})
-    experiment = {"kind": "sweep", "title": "T", "seeds": [0], "task": "t", "metric": "dice_paper", "series": {"FedAvg": {"1": "fedavg", "2": "fedavg-e2"}}, "x_label": "local epochs", "error": "clients_std"}
-    assert cli.main(["sweep-figure", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "sw"), *map(str, paths)]) == 0
+    experiment = {
+        "kind": "sweep",
+        "title": "T",
+        "seeds": [0],
+        "task": "t",
+        "metric": "dice_paper",
+        "series": {"FedAvg": {"1": "fedavg", "2": "fedavg-e2"}},
+        "x_label": "local epochs",
+        "error": "clients_std",
+    }
+    assert (
+        cli.main(
+            [
+                "sweep-figure",
+                "--experiment",
+                json.dumps(experiment),
+                "--out-prefix",
+                str(tmp_path / "sw"),
+                *map(str, paths),
+            ]
+        )
+        == 0
+    )
     assert len(drawn) == 5
     for fig in drawn:
         assert "dice_paper" not in _all_text(fig)
@@ -317,7 +432,11 @@ def test_axes_name_metrics_in_words(drawn, tmp_path, capsys):
 
 
 def test_fairness_bars_error_bars_and_legend_are_the_tables_numbers(drawn, tmp_path):
-    finals = [final(run, s, [0.80 + 0.013 * s * (k + 1) + 0.02 * i for k in range(3)]) for i, run in enumerate(("fedavg", "fedlwr")) for s in range(3)]
+    finals = [
+        final(run, s, [0.80 + 0.013 * s * (k + 1) + 0.02 * i for k in range(3)])
+        for i, run in enumerate(("fedavg", "fedlwr"))
+        for s in range(3)
+    ]
     summary = seed_summary(finals, "dice_paper", std_row=True)
     fedlwr.fairness_bars(summary, ["fedavg", "fedlwr"], tmp_path / "b", "b", "dice_paper")
     ax = drawn[-1].axes[0]
@@ -325,8 +444,14 @@ def test_fairness_bars_error_bars_and_legend_are_the_tables_numbers(drawn, tmp_p
     assert len(containers) == 2
     for run, container in zip(("fedavg", "fedlwr"), containers):
         table = summary[summary["run"] == run].set_index("client_label")
-        assert [h for _, h in half_lengths(container)] == pytest.approx(table.loc[list(CLIENTS), "std"].tolist(), rel=1e-9)
-        legend = [t.get_text() for t in ax.get_legend().get_texts() if t.get_text().startswith({"fedavg": "fedavg", "fedlwr": "fedlwr"}[run])][0]
+        assert [h for _, h in half_lengths(container)] == pytest.approx(
+            table.loc[list(CLIENTS), "std"].tolist(), rel=1e-9
+        )
+        legend = [
+            t.get_text()
+            for t in ax.get_legend().get_texts()
+            if t.get_text().startswith({"fedavg": "fedavg", "fedlwr": "fedlwr"}[run])
+        ][0]
         assert f"Std {table.loc[STD, 'mean']:.2f}" in legend and f"Avg {table.loc[AVG, 'mean']:.1f}" in legend
 
 
@@ -335,7 +460,9 @@ def test_fairness_curves_std_is_the_tables_std_row(drawn, tmp_path):
     fedlwr.fairness_curves({"fedlwr": seeds}, "dice_paper", tmp_path / "fc", "T")
     ax_avg, ax_std = drawn[-1].axes
     for rnd, values in ((1, ([0.5, 0.7, 0.6], [0.55, 0.65, 0.7])), (2, ([0.9, 0.6, 0.8], [0.8, 0.7, 0.9]))):
-        table = seed_summary([final("fedlwr", s, v) for s, v in enumerate(values)], "dice_paper", std_row=True).set_index("client_label")
+        table = seed_summary(
+            [final("fedlwr", s, v) for s, v in enumerate(values)], "dice_paper", std_row=True
+        ).set_index("client_label")
         std_line, avg_line = ax_std.get_lines()[0], ax_avg.get_lines()[0]
         assert std_line.get_ydata()[rnd - 1] == pytest.approx(table.loc[STD, "mean"], rel=1e-12)
         assert avg_line.get_ydata()[rnd - 1] == pytest.approx(table.loc[AVG, "mean"], rel=1e-12)
@@ -343,7 +470,11 @@ def test_fairness_curves_std_is_the_tables_std_row(drawn, tmp_path):
 
 @pytest.mark.parametrize("error", ["clients_std", "clients_sem", "seeds"])
 def test_sweep_error_bars_are_the_tables_numbers(drawn, tmp_path, error):
-    finals = [final(run, s, [0.7 + 0.03 * s + 0.05 * k * (i + 1) for k in range(3)]) for i, run in enumerate(("fedavg", "fedavg-e2")) for s in range(3)]
+    finals = [
+        final(run, s, [0.7 + 0.03 * s + 0.05 * k * (i + 1) for k in range(3)])
+        for i, run in enumerate(("fedavg", "fedavg-e2"))
+        for s in range(3)
+    ]
     points = sweeps.sweep_points(finals, {"FedAvg": {"1": "fedavg", "2": "fedavg-e2"}}, "dice_paper", error)
     sweeps.sweep_figure(points, tmp_path / "sw", "T", "local epochs", "y", error=error)
     ax = drawn[-1].axes[0]
@@ -354,7 +485,9 @@ def test_sweep_error_bars_are_the_tables_numbers(drawn, tmp_path, error):
         expected = {
             "clients_std": table.loc[AVG, "std"],  # the table's Avg parenthesis
             "clients_sem": table.loc[AVG, "std"] / math.sqrt(len(CLIENTS)),
-            "seeds": np.std([seed_summary([f], "dice_paper").set_index("client_label").loc[AVG, "mean"] for f in runs], ddof=1),
+            "seeds": np.std(
+                [seed_summary([f], "dice_paper").set_index("client_label").loc[AVG, "mean"] for f in runs], ddof=1
+            ),
         }[error]
         assert half == pytest.approx(expected, rel=1e-9)
         point = [p for p in points["FedAvg"] if p[0] == x][0]
@@ -362,14 +495,20 @@ def test_sweep_error_bars_are_the_tables_numbers(drawn, tmp_path, error):
 
 
 def test_ood_error_bars_are_the_tables_numbers(drawn, tmp_path):
-    oods = [ood_final(run, s, 0.6 + 0.05 * s * (i + 1), 0.8 + 0.02 * s) for i, run in enumerate(("fedavg", "prrfl")) for s in range(3)]
+    oods = [
+        ood_final(run, s, 0.6 + 0.05 * s * (i + 1), 0.8 + 0.02 * s)
+        for i, run in enumerate(("fedavg", "prrfl"))
+        for s in range(3)
+    ]
     summary = prrfl.ood_summary(oods, "OOD")
     prrfl.ood_figure(summary, ["fedavg", "prrfl"], tmp_path / "ood", "o")
     containers = error_bars(drawn[-1].axes[0])
     assert len(containers) == len(prrfl.ood_columns())
     for column, container in zip(prrfl.ood_columns(), containers):
         cells = summary[summary["client_label"] == column].set_index("run")
-        assert [h for _, h in half_lengths(container)] == pytest.approx(cells.loc[["fedavg", "prrfl"], "std"].tolist(), rel=1e-9)
+        assert [h for _, h in half_lengths(container)] == pytest.approx(
+            cells.loc[["fedavg", "prrfl"], "std"].tolist(), rel=1e-9
+        )
 
 
 # ------------------------------------------------------------------------------ ten methods
@@ -387,7 +526,9 @@ def test_ten_methods_get_ten_palette_colours_and_markers(drawn, tmp_path):
     assert len({(figures.method_style(i)["color"], figures.method_style(i)["marker"]) for i in range(20)}) == 20
     # bars: ten palette colours, each with its own hatch
     finals = [final(run, 0, [0.8, 0.85, 0.9]) for run in runs]
-    fedlwr.fairness_bars(seed_summary(finals, "dice_paper", std_row=True), list(runs), tmp_path / "b", "b", "dice_paper")
+    fedlwr.fairness_bars(
+        seed_summary(finals, "dice_paper", std_row=True), list(runs), tmp_path / "b", "b", "dice_paper"
+    )
     ax = drawn[-1].axes[0]
     firsts = [container.patches[0] for container in ax.containers if not isinstance(container, ErrorbarContainer)]
     assert len(firsts) == 10
@@ -400,8 +541,12 @@ def test_palette_is_told_apart_under_colour_blindness():
     """The ten colours stay apart for a deuteranope and a protanope (Machado et al. 2009, severity 1,
     on linear RGB), and none is white on white: min distance in sRGB > 0.1."""
     machado = {
-        "protan": np.array([[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]]),
-        "deutan": np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]]),
+        "protan": np.array(
+            [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]]
+        ),
+        "deutan": np.array(
+            [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]]
+        ),
     }
     rgb = np.array([matplotlib.colors.to_rgb(c) for c in figures.PALETTE])
     linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)

@@ -19,13 +19,24 @@ EXPERIMENT = {"title": "T", "seeds": [0], "task": "tiny", "runs": ["fedavg"], "m
 
 
 def table(prefix, capsys, final_path) -> tuple[int, list[str]]:
-    code = cli.main(["table", "--experiment", json.dumps({**EXPERIMENT, "task": json.loads(final_path.read_text())["task"]}), "--out-prefix", str(prefix), str(final_path)])
+    code = cli.main(
+        [
+            "table",
+            "--experiment",
+            json.dumps({**EXPERIMENT, "task": json.loads(final_path.read_text())["task"]}),
+            "--out-prefix",
+            str(prefix),
+            str(final_path),
+        ]
+    )
     return code, capsys.readouterr().err.strip().splitlines()
 
 
 def test_the_engine_seals_final_json_and_a_hand_edited_score_is_refused_by_the_table(tmp_path, tiny_task, capsys):
     store, split = tiny_task
-    final = engine.run_training(tiny_run_config(store, split, "fedavg", rounds=1), tmp_path / "run", threads=1, progress=False)
+    final = engine.run_training(
+        tiny_run_config(store, split, "fedavg", rounds=1), tmp_path / "run", threads=1, progress=False
+    )
     path = tmp_path / "run" / "final.json"
     written = json.loads(path.read_text())
     assert written == final and written["digest"] == content_digest(written) and written["digest"].startswith("sha256:")
@@ -38,7 +49,9 @@ def test_the_engine_seals_final_json_and_a_hand_edited_score_is_refused_by_the_t
     path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
     code, lines = table(tmp_path / "edited", capsys, path)
     assert code == 1 and len(lines) == 1, lines  # was: exit 0, 99.00 in the table
-    assert lines[0].endswith(f"DataError: {path}: its content does not match its digest (edited after the training job wrote it?); rerun the training job that wrote it")
+    assert lines[0].endswith(
+        f"DataError: {path}: its content does not match its digest (edited after the training job wrote it?); rerun the training job that wrote it"
+    )
     assert not list(tmp_path.glob("edited.*"))
 
 
@@ -52,7 +65,10 @@ def test_a_final_json_without_a_digest_is_refused_and_indentation_is_not_content
     path.write_text(json.dumps(final))
     with pytest.raises(DataError) as caught:
         read_final(path)
-    assert str(caught.value) == f"{path}: has no digest of its scores (written by hand, or by a fedmedbench before digests); rerun the training job that wrote it"
+    assert (
+        str(caught.value)
+        == f"{path}: has no digest of its scores (written by hand, or by a fedmedbench before digests); rerun the training job that wrote it"
+    )
 
     written = write_final(path, final)
     assert read_final(path) == written

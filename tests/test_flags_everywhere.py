@@ -25,8 +25,10 @@ from tests.conftest import tiny_run_config, toy_run_config, write_tiny_task
 try:  # final.json sealed with its digest, as a training job writes it
     from fedmedbench.finals import write_final
 except ImportError:  # a tree whose finals carry no digest
+
     def write_final(path, final):
         Path(path).write_text(json.dumps(final))
+
 
 REPO = Path(__file__).resolve().parents[1]
 COLLAPSED_A = "predicts class 0 for all 12 test samples"
@@ -56,8 +58,14 @@ def test_train_prints_the_mark_on_its_last_line_after_a_warning_naming_run_site_
     monkeypatch.setattr(engine, "run_training", lambda *args, **kwargs: final_json())
     assert cli.main(["train", "--run-config", "{}", "--out", str(tmp_path / "run"), "--no-progress"]) in (0, None)
     out, err = capsys.readouterr()
-    assert out.strip().splitlines()[-1] == "skin/fedprox/seed0: mean test accuracy 0.7500 (selected on val: 2) † (collapsed on 1 of 2 sites: see the WARNING lines)"
-    assert f"WARNING: run fedprox (task skin), site Site A, seed 0: collapsed: {COLLAPSED_A} (a collapsed model: its score measures no skill)" in err.splitlines()
+    assert (
+        out.strip().splitlines()[-1]
+        == "skin/fedprox/seed0: mean test accuracy 0.7500 (selected on val: 2) † (collapsed on 1 of 2 sites: see the WARNING lines)"
+    )
+    assert (
+        f"WARNING: run fedprox (task skin), site Site A, seed 0: collapsed: {COLLAPSED_A} (a collapsed model: its score measures no skill)"
+        in err.splitlines()
+    )
 
 
 def test_train_prints_a_sound_run_bare(tmp_path, monkeypatch, capsys):
@@ -95,8 +103,14 @@ def test_federation_local_prints_the_mark_and_the_warning(tmp_path, monkeypatch,
     local._run_local(argparse.Namespace(**args))
     out, err = capsys.readouterr()
     line = next(line for line in out.splitlines() if "mean test" in line)
-    assert line == "prostate/fedavg/seed0: mean test accuracy 0.7500 over 2 sites (selected on val: 2) † (collapsed on 1 of 2 sites: see the WARNING lines)"
-    assert "WARNING: run fedavg (task prostate), site A, seed 0: collapsed: predicts class 0 (background) on every pixel of all 4 test images" in err
+    assert (
+        line
+        == "prostate/fedavg/seed0: mean test accuracy 0.7500 over 2 sites (selected on val: 2) † (collapsed on 1 of 2 sites: see the WARNING lines)"
+    )
+    assert (
+        "WARNING: run fedavg (task prostate), site A, seed 0: collapsed: predicts class 0 (background) on every pixel of all 4 test images"
+        in err
+    )
 
 
 def test_no_command_prints_a_mean_test_score_past_the_flags():
@@ -106,7 +120,12 @@ def test_no_command_prints_a_mean_test_score_past_the_flags():
     for path in sorted((REPO / "src" / "fedmedbench").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
-                text = " ".join(c.value for arg in node.args for c in ast.walk(arg) if isinstance(c, ast.Constant) and isinstance(c.value, str))
+                text = " ".join(
+                    c.value
+                    for arg in node.args
+                    for c in ast.walk(arg)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                )
                 if "mean test" in text:
                     bare.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert bare == []
@@ -115,13 +134,18 @@ def test_no_command_prints_a_mean_test_score_past_the_flags():
 def test_the_summary_mark_covers_no_foreground_and_drops_a_collapse_not_selected_on_val(capsys):
     from fedmedbench.report.flags import print_score_summary, score_warnings, summary_mark
 
-    final = final_json(flags={"A": {"no_foreground": "no foreground pixel in any of its 2 test images"}, "B": {"collapsed": "x"}}, select_on="test")
+    final = final_json(
+        flags={"A": {"no_foreground": "no foreground pixel in any of its 2 test images"}, "B": {"collapsed": "x"}},
+        select_on="test",
+    )
     assert summary_mark(final) == "‡ (no foreground in test on 1 of 2 sites: see the WARNING lines)"
     assert score_warnings(final) == ["WARNING: run fedprox (task skin), site Site A, seed 0: no foreground: no foreground pixel in any of its 2 test images "
                                      "(foreground Dice is undefined there and Dice incl. background scores only the background)"]  # fmt: skip
     print_score_summary(final, "line")
     out, err = capsys.readouterr()
-    assert out == "line ‡ (no foreground in test on 1 of 2 sites: see the WARNING lines)\n" and err.count("WARNING") == 1
+    assert (
+        out == "line ‡ (no foreground in test on 1 of 2 sites: see the WARNING lines)\n" and err.count("WARNING") == 1
+    )
 
 
 # --- the collapse check covers the test-only cohorts --------------------------------------------------------
@@ -157,11 +181,16 @@ def test_a_cohort_whose_ensemble_and_one_model_collapse_is_flagged_per_scoring()
 
     cfg = toy_run_config(model={"name": "densenet", "num_classes": 3}, intensity_scale=1 / 255)
     # Two models predicting class 0 outvote the sound one everywhere: the ensemble predicts 0 too.
-    scores = score_cohort({"A": Constant(0), "B": Constant(0), "C": Constant(None)}, cohort_split(), cfg, torch.device("cpu"))
+    scores = score_cohort(
+        {"A": Constant(0), "B": Constant(0), "C": Constant(None)}, cohort_split(), cfg, torch.device("cpu")
+    )
     assert scores["per_model"]["C"]["accuracy"] == 1.0 and scores["ensemble"]["accuracy"] == pytest.approx(0.4)
     assert scores["flags"] == {
         "ensemble": {"collapsed": "predicts class 0 for all 10 test samples"},
-        "per_model": {"A": {"collapsed": "predicts class 0 for all 10 test samples"}, "B": {"collapsed": "predicts class 0 for all 10 test samples"}},
+        "per_model": {
+            "A": {"collapsed": "predicts class 0 for all 10 test samples"},
+            "B": {"collapsed": "predicts class 0 for all 10 test samples"},
+        },
     }
     from fedmedbench.metrics import cohort_flag_texts
 
@@ -191,14 +220,20 @@ def test_a_run_whose_cohort_collapses_says_so_in_final_json_and_its_log(tmp_path
     with caplog.at_level(logging.WARNING, logger="fedmedbench.engine"):
         final = engine.run_training(cfg, tmp_path / "run", progress=False)
     why = "predicts class 0 (background) on every pixel of all 2 test images"
-    assert final["ood"]["C"]["flags"] == {"ensemble": {"collapsed": why}, "per_model": {"A": {"collapsed": why}, "B": {"collapsed": why}}}
+    assert final["ood"]["C"]["flags"] == {
+        "ensemble": {"collapsed": why},
+        "per_model": {"A": {"collapsed": why}, "B": {"collapsed": why}},
+    }
     assert final["flags"]["C"] == {"collapsed": f"the ensemble {why}; client A's model {why}; client B's model {why}"}
     assert json.loads((tmp_path / "run" / "final.json").read_text())["flags"] == final["flags"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(m.startswith(f"test-only cohort C: collapsed: the ensemble {why}") for m in warnings)
     from fedmedbench.report.flags import score_warnings
 
-    assert f"WARNING: run fedavg (task tiny), site C, seed 0: collapsed: the ensemble {why}; client A's model {why}; client B's model {why} (a collapsed model: its score measures no skill)" in score_warnings(final)
+    assert (
+        f"WARNING: run fedavg (task tiny), site C, seed 0: collapsed: the ensemble {why}; client A's model {why}; client B's model {why} (a collapsed model: its score measures no skill)"
+        in score_warnings(final)
+    )
 
 
 def test_a_federated_cohorts_reply_may_carry_its_flags_and_nothing_else_unknown():
@@ -209,7 +244,11 @@ def test_a_federated_cohorts_reply_may_carry_its_flags_and_nothing_else_unknown(
     scores = {"accuracy": 0.6}
     reply = {"mean": scores, "ensemble": scores, "per_model": {"A": scores}}
     check_ood("ood: cohort C", reply, ["A"])
-    check_ood("ood: cohort C", {**reply, "flags": {"ensemble": {"collapsed": "predicts class 0 for all 10 test samples"}}}, ["A"])
+    check_ood(
+        "ood: cohort C",
+        {**reply, "flags": {"ensemble": {"collapsed": "predicts class 0 for all 10 test samples"}}},
+        ["A"],
+    )
     with pytest.raises(SiteError, match=r"^ood: cohort C: the reply's flags .* are not"):
         check_ood("ood: cohort C", {**reply, "flags": {"the ensemble": "x"}}, ["A"])
 
@@ -247,15 +286,36 @@ OOD_EXPERIMENT = {"kind": "ood_table", "title": "PRR-FL Table 3", "task": "skin"
 
 
 def test_table3_and_its_bars_mark_a_collapsed_ensemble_and_a_mean_that_averages_a_collapsed_model(tmp_path):
-    finals = [ood_final("fedavg", 0), ood_final("fedprox", 0, ensemble_collapsed=True), ood_final("fedbn", 0, ensemble_collapsed=True, model_collapsed=("B",))]
+    finals = [
+        ood_final("fedavg", 0),
+        ood_final("fedprox", 0, ensemble_collapsed=True),
+        ood_final("fedbn", 0, ensemble_collapsed=True, model_collapsed=("B",)),
+    ]
     paths = write_finals(tmp_path, finals)
-    cli.main(["ood-table", "--experiment", json.dumps(OOD_EXPERIMENT), "--out-prefix", str(tmp_path / "t3"), "--figure-prefix", str(tmp_path / "t3_bars"), *paths])
+    cli.main(
+        [
+            "ood-table",
+            "--experiment",
+            json.dumps(OOD_EXPERIMENT),
+            "--out-prefix",
+            str(tmp_path / "t3"),
+            "--figure-prefix",
+            str(tmp_path / "t3_bars"),
+            *paths,
+        ]
+    )
     md = (tmp_path / "t3.md").read_text()
     assert "| FedAvg | 40.00 (–) | 70.00 (–) | 25.00 (–) | 60.00 (–) |" in md
     assert "| FedProx | 40.00 (–) | 70.00 (–) | 25.00 (–) † | 60.00 (–) † |" in md
     assert "| FedBN | 40.00 (–) † | 70.00 (–) † | 25.00 (–) † | 60.00 (–) † |" in md
-    assert "† FedProx, cohort OOD, seed 0: the ensemble predicts class 0 for all 10 test samples (a collapsed model: its score measures no skill)." in md
-    assert "† FedBN, cohort OOD, seed 0: the mean of the models averages a flagged one: client B's model predicts class 0 for all 10 test samples" in md
+    assert (
+        "† FedProx, cohort OOD, seed 0: the ensemble predicts class 0 for all 10 test samples (a collapsed model: its score measures no skill)."
+        in md
+    )
+    assert (
+        "† FedBN, cohort OOD, seed 0: the mean of the models averages a flagged one: client B's model predicts class 0 for all 10 test samples"
+        in md
+    )
     bars = pd.read_csv(tmp_path / "t3_bars.csv", keep_default_na=False).set_index(["series", "x"])["collapsed"]
     assert bars[("F1 (ensemble)", "FedProx")].startswith("FedProx, cohort OOD, seed 0: the ensemble predicts class 0")
     assert bars[("F1", "FedBN")].startswith("FedBN, cohort OOD, seed 0: the mean of the models averages a flagged one")
@@ -271,7 +331,10 @@ def test_the_reports_table3_marks_the_collapsed_cells(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| FedProx | OOD F1 (ensemble) | 25.00 (–) † | 38.14 |" in report
     assert "| FedAvg | OOD F1 (ensemble) | 25.00 (–) | 37.76 |" in report
-    assert "\n† FedProx, cohort OOD, seed 0: the ensemble predicts class 0 for all 10 test samples (a collapsed model: its score measures no skill).\n" in report
+    assert (
+        "\n† FedProx, cohort OOD, seed 0: the ensemble predicts class 0 for all 10 test samples (a collapsed model: its score measures no skill).\n"
+        in report
+    )
 
 
 # --- the convergence figure and the bar charts -------------------------------------------------------------
@@ -289,24 +352,49 @@ def drawn(monkeypatch):
 
 
 def history(values, clients=("A", "B")):
-    rows = [{"round": r, "client": c, "split": s, "metric": "accuracy", "value": v} for r, per in enumerate(values, start=1) for c, v in zip(clients, per) for s in ("val", "test")]
-    rows += [{"round": r, "client": c, "split": "train", "metric": "loss", "value": 0.5} for r in range(1, len(values) + 1) for c in clients]
+    rows = [
+        {"round": r, "client": c, "split": s, "metric": "accuracy", "value": v}
+        for r, per in enumerate(values, start=1)
+        for c, v in zip(clients, per)
+        for s in ("val", "test")
+    ]
+    rows += [
+        {"round": r, "client": c, "split": "train", "metric": "loss", "value": 0.5}
+        for r in range(1, len(values) + 1)
+        for c in clients
+    ]
     return pd.DataFrame(rows)
 
 
 def test_a_convergence_figure_whose_selected_model_collapsed_says_so_on_its_face_and_in_its_csv(tmp_path, drawn):
     finals = {"fedavg": [final_json("fedavg", flags={}, b=0.8)], "fedprox": [final_json("fedprox")]}
-    histories = {"fedavg": [history([[0.5, 0.7], [0.6, 0.8], [0.6, 0.8]])], "fedprox": [history([[0.5, 0.7], [0.6, 0.9], [0.6, 0.8]])]}
-    figures.convergence(histories, "accuracy", tmp_path / "conv", "Convergence", labels={"fedavg": "FedAvg", "fedprox": "FedProx"}, finals=finals)
+    histories = {
+        "fedavg": [history([[0.5, 0.7], [0.6, 0.8], [0.6, 0.8]])],
+        "fedprox": [history([[0.5, 0.7], [0.6, 0.9], [0.6, 0.8]])],
+    }
+    figures.convergence(
+        histories,
+        "accuracy",
+        tmp_path / "conv",
+        "Convergence",
+        labels={"fedavg": "FedAvg", "fedprox": "FedProx"},
+        finals=finals,
+    )
     data = pd.read_csv(tmp_path / "conv.csv", keep_default_na=False)
     selected = data[data["kind"] == "selected"].set_index("series")["collapsed"]
-    assert selected["FedProx †"] == f"FedProx, Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."
+    assert (
+        selected["FedProx †"]
+        == f"FedProx, Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."
+    )
     assert selected["FedAvg"] == ""
     assert set(data.loc[data["kind"] == "curve", "series"]) == {"FedAvg", "FedProx †"}
     legend = drawn[-1].axes[0].get_legend()
     texts = [t.get_text() for t in legend.get_texts()] + [legend.get_title().get_text()]
     assert "FedProx †" in texts and "FedAvg" in texts
-    assert "† selected model collapsed (one class on a whole test split): FedProx: Site A seed 0" in legend.get_title().get_text()
+    assert (
+        "† selected model collapsed (one class on a whole test split): FedProx: Site A seed 0"
+        in legend.get_title().get_text()
+    )
 
 
 def test_the_figure_command_reads_the_flags_beside_the_histories(tmp_path):
@@ -317,7 +405,13 @@ def test_the_figure_command_reads_the_flags_beside_the_histories(tmp_path):
         write_final(folder / "final.json", final_json(run, flags=flags, b=b))
         history([[0.5, 0.7], [0.6, b], [0.6, 0.8]]).to_csv(folder / "history.csv", index=False)
         paths.append(str(folder / "history.csv"))
-    experiment = {"title": "Mine: test accuracy", "task": "skin", "runs": ["fedavg", "fedprox"], "seeds": [0], "metric": "accuracy"}
+    experiment = {
+        "title": "Mine: test accuracy",
+        "task": "skin",
+        "runs": ["fedavg", "fedprox"],
+        "seeds": [0],
+        "metric": "accuracy",
+    }
     cli.main(["figure", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "conv"), *paths])
     data = pd.read_csv(tmp_path / "conv.csv", keep_default_na=False)
     marked = data.loc[data["collapsed"] != "", ["series", "kind"]].drop_duplicates().values.tolist()
@@ -332,11 +426,22 @@ def test_a_fairness_bar_of_a_collapsed_model_says_so_in_its_csv(tmp_path):
     finals = [final_json("fedavg", flags={}, b=0.8), final_json("fedprox")]
     summary = seed_summary(finals, "accuracy", std_row=True)
     labels = {"fedavg": "FedAvg", "fedprox": "FedProx"}
-    fairness_bars(summary, ["fedavg", "fedprox"], tmp_path / "bars", "Bars", "accuracy", labels=labels, flags=collect_flags(finals, labels))
+    fairness_bars(
+        summary,
+        ["fedavg", "fedprox"],
+        tmp_path / "bars",
+        "Bars",
+        "accuracy",
+        labels=labels,
+        flags=collect_flags(finals, labels),
+    )
     data = pd.read_csv(tmp_path / "bars.csv", keep_default_na=False)
     marked = data[data["collapsed"] != ""]
     assert marked[["x"]].values.ravel().tolist() == ["Site A"] and marked["series"].iloc[0].startswith("FedProx †")
-    assert marked["collapsed"].iloc[0] == f"FedProx, Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."
+    assert (
+        marked["collapsed"].iloc[0]
+        == f"FedProx, Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."
+    )
 
 
 def test_a_sweep_point_that_averages_a_collapsed_model_is_marked_in_its_csv(tmp_path, drawn):
@@ -345,8 +450,21 @@ def test_a_sweep_point_that_averages_a_collapsed_model_is_marked_in_its_csv(tmp_
     finals = [final_json("fedprox-mu0.01", flags={}, b=0.8), final_json("fedprox-mu1")]
     series = {"FedProx": {0.01: "fedprox-mu0.01", 1.0: "fedprox-mu1"}}
     collapsed = sweep_flags(finals, series, {"fedprox-mu1": "FedProx (mu 1)"})
-    assert collapsed == {"FedProx": {1.0: f"FedProx (mu 1), Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."}}
-    sweep_figure(sweep_points(finals, series, "accuracy", "clients_std"), tmp_path / "sweep", "Sweep", "mu", "accuracy (%)", log_x=True, error="clients_std", collapsed=collapsed)
+    assert collapsed == {
+        "FedProx": {
+            1.0: f"FedProx (mu 1), Site A, seed 0: {COLLAPSED_A} (a collapsed model: its score measures no skill)."
+        }
+    }
+    sweep_figure(
+        sweep_points(finals, series, "accuracy", "clients_std"),
+        tmp_path / "sweep",
+        "Sweep",
+        "mu",
+        "accuracy (%)",
+        log_x=True,
+        error="clients_std",
+        collapsed=collapsed,
+    )
     data = pd.read_csv(tmp_path / "sweep.csv", keep_default_na=False).set_index("x")["collapsed"]
     assert data[1.0].startswith("FedProx (mu 1), Site A, seed 0") and data[0.01] == ""
     assert "†: averages a collapsed model" in drawn[-1].axes[0].get_legend().get_title().get_text()

@@ -50,8 +50,14 @@ def probe(tmp_path, switch_on: bool, with_switch_env: bool = True) -> tuple[dict
     env = {k: v for k, v in os.environ.items() if not k.startswith("FMB_FLOWER_SHORT_WAITS")}
     env["PYTHONPATH"] = os.pathsep.join([str(FOLDER), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if with_switch_env:
-        env.update(FMB_FLOWER_SHORT_WAITS_SWITCH=str(switch), FMB_FLOWER_SHORT_WAITS_S="0.01", FMB_FLOWER_SHORT_WAITS_LOG=str(log))
-    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, check=True)
+        env.update(
+            FMB_FLOWER_SHORT_WAITS_SWITCH=str(switch),
+            FMB_FLOWER_SHORT_WAITS_S="0.01",
+            FMB_FLOWER_SHORT_WAITS_LOG=str(log),
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     return json.loads(done.stdout), (log.read_text().splitlines() if log.exists() else [])
 
 
@@ -94,7 +100,11 @@ def test_every_named_wait_is_a_sleep_in_the_installed_flower():
     assert module.time.sleep is module._real_sleep
     for module_name, function in module.WAITS:
         source = Path(importlib.util.find_spec(module_name).origin).read_text()
-        defs = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
+        defs = [
+            n
+            for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function
+        ]
         assert defs, f"{module_name} has no function {function}"
         # The sleep is called in the function's own body (not only in a nested def, which has its own name).
         waits = ("early_stop.wait",) if function == "pull_with_retries" else ("time.sleep", "sleep")
@@ -127,7 +137,9 @@ def test_step_profile_splits_a_message_into_its_segments(tmp_path):
         ev(3, "site-A", "flwr.supercore.superexec.plugin.base_exec_plugin:BaseExecPlugin.launch_task", 90.2, 90.3),
         ev(5, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 90.4, 94.5),
         {**ev(5, "site-A", "flwr.clientapp.client_app:ClientApp.__call__", 91.0, 93.0), "kind": "query.hello"},
-        ev(9, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 200.0, 201.0),  # another run: outside the window
+        ev(
+            9, "site-A", "flwr.supernode.runtime.run_clientapp:run_clientapp", 200.0, 201.0
+        ),  # another run: outside the window
     ]
     log = tmp_path / "profile.jsonl"
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -135,12 +147,21 @@ def test_step_profile_splits_a_message_into_its_segments(tmp_path):
     ms = {label: round(v[0]) for label, v in out["segments"].items()}
     expected = [100, 400, 200, 300, 100, 1000, 200, 300, 1700]  # SEGMENTS in order, ms
     assert [ms[label] for label, *_ in bench.SEGMENTS] == expected
-    assert ms["last reply at the SuperLink -> ServerApp has all replies (its pull)"] == 700  # (400 + 1000) / 2: every step
-    assert out["messages"] == 2 and out["round_messages"] == 1 and out["server_steps"] == 2 and round(out["server_step_ms"]) == 4000
+    assert (
+        ms["last reply at the SuperLink -> ServerApp has all replies (its pull)"] == 700
+    )  # (400 + 1000) / 2: every step
+    assert (
+        out["messages"] == 2
+        and out["round_messages"] == 1
+        and out["server_steps"] == 2
+        and round(out["server_step_ms"]) == 4000
+    )
     assert out["inside"] == {"load_site": (pytest.approx(200.0), 1)}
 
 
-def test_the_patch_check_asks_for_the_superexec_only_where_its_poll_is_longer_than_the_short_wait(tmp_path, monkeypatch):
+def test_the_patch_check_asks_for_the_superexec_only_where_its_poll_is_longer_than_the_short_wait(
+    tmp_path, monkeypatch
+):
     """A SuperExec polling every 0.1 s has nothing to cut at --short-wait-ms 100: the check must not
     refuse that run; at 20 ms it must refuse a log without the SuperExecs' lines."""
     if importlib.util.find_spec("flwr") is None:
@@ -151,7 +172,9 @@ def test_the_patch_check_asks_for_the_superexec_only_where_its_poll_is_longer_th
     monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)  # local_federation's 0.1 s
     log = tmp_path / "waits.log"
     key = "flwr.supernode.start_client_internal:start_client_internal"
-    log.write_text("".join(f"flower_short_waits: pid {pid} (flower-supernode) {key} 3 s -> 0.1 s (x)\n" for pid in (11, 12)))
+    log.write_text(
+        "".join(f"flower_short_waits: pid {pid} (flower-supernode) {key} 3 s -> 0.1 s (x)\n" for pid in (11, 12))
+    )
     assert bench.short_waits_applied(log, sites=2, short_s=0.1) == {key: 2}
     with pytest.raises(SystemExit, match=r"run_superexec \(0 of >= 2 processes\)"):
         bench.short_waits_applied(log, sites=2, short_s=0.02)

@@ -91,7 +91,15 @@ def test_the_simulation_client_app_answers_every_message_the_generic_one_does():
 
     app = simulation.client_app({0: {"client": "A"}})
     assert sorted(app._registered_funcs) == sorted(clientapp.app._registered_funcs)
-    steps = {"train.default", "evaluate.default", "query.hello", "query.setup", "query.answer", "query.keep", "query.final"}
+    steps = {
+        "train.default",
+        "evaluate.default",
+        "query.hello",
+        "query.setup",
+        "query.answer",
+        "query.keep",
+        "query.final",
+    }
     assert steps <= set(app._registered_funcs)  # the round protocol's steps, at least
 
 
@@ -130,7 +138,9 @@ def run_simulated_in_a_process(cfg, out, kill_at=None):
         "_setup_logging()\n"
         "run_simulated(json.loads(sys.argv[1]), sys.argv[2], threads=1, checkpoint_every=1)\n"
     )
-    return subprocess.run([sys.executable, "-c", script, json.dumps(cfg), str(out)], env=env, capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cfg), str(out)], env=env, capture_output=True, text=True, cwd=ROOT
+    )
 
 
 @pytest.mark.slow
@@ -155,7 +165,9 @@ def test_a_killed_simulation_resumes_and_ends_as_the_engine_byte_for_byte(tmp_pa
     # Each training site: its state file (mid-round 3) and its snapshots of the checkpointed rounds 1
     # and 2 (the cohort, which trains nothing, may keep its own).
     kept = {p.name for p in state.iterdir()}
-    assert {f"{c}{s}.pt" for c in "AB" for s in ("", ".round-1", ".round-2")} <= kept and all(n.startswith(("A", "B", "C")) for n in kept), kept
+    assert {f"{c}{s}.pt" for c in "AB" for s in ("", ".round-1", ".round-2")} <= kept and all(
+        n.startswith(("A", "B", "C")) for n in kept
+    ), kept
 
     resumed = run_simulated_in_a_process(cfg, out)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -166,7 +178,14 @@ def test_a_killed_simulation_resumes_and_ends_as_the_engine_byte_for_byte(tmp_pa
     assert set(final["ood"]) == {"C"} and final == json.loads((tmp_path / "engine" / "final.json").read_text())
     assert json.loads((out / "federation.json").read_text())["sites"] == 2
     # Finished: the checkpoint and the sites' state are gone with it.
-    assert sorted(p.name for p in out.iterdir()) == ["federation.json", "final.json", "history.csv", "model_best.pt", "predictions.npz", "run_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "federation.json",
+        "final.json",
+        "history.csv",
+        "model_best.pt",
+        "predictions.npz",
+        "run_config.json",
+    ]
 
 
 def fake_simulation(monkeypatch, write_final=False):
@@ -182,7 +201,9 @@ def fake_simulation(monkeypatch, write_final=False):
     monkeypatch.setattr(simulation, "client_app", lambda sites, out=None: seen.update(sites=sites, out=out))
 
     def run_simulation(server_app, client_app, num_supernodes, backend_config):
-        seen["files"] = sorted(str(p.relative_to(Path(seen["settings"]["out"]))) for p in Path(seen["settings"]["out"]).rglob("*"))
+        seen["files"] = sorted(
+            str(p.relative_to(Path(seen["settings"]["out"]))) for p in Path(seen["settings"]["out"]).rglob("*")
+        )
         if write_final:
             (Path(seen["settings"]["out"]) / "final.json").write_text("{}")
 
@@ -190,7 +211,9 @@ def fake_simulation(monkeypatch, write_final=False):
     return seen
 
 
-def test_a_killed_older_style_run_folder_starts_afresh_and_keeps_nothing_of_it(tmp_path, tiny_task, monkeypatch, caplog):
+def test_a_killed_older_style_run_folder_starts_afresh_and_keeps_nothing_of_it(
+    tmp_path, tiny_task, monkeypatch, caplog
+):
     """Before the sites kept their state in the run folder, a killed job left a checkpoint (written
     after the last round) and its scratch folder: no site can go back to that checkpoint, so the
     rerun starts afresh (resume off), removing both, and says so in one line."""
@@ -235,7 +258,9 @@ def test_a_checkpoint_beside_the_sites_state_is_resumed_and_kept_until_the_run_e
         run_simulated(tiny_run_config(store, split), out, threads=1)
     assert seen["settings"]["resume"] is True and seen["settings"]["checkpoint-every"] == 1
     # A failed rerun keeps what the next one resumes from.
-    assert (out / "checkpoint.pt").is_file() and (state / "A.round-2.pt").read_bytes() == b"site A at the end of round 2"
+    assert (out / "checkpoint.pt").is_file() and (
+        state / "A.round-2.pt"
+    ).read_bytes() == b"site A at the end of round 2"
 
     (out / "checkpoint.pt").unlink()  # what serve's write_outputs does once final.json is written
     fake_simulation(monkeypatch, write_final=True)
@@ -275,16 +300,41 @@ OVERLAY = {
 @pytest.mark.federation
 def test_a_snakemake_table_holds_an_engine_row_and_a_flower_row_with_equal_digits(tmp_path):
     (tmp_path / "config").mkdir()
-    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")  # the Snakefile's default configfile
+    shutil.copy(
+        ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml"
+    )  # the Snakefile's default configfile
     (tmp_path / "flower.yaml").write_text(yaml.safe_dump(OVERLAY))
     out = tmp_path / "results" / "e2e"
-    targets = [f"results/e2e/tables/{TABLE}.{ext}" for ext in ("md", "csv")]  # relative to --directory, as the rules' outputs
+    targets = [
+        f"results/e2e/tables/{TABLE}.{ext}" for ext in ("md", "csv")
+    ]  # relative to --directory, as the rules' outputs
     configs = [*map(str, CONFIGFILES), str(tmp_path / "flower.yaml")]
-    command = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", *targets, "--configfile", *configs]
+    command = [
+        str(BIN / "snakemake"),
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--cores",
+        "2",
+        *targets,
+        "--configfile",
+        *configs,
+    ]
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
     # Under the job server, as `make demo` runs: the Flower job starts Ray from a forked warm process.
-    run = subprocess.run([str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *command], capture_output=True, text=True, env=env, cwd=tmp_path)
-    logs = "".join(p.read_text()[-3000:] for p in (out / "logs" / "train").rglob("*.log")) if (out / "logs").is_dir() else ""
+    run = subprocess.run(
+        [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    logs = (
+        "".join(p.read_text()[-3000:] for p in (out / "logs" / "train").rglob("*.log"))
+        if (out / "logs").is_dir()
+        else ""
+    )
     assert run.returncode == 0, run.stderr[-3000:] + logs
 
     # The table's CSV: one row per (row label, client); mean, std and seed count equal to every digit.
@@ -302,7 +352,9 @@ def test_a_snakemake_table_holds_an_engine_row_and_a_flower_row_with_equal_digit
 
     runs = out / "train" / "prostate"
     for name in ("history.csv", "model_best.pt", "predictions.npz"):
-        assert filecmp.cmp(runs / "fedavg" / "seed0" / name, runs / "fedavg-flower" / "seed0" / name, shallow=False), name
+        assert filecmp.cmp(runs / "fedavg" / "seed0" / name, runs / "fedavg-flower" / "seed0" / name, shallow=False), (
+            name
+        )
     engine_final = json.loads((runs / "fedavg" / "seed0" / "final.json").read_text())
     flower_final = json.loads((runs / "fedavg-flower" / "seed0" / "final.json").read_text())
     assert "runtime" not in engine_final["config"] and flower_final["config"]["runtime"] == "flower-simulation"

@@ -63,11 +63,16 @@ def test_the_store_holds_the_generated_images_and_class_pixels(examples, tmp_pat
         client = open_client(store, site)
         n_classes = len(example["options"]["classes"])
         assert client.images.shape == (counts[site], 32, 32, 3) and client.labels.shape == (counts[site], 32, 32)
-        assert np.bincount(np.asarray(client.labels).ravel(), minlength=n_classes).tolist() == example["class_pixels"][site]
+        assert (
+            np.bincount(np.asarray(client.labels).ravel(), minlength=n_classes).tolist()
+            == example["class_pixels"][site]
+        )
         assert list(client.meta["id"]) == [f"{site}/{stem}" for stem in example["files"][site]]
         assert list(client.meta["group"]) == list(client.meta["id"])  # a 2-D image is its own group
         for row, source in enumerate(client.meta["source"]):
-            assert np.array_equal(client.images[row][..., 0], np.asarray(Image.open(root / source).convert("RGB"))[..., 0])
+            assert np.array_equal(
+                client.images[row][..., 0], np.asarray(Image.open(root / source).convert("RGB"))[..., 0]
+            )
     grey = open_client(store, "siteA").images  # the first site is grey: replicated to 3 channels
     assert np.array_equal(grey[..., 0], grey[..., 1]) and np.array_equal(grey[..., 0], grey[..., 2])
     colour = open_client(store, "siteB").images
@@ -111,8 +116,13 @@ def test_a_16_bit_image_is_scaled_from_its_robust_range(examples, tmp_path):
     assert stored.min() == 0 and stored.max() == 255 and (np.diff(stored.ravel()) >= 0).all()
     # p0.5 of the 1024 values 1000 + 2k sits at k = 0.005 * 1023 = 5.115 -> 1010.23; p99.5 at
     # k = 1017.885 -> 3035.77; the 6 values below / above are clipped.
-    assert client.meta["intensity"][0] == "uint16 1010.23..3035.77 (p0.5..p99.5 of 1000..3046) scaled to 0..255, clipped outside"
-    assert (float(client.meta["intensity_low"][0]), float(client.meta["intensity_high"][0])) == pytest.approx((1010.23, 3035.77))
+    assert (
+        client.meta["intensity"][0]
+        == "uint16 1010.23..3035.77 (p0.5..p99.5 of 1000..3046) scaled to 0..255, clipped outside"
+    )
+    assert (float(client.meta["intensity_low"][0]), float(client.meta["intensity_high"][0])) == pytest.approx(
+        (1010.23, 3035.77)
+    )
     expected = np.floor((np.clip(deep, 1010.23, 3035.77) - 1010.23) / (3035.77 - 1010.23) * 255 + 0.5)
     assert np.array_equal(stored, expected)
     assert client.meta["intensity"][1] == "uint8" and client.meta["intensity_low"][1] == ""  # as stored: no range
@@ -127,7 +137,9 @@ def _png_rgb16(path: Path, array: np.ndarray) -> None:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    )
 
 
 def test_a_16_bit_colour_tiff_is_scaled_and_a_16_bit_colour_png_refused(examples, tmp_path):
@@ -146,8 +158,11 @@ def test_a_16_bit_colour_tiff_is_scaled_and_a_16_bit_colour_png_refused(examples
     shutil.rmtree(tmp_path / "out")
     (root / "siteB/images/siteB_000.tif").unlink()
     _png_rgb16(root / "siteB/images/siteB_000.png", deep)
-    _assert_one_error_and_nothing_written(lambda: _preprocess(options, tmp_path), tmp_path,
-                                          "{root}/siteB/images/siteB_000.png: RGB;16B samples, which Pillow reads as 8-bit")
+    _assert_one_error_and_nothing_written(
+        lambda: _preprocess(options, tmp_path),
+        tmp_path,
+        "{root}/siteB/images/siteB_000.png: RGB;16B samples, which Pillow reads as 8-bit",
+    )
 
 
 def test_image_size_resizes_images_bilinear_and_masks_nearest(examples, tmp_path):
@@ -170,7 +185,9 @@ def test_image_size_resizes_images_bilinear_and_masks_nearest(examples, tmp_path
 def _volumes(root: Path, site: str, stem: str) -> tuple[np.ndarray, np.ndarray]:
     import SimpleITK as sitk
 
-    return tuple(sitk.GetArrayFromImage(sitk.ReadImage(str(root / site / sub / f"{stem}.nii.gz"))) for sub in ("images", "masks"))
+    return tuple(
+        sitk.GetArrayFromImage(sitk.ReadImage(str(root / site / sub / f"{stem}.nii.gz"))) for sub in ("images", "masks")
+    )
 
 
 @pytest.mark.parametrize("axis, in_plane, per_volume", [(2, (36, 32), 5), (1, (5, 32), 36), (0, (5, 36), 32)])
@@ -205,7 +222,11 @@ def test_nifti_stack_1_replicates_the_slice_and_the_split_keeps_volumes_whole(ex
     assert np.array_equal(images[..., 0], images[..., 1]) and np.array_equal(images[..., 1], images[..., 2])
     table = F.split(store, tmp_path / "split.csv", "", options=options, log=lambda _: None)
     assert (table.groupby("group")["split"].nunique() == 1).all()
-    assert table.groupby(["client", "split"])["group"].nunique().loc["siteC"].to_dict() == {"train": 3, "val": 1, "test": 1}
+    assert table.groupby(["client", "split"])["group"].nunique().loc["siteC"].to_dict() == {
+        "train": 3,
+        "val": 1,
+        "test": 1,
+    }
 
 
 # --- splits ----------------------------------------------------------------------------------------
@@ -274,14 +295,25 @@ def test_a_user_split_csv_is_honoured_in_its_order(examples, tmp_path):
 def test_a_user_split_csv_names_whole_nifti_volumes(examples, tmp_path):
     example = examples["nifti"]
     store, counts = _preprocess(example["options"], tmp_path)
-    rows = [{"site": site, "image": f"{site}/images/{stem}.nii.gz", "split": ("train", "val", "test")[min(k, 2)]}
-            for site in SITES for k, stem in enumerate(example["files"][site])]
+    rows = [
+        {"site": site, "image": f"{site}/images/{stem}.nii.gz", "split": ("train", "val", "test")[min(k, 2)]}
+        for site in SITES
+        for k, stem in enumerate(example["files"][site])
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "vol_split.csv", index=False)
-    table = F.split(store, tmp_path / "split.csv", "", options={**example["options"], "split_csv": str(tmp_path / "vol_split.csv")},
-                    log=lambda _: None)
+    table = F.split(
+        store,
+        tmp_path / "split.csv",
+        "",
+        options={**example["options"], "split_csv": str(tmp_path / "vol_split.csv")},
+        log=lambda _: None,
+    )
     assert len(table) == sum(counts.values())
     assert table[table["client"] == "siteA"].groupby("split")["group"].unique().map(list).to_dict() == {
-        "train": ["siteA/vol00"], "val": ["siteA/vol01"], "test": ["siteA/vol02"]}
+        "train": ["siteA/vol00"],
+        "val": ["siteA/vol01"],
+        "test": ["siteA/vol02"],
+    }
 
 
 # --- options and sites -------------------------------------------------------------------------------
@@ -301,23 +333,56 @@ def test_discover_sites(examples, tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"root": "d", "mask_value": {0: 0}}, "folders: unknown key 'mask_value' (did you mean 'mask_values'?); valid keys: "),
-        ({"root": "d", "fractions": [0.6, 0.2, 0.2], "seeed": 1}, "folders: unknown key 'seeed' (did you mean 'seed'?)"),
+        (
+            {"root": "d", "mask_value": {0: 0}},
+            "folders: unknown key 'mask_value' (did you mean 'mask_values'?); valid keys: ",
+        ),
+        (
+            {"root": "d", "fractions": [0.6, 0.2, 0.2], "seeed": 1},
+            "folders: unknown key 'seeed' (did you mean 'seed'?)",
+        ),
         ({"kind": "segmentation"}, "folders: 'root' is required"),
-        ({"root": "d", "kind": "segmentaton"}, 'folders.kind: expected one of "segmentation", "classification", got "segmentaton" (str) (did you mean \'segmentation\'?)'),
+        (
+            {"root": "d", "kind": "segmentaton"},
+            'folders.kind: expected one of "segmentation", "classification", got "segmentaton" (str) (did you mean \'segmentation\'?)',
+        ),
         ({"root": "d", "kind": "classification"}, "folders.classes: required for kind classification"),
-        ({"root": "d", "kind": "classification", "classes": ["a", "b"], "stack": 3}, "folders.stack: only for kind segmentation"),
-        ({"root": "d", "classes": ["a"]}, 'folders.classes: expected a list of at least two distinct class names, got ["a"]'),
-        ({"root": "d", "classes": ["a", "a"]}, 'folders.classes: expected a list of at least two distinct class names, got ["a", "a"]'),
-        ({"root": "d", "mask_values": {0: 0, 255: 2}, "classes": ["bg", "fg"]}, "folders.mask_values: class index 2 is out of range for 2 classes"),
-        ({"root": "d", "mask_values": {-1: 0}}, "folders.mask_values: key -1 is not a non-negative integer pixel value"),
-        ({"root": "d", "mask_values": {0: "bg"}}, 'folders.mask_values.0: expected a class index 0..255 for this pixel value, got "bg"'),
-        ({"root": "d", "fractions": [0.6, 0.2, 0.3]}, "folders.fractions: expected three positive numbers train, val, test summing to 1"),
+        (
+            {"root": "d", "kind": "classification", "classes": ["a", "b"], "stack": 3},
+            "folders.stack: only for kind segmentation",
+        ),
+        (
+            {"root": "d", "classes": ["a"]},
+            'folders.classes: expected a list of at least two distinct class names, got ["a"]',
+        ),
+        (
+            {"root": "d", "classes": ["a", "a"]},
+            'folders.classes: expected a list of at least two distinct class names, got ["a", "a"]',
+        ),
+        (
+            {"root": "d", "mask_values": {0: 0, 255: 2}, "classes": ["bg", "fg"]},
+            "folders.mask_values: class index 2 is out of range for 2 classes",
+        ),
+        (
+            {"root": "d", "mask_values": {-1: 0}},
+            "folders.mask_values: key -1 is not a non-negative integer pixel value",
+        ),
+        (
+            {"root": "d", "mask_values": {0: "bg"}},
+            'folders.mask_values.0: expected a class index 0..255 for this pixel value, got "bg"',
+        ),
+        (
+            {"root": "d", "fractions": [0.6, 0.2, 0.3]},
+            "folders.fractions: expected three positive numbers train, val, test summing to 1",
+        ),
         ({"root": "d", "fractions": [0.8, 0.2, 0]}, "folders.fractions.2: expected a positive number, got 0"),
         ({"root": "d", "seed": True}, "folders.seed: expected integer >= 0, got true"),
         ({"root": "d", "nifti_axis": 3}, "folders.nifti_axis: expected 0, 1 or 2"),
         ({"root": "d", "stack": 2}, "folders.stack: expected 1 (one slice, replicated to 3 channels) or 3"),
-        ({"root": "d", "image_size": "256"}, 'folders.image_size: expected a positive integer (the side images are resized to; each task\'s model checks it fits), got "256"'),
+        (
+            {"root": "d", "image_size": "256"},
+            'folders.image_size: expected a positive integer (the side images are resized to; each task\'s model checks it fits), got "256"',
+        ),
         ({"root": 5}, "folders.root: expected the path of the folder holding the site folders or labels.csv, got 5"),
     ],
 )
@@ -330,8 +395,16 @@ def test_bad_options_are_one_config_error_naming_the_key(options, message):
 def test_options_defaults_and_json_keys():
     options = F.FoldersOptions.from_dict({"root": "d", "mask_values": {"0": 0, "255": 1}})
     assert options.mask_values == {0: 0, 255: 1} and options.num_classes == 2
-    assert (options.kind, options.fractions, options.seed, options.nifti_axis, options.stack, options.image_size,
-            options.split_csv, options.classes) == ("segmentation", (0.6, 0.2, 0.2), 0, 2, 1, None, None, None)
+    assert (
+        options.kind,
+        options.fractions,
+        options.seed,
+        options.nifti_axis,
+        options.stack,
+        options.image_size,
+        options.split_csv,
+        options.classes,
+    ) == ("segmentation", (0.6, 0.2, 0.2), 0, 2, 1, None, None, None)
     default = F.FoldersOptions.from_dict({"root": "d", "classes": ["bg", "liver", "tumour"]})
     assert default.class_of_value == {0: 0, 1: 1, 2: 2}  # no mask_values: the masks hold class indices
     assert F.FoldersOptions.from_dict({"root": "d"}).class_of_value == {0: 0, 1: 1}
@@ -394,32 +467,60 @@ def _rename_images_folder(root):
 
 
 SEGMENTATION_CASES = {
-    "image without a mask": (_remove("siteB/masks/siteB_003.png"),
-                             "{root}/siteB/images/siteB_003.png: image without a mask (expected {root}/siteB/masks/siteB_003.<ext>)"),
-    "mask without an image": (_remove("siteB/images/siteB_003.png"),
-                              "{root}/siteB/masks/siteB_003.png: mask without an image (expected {root}/siteB/images/siteB_003.<ext>)"),
-    "mask value not in mask_values": (_odd_mask,
-                                      "{root}/siteC/masks/siteC_002.png: mask value(s) 77 not in mask_values {0: 0, 128: 1, 255: 2}"),
+    "image without a mask": (
+        _remove("siteB/masks/siteB_003.png"),
+        "{root}/siteB/images/siteB_003.png: image without a mask (expected {root}/siteB/masks/siteB_003.<ext>)",
+    ),
+    "mask without an image": (
+        _remove("siteB/images/siteB_003.png"),
+        "{root}/siteB/masks/siteB_003.png: mask without an image (expected {root}/siteB/images/siteB_003.<ext>)",
+    ),
+    "mask value not in mask_values": (
+        _odd_mask,
+        "{root}/siteC/masks/siteC_002.png: mask value(s) 77 not in mask_values {0: 0, 128: 1, 255: 2}",
+    ),
     "site without images": (_mkdirs("siteD/images", "siteD/masks"), "{root}/siteD/images: no images in site siteD"),
-    "site without images folder": (_rename_images_folder,
-                                   "{root}/siteB: site folder without an images/ folder (expected {root}/siteB/images/ and"),
-    "mixed channel counts": (_write_png("siteA/images/siteA_004.png", np.full((32, 32, 3), (200, 10, 10), np.uint8)),
-                             "site siteA: mixed channel counts: {root}/siteA/images/siteA_000.png is grey but "
-                             "{root}/siteA/images/siteA_004.png is colour"),
-    "truncated image": (_truncate("siteB/images/siteB_001.png"), "{root}/siteB/images/siteB_001.png: cannot read the image ("),
-    "truncated mask": (_truncate("siteB/masks/siteB_001.png"), "{root}/siteB/masks/siteB_001.png: cannot decode the mask ("),
-    "not an image": (lambda root: (root / "siteC/images/siteC_004.png").write_text("not a png"),
-                     "{root}/siteC/images/siteC_004.png: cannot read the image ("),
-    "unsupported file": (lambda root: (root / "siteC/images/notes.txt").write_text("x"),
-                         "{root}/siteC/images/notes.txt: not a supported file (expected .png, .jpg"),
-    "two files with one stem": (_write_png("siteA/images/siteA_001.jpg", np.zeros((32, 32), np.uint8)),
-                                "{root}/siteA/images/siteA_001.png: two files with the stem 'siteA_001' (siteA_001.jpg and siteA_001.png)"),
-    "image and mask sizes differ": (_write_png("siteB/masks/siteB_002.png", np.zeros((30, 32), np.uint8)),
-                                    "{root}/siteB/images/siteB_002.png is 32x32 but its mask {root}/siteB/masks/siteB_002.png is 32x30"),
-    "differing image sizes": (lambda root: (_png(root / "siteC/images/siteC_005.png", np.zeros((40, 40, 3), np.uint8)),
-                                            _png(root / "siteC/masks/siteC_005.png", np.zeros((40, 40), np.uint8))),
-                              "{root}/siteC/images/siteC_005.png: 40x40 differs from 32x32 of {root}/siteA/images/siteA_000.png; "
-                              "set image_size"),
+    "site without images folder": (
+        _rename_images_folder,
+        "{root}/siteB: site folder without an images/ folder (expected {root}/siteB/images/ and",
+    ),
+    "mixed channel counts": (
+        _write_png("siteA/images/siteA_004.png", np.full((32, 32, 3), (200, 10, 10), np.uint8)),
+        "site siteA: mixed channel counts: {root}/siteA/images/siteA_000.png is grey but "
+        "{root}/siteA/images/siteA_004.png is colour",
+    ),
+    "truncated image": (
+        _truncate("siteB/images/siteB_001.png"),
+        "{root}/siteB/images/siteB_001.png: cannot read the image (",
+    ),
+    "truncated mask": (
+        _truncate("siteB/masks/siteB_001.png"),
+        "{root}/siteB/masks/siteB_001.png: cannot decode the mask (",
+    ),
+    "not an image": (
+        lambda root: (root / "siteC/images/siteC_004.png").write_text("not a png"),
+        "{root}/siteC/images/siteC_004.png: cannot read the image (",
+    ),
+    "unsupported file": (
+        lambda root: (root / "siteC/images/notes.txt").write_text("x"),
+        "{root}/siteC/images/notes.txt: not a supported file (expected .png, .jpg",
+    ),
+    "two files with one stem": (
+        _write_png("siteA/images/siteA_001.jpg", np.zeros((32, 32), np.uint8)),
+        "{root}/siteA/images/siteA_001.png: two files with the stem 'siteA_001' (siteA_001.jpg and siteA_001.png)",
+    ),
+    "image and mask sizes differ": (
+        _write_png("siteB/masks/siteB_002.png", np.zeros((30, 32), np.uint8)),
+        "{root}/siteB/images/siteB_002.png is 32x32 but its mask {root}/siteB/masks/siteB_002.png is 32x30",
+    ),
+    "differing image sizes": (
+        lambda root: (
+            _png(root / "siteC/images/siteC_005.png", np.zeros((40, 40, 3), np.uint8)),
+            _png(root / "siteC/masks/siteC_005.png", np.zeros((40, 40), np.uint8)),
+        ),
+        "{root}/siteC/images/siteC_005.png: 40x40 differs from 32x32 of {root}/siteA/images/siteA_000.png; "
+        "set image_size",
+    ),
 }
 
 
@@ -435,8 +536,10 @@ def test_binary_masks_without_mask_values_are_refused_with_a_hint(examples, tmp_
     root, options = _copy(examples["seg2"], tmp_path)
     options = {key: value for key, value in options.items() if key not in ("mask_values", "classes")}
     text = _assert_one_error_and_nothing_written(
-        lambda: _preprocess(options, tmp_path), tmp_path,
-        "{root}/siteA/masks/siteA_000.png: mask value(s) 255 not in mask_values {0: 0, 1: 1}")
+        lambda: _preprocess(options, tmp_path),
+        tmp_path,
+        "{root}/siteA/masks/siteA_000.png: mask value(s) 255 not in mask_values {0: 0, 1: 1}",
+    )
     assert "e.g. {0: 0, 255: 1}" in text
 
 
@@ -445,36 +548,47 @@ def test_a_jpeg_mask_gets_a_hint(examples, tmp_path):
     mask = np.asarray(Image.open(root / "siteB/masks/siteB_000.png"))
     (root / "siteB/masks/siteB_000.png").unlink()
     Image.fromarray(mask).save(root / "siteB/masks/siteB_000.jpg", quality=60)
-    text = _assert_one_error_and_nothing_written(lambda: _preprocess(options, tmp_path), tmp_path,
-                                                 "{root}/siteB/masks/siteB_000.jpg: mask value(s) ")
+    text = _assert_one_error_and_nothing_written(
+        lambda: _preprocess(options, tmp_path), tmp_path, "{root}/siteB/masks/siteB_000.jpg: mask value(s) "
+    )
     assert text.endswith("JPEG compression changes mask values: save masks as PNG")
 
 
 def test_a_missing_root_is_named(tmp_path):
     _assert_one_error_and_nothing_written(
-        lambda: _preprocess({"root": str(tmp_path / "data")}, tmp_path), tmp_path,
-        "{root}: the data root does not exist or is not a folder")
+        lambda: _preprocess({"root": str(tmp_path / "data")}, tmp_path),
+        tmp_path,
+        "{root}: the data root does not exist or is not a folder",
+    )
 
 
 def test_a_cut_short_nifti_is_named(examples, tmp_path):
     root, options = _copy(examples["nifti"], tmp_path)
     _truncate("siteB/images/vol02.nii.gz")(root)
-    _assert_one_error_and_nothing_written(lambda: _preprocess(options, tmp_path), tmp_path,
-                                          "{root}/siteB/images/vol02.nii.gz: damaged or cut-short file")
+    _assert_one_error_and_nothing_written(
+        lambda: _preprocess(options, tmp_path), tmp_path, "{root}/siteB/images/vol02.nii.gz: damaged or cut-short file"
+    )
 
 
 def test_a_nifti_mask_of_another_shape_or_a_2d_mask_is_named(examples, tmp_path):
     import SimpleITK as sitk
 
     root, options = _copy(examples["nifti"], tmp_path)
-    sitk.WriteImage(sitk.GetImageFromArray(np.zeros((4, 36, 32), np.uint8)), str(root / "siteA/masks/vol01.nii.gz"), True)
+    sitk.WriteImage(
+        sitk.GetImageFromArray(np.zeros((4, 36, 32), np.uint8)), str(root / "siteA/masks/vol01.nii.gz"), True
+    )
     _assert_one_error_and_nothing_written(
-        lambda: _preprocess(options, tmp_path), tmp_path,
-        "{root}/siteA/images/vol01.nii.gz has shape (5, 36, 32) (slices, H, W) but its mask {root}/siteA/masks/vol01.nii.gz has (4, 36, 32)")
+        lambda: _preprocess(options, tmp_path),
+        tmp_path,
+        "{root}/siteA/images/vol01.nii.gz has shape (5, 36, 32) (slices, H, W) but its mask {root}/siteA/masks/vol01.nii.gz has (4, 36, 32)",
+    )
     (root / "siteA/masks/vol01.nii.gz").unlink()
     _png(root / "siteA/masks/vol01.png", np.zeros((36, 32), np.uint8))
-    _assert_one_error_and_nothing_written(lambda: _preprocess(options, tmp_path), tmp_path,
-                                          "{root}/siteA/masks/vol01.png: a image mask for the nifti image vol01.nii.gz")
+    _assert_one_error_and_nothing_written(
+        lambda: _preprocess(options, tmp_path),
+        tmp_path,
+        "{root}/siteA/masks/vol01.png: a image mask for the nifti image vol01.nii.gz",
+    )
 
 
 def _edit_labels(edit):
@@ -494,27 +608,48 @@ def _set(row, column, value):
 
 
 CLASSIFICATION_CASES = {
-    "label outside the classes": (_edit_labels(_set(2, "label", "malignent")),
-                                  "{root}/labels.csv line 4: label 'malignent' is not one of the classes "
-                                  "['benign', 'malignant', 'normal'] (did you mean 'malignant'?)"),
-    "label index out of range": (_edit_labels(_set(0, "label", "3")), "{root}/labels.csv line 2: label '3' is not one of the classes"),
-    "image that does not exist": (_edit_labels(_set(5, "image", "siteA/nope.png")),
-                                  "{root}/labels.csv line 7: image siteA/nope.png does not exist: neither {root}/siteA/nope.png "
-                                  "(the path from the data root, as labels.csv takes it) nor {root}/siteA/siteA/nope.png "
-                                  "(from the site folder) is a file"),
-    "image outside the root": (_edit_labels(_set(5, "image", "../x.png")), "{root}/labels.csv line 7: image ../x.png is outside the data root"),
-    "image listed twice": (_edit_labels(_set(3, "image", "siteA/img_000.png")),
-                           "{root}/labels.csv line 5: image siteA/img_000.png is listed twice (lines 2 and 5)"),
+    "label outside the classes": (
+        _edit_labels(_set(2, "label", "malignent")),
+        "{root}/labels.csv line 4: label 'malignent' is not one of the classes "
+        "['benign', 'malignant', 'normal'] (did you mean 'malignant'?)",
+    ),
+    "label index out of range": (
+        _edit_labels(_set(0, "label", "3")),
+        "{root}/labels.csv line 2: label '3' is not one of the classes",
+    ),
+    "image that does not exist": (
+        _edit_labels(_set(5, "image", "siteA/nope.png")),
+        "{root}/labels.csv line 7: image siteA/nope.png does not exist: neither {root}/siteA/nope.png "
+        "(the path from the data root, as labels.csv takes it) nor {root}/siteA/siteA/nope.png "
+        "(from the site folder) is a file",
+    ),
+    "image outside the root": (
+        _edit_labels(_set(5, "image", "../x.png")),
+        "{root}/labels.csv line 7: image ../x.png is outside the data root",
+    ),
+    "image listed twice": (
+        _edit_labels(_set(3, "image", "siteA/img_000.png")),
+        "{root}/labels.csv line 5: image siteA/img_000.png is listed twice (lines 2 and 5)",
+    ),
     "empty label": (_edit_labels(_set(1, "label", "")), "{root}/labels.csv line 3: empty label"),
-    "misspelt column": (_edit_labels(lambda t: t.rename(columns={"group": "grup"})),
-                        "{root}/labels.csv: unknown column 'grup' (did you mean 'group'?)"),
-    "missing column": (_edit_labels(lambda t: t.drop(columns="label")), "{root}/labels.csv: missing column(s) ['label']"),
+    "misspelt column": (
+        _edit_labels(lambda t: t.rename(columns={"group": "grup"})),
+        "{root}/labels.csv: unknown column 'grup' (did you mean 'group'?)",
+    ),
+    "missing column": (
+        _edit_labels(lambda t: t.drop(columns="label")),
+        "{root}/labels.csv: missing column(s) ['label']",
+    ),
     "no labels.csv": (lambda root: (root / "labels.csv").unlink(), "{root}/labels.csv does not exist"),
     "truncated image": (_truncate("siteB/img_003.png"), "{root}/siteB/img_003.png: cannot read the image ("),
-    "mixed channel counts": (_write_png("siteC/img_004.png", np.zeros((32, 32), np.uint8)),
-                             "site siteC: mixed channel counts: {root}/siteC/img_004.png is grey but {root}/siteC/img_000.png is colour"),
-    "differing image sizes": (_write_png("siteB/img_002.png", np.zeros((32, 33, 3), np.uint8)),
-                              "{root}/siteB/img_002.png: 33x32 differs from 32x32 of {root}/siteA/img_000.png; set image_size"),
+    "mixed channel counts": (
+        _write_png("siteC/img_004.png", np.zeros((32, 32), np.uint8)),
+        "site siteC: mixed channel counts: {root}/siteC/img_004.png is grey but {root}/siteC/img_000.png is colour",
+    ),
+    "differing image sizes": (
+        _write_png("siteB/img_002.png", np.zeros((32, 33, 3), np.uint8)),
+        "{root}/siteB/img_002.png: 33x32 differs from 32x32 of {root}/siteA/img_000.png; set image_size",
+    ),
 }
 
 
@@ -549,30 +684,53 @@ def _split_error(store: Path, options: dict, tmp_path: Path, message: str) -> st
 def test_a_site_too_small_for_the_fractions_is_named(tmp_path):
     example = F.write_example(tmp_path / "data", counts=(2, 8, 10))
     store, _ = _preprocess(example["options"], tmp_path)
-    _split_error(store, example["options"], tmp_path,
-                 "site siteA: 2 group(s) (2 images) are too few for fractions 0.6/0.2/0.2: train/val/test would get "
-                 "0/1/1 groups, each needs at least one (need 3 groups)")
+    _split_error(
+        store,
+        example["options"],
+        tmp_path,
+        "site siteA: 2 group(s) (2 images) are too few for fractions 0.6/0.2/0.2: train/val/test would get "
+        "0/1/1 groups, each needs at least one (need 3 groups)",
+    )
 
 
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.assign(image=t["image"].replace("siteA/images/siteA_003.png", "siteA/images/nope.png")),
-         "my_split.csv line 5: image siteA/images/nope.png is not an image of site siteA in the data"),
-        (lambda t: t[t["image"] != "siteB/images/siteB_002.png"],
-         "my_split.csv: 1 image(s) of site siteB are in no split, e.g. siteB/images/siteB_002.png"),
-        (lambda t: t.assign(site=t["site"].replace("siteC", "siteD")), "my_split.csv line 16: site 'siteD' is not in the data"),
-        (lambda t: t.assign(split=t["split"].replace("val", "valid")), "my_split.csv line 5: split 'valid' is not one of ['train', 'val', 'test'] (did you mean 'val'?)"),
-        (lambda t: t.assign(split=t["split"].where(t["site"] != "siteA", "train")), "my_split.csv: site siteA has train/val/test = 6/0/0 images"),
-        (lambda t: pd.concat([t, t.iloc[[0]]]), "my_split.csv line 26: image siteA/images/siteA_000.png of site siteA is listed twice (lines 2 and 26)"),
+        (
+            lambda t: t.assign(image=t["image"].replace("siteA/images/siteA_003.png", "siteA/images/nope.png")),
+            "my_split.csv line 5: image siteA/images/nope.png is not an image of site siteA in the data",
+        ),
+        (
+            lambda t: t[t["image"] != "siteB/images/siteB_002.png"],
+            "my_split.csv: 1 image(s) of site siteB are in no split, e.g. siteB/images/siteB_002.png",
+        ),
+        (
+            lambda t: t.assign(site=t["site"].replace("siteC", "siteD")),
+            "my_split.csv line 16: site 'siteD' is not in the data",
+        ),
+        (
+            lambda t: t.assign(split=t["split"].replace("val", "valid")),
+            "my_split.csv line 5: split 'valid' is not one of ['train', 'val', 'test'] (did you mean 'val'?)",
+        ),
+        (
+            lambda t: t.assign(split=t["split"].where(t["site"] != "siteA", "train")),
+            "my_split.csv: site siteA has train/val/test = 6/0/0 images",
+        ),
+        (
+            lambda t: pd.concat([t, t.iloc[[0]]]),
+            "my_split.csv line 26: image siteA/images/siteA_000.png of site siteA is listed twice (lines 2 and 26)",
+        ),
         (lambda t: t.drop(columns="split"), "my_split.csv: missing column(s) ['split']"),
     ],
 )
 def test_a_bad_user_split_csv_is_named(examples, tmp_path, edit, message):
     example = examples["seg3"]
     store, _ = _preprocess(example["options"], tmp_path)
-    rows = [{"site": site, "image": f"{site}/images/{stem}.png", "split": ("train", "train", "train", "val", "test")[k % 5]}
-            for site in SITES for k, stem in enumerate(example["files"][site])]
+    rows = [
+        {"site": site, "image": f"{site}/images/{stem}.png", "split": ("train", "train", "train", "val", "test")[k % 5]}
+        for site in SITES
+        for k, stem in enumerate(example["files"][site])
+    ]
     edit(pd.DataFrame(rows)).to_csv(tmp_path / "my_split.csv", index=False)
     _split_error(store, {**example["options"], "split_csv": str(tmp_path / "my_split.csv")}, tmp_path, message)
     missing = {**example["options"], "split_csv": str(tmp_path / "none.csv")}
@@ -582,14 +740,25 @@ def test_a_bad_user_split_csv_is_named(examples, tmp_path, edit, message):
 def test_a_user_split_that_cuts_a_patient_is_kept_with_a_warning(examples, tmp_path):
     example = examples["classification"]
     store, _ = _preprocess(example["options"], tmp_path)
-    rows = [{"site": site, "image": path, "split": ("train", "val", "test", "train", "train", "train")[k % 6]}
-            for site in SITES for k, path in enumerate(example["files"][site])]
+    rows = [
+        {"site": site, "image": path, "split": ("train", "val", "test", "train", "train", "train")[k % 6]}
+        for site in SITES
+        for k, path in enumerate(example["files"][site])
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "cut.csv", index=False)
     logged = []
-    table = F.split(store, tmp_path / "split.csv", "", options={**example["options"], "split_csv": str(tmp_path / "cut.csv")},
-                    log=logged.append)
+    table = F.split(
+        store,
+        tmp_path / "split.csv",
+        "",
+        options={**example["options"], "split_csv": str(tmp_path / "cut.csv")},
+        log=logged.append,
+    )
     assert table.groupby("group")["split"].nunique().max() == 2
-    assert "folders siteA: warning: 2 group(s) of cut.csv are in more than one split (e.g. siteA/patient00); kept as given" in logged
+    assert (
+        "folders siteA: warning: 2 group(s) of cut.csv are in more than one split (e.g. siteA/patient00); kept as given"
+        in logged
+    )
 
 
 def test_preprocessing_logs_one_line_per_site_and_records_the_options(examples, tmp_path):
@@ -601,16 +770,31 @@ def test_preprocessing_logs_one_line_per_site_and_records_the_options(examples, 
     head = inspect_folders({**examples["nifti"]["options"], "stack": 3}).lines()
     assert logged[: len(head)] == head  # the log starts with what `fedmedbench check-data` prints
     del logged[: len(head)]
-    assert logged[::3] == [f"folders {site}: {5 * n} images ({n} NIfTI volumes), 32x36; train/val/test come with the split"
-                           for site, n in zip(SITES, (3, 4, 5))]
-    assert logged[1::3] == [f"folders {site}: native slice size 36x32 (H x W) in all {n} volume(s)" for site, n in zip(SITES, (3, 4, 5))]
-    assert logged[2].startswith("folders siteA: intensity: 3 int16 volume(s), each scaled from its own p0.5..p99.5 to 0..255 "
-                                "and clipped outside (low ")
+    assert logged[::3] == [
+        f"folders {site}: {5 * n} images ({n} NIfTI volumes), 32x36; train/val/test come with the split"
+        for site, n in zip(SITES, (3, 4, 5))
+    ]
+    assert logged[1::3] == [
+        f"folders {site}: native slice size 36x32 (H x W) in all {n} volume(s)" for site, n in zip(SITES, (3, 4, 5))
+    ]
+    assert logged[2].startswith(
+        "folders siteA: intensity: 3 int16 volume(s), each scaled from its own p0.5..p99.5 to 0..255 "
+        "and clipped outside (low "
+    )
     assert len(logged) == 9  # no warning: the example's slices are near square, alike in every site
     info = json.loads((store / "info.json").read_text())
-    assert (info["family"], info["kind"], info["num_classes"], info["stack"], info["nifti_axis"]) == ("folders", "segmentation", 3, 3, 2)
+    assert (info["family"], info["kind"], info["num_classes"], info["stack"], info["nifti_axis"]) == (
+        "folders",
+        "segmentation",
+        3,
+        3,
+        2,
+    )
     assert info["classes"] == ["background", "ring", "core"] and info["mask_values"] == {"0": 0, "1": 1, "2": 2}
     logged.clear()
     F.preprocess({}, tmp_path / "cls_store", "", options=examples["classification"]["options"], log=logged.append)
     del logged[: len(inspect_folders(examples["classification"]["options"]).lines())]
-    assert logged[0] == "folders siteA: 6 images (benign 2, malignant 2, normal 2), 32x32; train/val/test come with the split"
+    assert (
+        logged[0]
+        == "folders siteA: 6 images (benign 2, malignant 2, normal 2), 32x32; train/val/test come with the split"
+    )

@@ -84,15 +84,21 @@ def test_a_nifti_mask_on_another_voxel_grid_is_refused_naming_both_files(example
     root, options = _copy(examples["nifti"], tmp_path)
     _rewrite_mask(root / "siteB/masks/vol01.nii.gz", **geometry)
     text = _refused(options, tmp_path)
-    assert text == (f"{root}/siteB/images/vol01.nii.gz and its mask {root}/siteB/masks/vol01.nii.gz are not on one voxel "
-                    f"grid: {differs} (image vs mask); resample the mask onto its image (nearest neighbour) or fix its header")
+    assert text == (
+        f"{root}/siteB/images/vol01.nii.gz and its mask {root}/siteB/masks/vol01.nii.gz are not on one voxel "
+        f"grid: {differs} (image vs mask); resample the mask onto its image (nearest neighbour) or fix its header"
+    )
 
 
 def test_header_float_noise_below_the_tolerance_is_accepted(examples, tmp_path):
     root, options = _copy(examples["nifti"], tmp_path)
     # 1e-5 off in every number (float32 header rounding is ~1e-7): within 1e-3, the same grid.
-    _rewrite_mask(root / "siteB/masks/vol01.nii.gz", spacing=(1.00001, 1.0, 0.99999), origin=(1e-5, 0.0, -1e-5),
-                  direction=(1.0, 1e-5, 0.0, -1e-5, 1.0, 0.0, 0.0, 0.0, 1.0))
+    _rewrite_mask(
+        root / "siteB/masks/vol01.nii.gz",
+        spacing=(1.00001, 1.0, 0.99999),
+        origin=(1e-5, 0.0, -1e-5),
+        direction=(1.0, 1e-5, 0.0, -1e-5, 1.0, 0.0, 0.0, 0.0, 1.0),
+    )
     store = _preprocess(options, tmp_path)
     assert len(open_client(store, "siteB")) == 3 * 5
     # ... and 2e-3 of a voxel in the origin is not noise any more.
@@ -108,12 +114,24 @@ def test_header_float_noise_below_the_tolerance_is_accepted(examples, tmp_path):
     "height, width, expected",
     [
         (96, 96, None),
-        (100, 100, "100 is not a multiple of 16, which the UNet of task 't' needs (it halves the resolution 4 times); "
-                   "nearest valid sizes: 96 or 112"),
-        (8, 8, "8 is not a multiple of 16, which the UNet of task 't' needs (it halves the resolution 4 times); "
-               "nearest valid sizes: 16"),
-        (36, 32, "36x32 (H x W) is not a multiple of 16, which the UNet of task 't' needs (it halves the resolution 4 times); "
-                 "nearest valid sizes: 32 or 48 for H 36"),
+        (
+            100,
+            100,
+            "100 is not a multiple of 16, which the UNet of task 't' needs (it halves the resolution 4 times); "
+            "nearest valid sizes: 96 or 112",
+        ),
+        (
+            8,
+            8,
+            "8 is not a multiple of 16, which the UNet of task 't' needs (it halves the resolution 4 times); "
+            "nearest valid sizes: 16",
+        ),
+        (
+            36,
+            32,
+            "36x32 (H x W) is not a multiple of 16, which the UNet of task 't' needs (it halves the resolution 4 times); "
+            "nearest valid sizes: 32 or 48 for H 36",
+        ),
     ],
 )
 def test_the_unet_size_rule_names_the_nearest_valid_sizes(height, width, expected):
@@ -134,8 +152,14 @@ def _forward_works(model: torch.nn.Module, size: int) -> bool:
     "model, sizes",
     [
         ({"name": "unet", "init_features": 2}, [8, 16, 24, 32, 40, 48]),
-        ({"name": "densenet", "growth_rate": 2, "block_config": [1, 1, 1, 1], "num_init_features": 4}, [11, 12, 13, 14]),
-        ({"name": "densenet", "growth_rate": 2, "block_config": [1, 1, 1, 1, 1], "num_init_features": 4}, [43, 44, 45, 46]),
+        (
+            {"name": "densenet", "growth_rate": 2, "block_config": [1, 1, 1, 1], "num_init_features": 4},
+            [11, 12, 13, 14],
+        ),
+        (
+            {"name": "densenet", "growth_rate": 2, "block_config": [1, 1, 1, 1, 1], "num_init_features": 4},
+            [43, 44, 45, 46],
+        ),
         ({"name": "vgg_slim", "init_features": 2}, [30, 31, 32, 33]),
     ],
     ids=["unet", "densenet-4-blocks", "densenet-5-blocks", "vgg-slim"],
@@ -176,7 +200,8 @@ def test_a_builtin_protocol_size_the_unet_cannot_take_is_refused_at_dag_time():
     config = cfgmod.deep_merge(BASE, {"data": {"fundus": {"protocols": {"fedlwr": {"image_size": 200}}}}})
     assert _dag_error(config) == (
         "config: data.fundus.protocols.fedlwr.image_size: 200 is not a multiple of 16, which the UNet of task 'fundus' "
-        "needs (it halves the resolution 4 times); nearest valid sizes: 192 or 208")
+        "needs (it halves the resolution 4 times); nearest valid sizes: 192 or 208"
+    )
 
 
 def test_a_folders_image_size_the_unet_cannot_take_is_refused_at_dag_time(tmp_path):
@@ -184,7 +209,8 @@ def test_a_folders_image_size_the_unet_cannot_take_is_refused_at_dag_time(tmp_pa
     options = {"mask_values": made["options"]["mask_values"]}
     assert _dag_error(_user_config(tmp_path / "data", {**options, "image_size": 40})) == (
         "config: data.mysites.image_size: 40 is not a multiple of 16, which the UNet of task 'mysites' needs "
-        "(it halves the resolution 4 times); nearest valid sizes: 32 or 48")
+        "(it halves the resolution 4 times); nearest valid sizes: 32 or 48"
+    )
     config = _user_config(tmp_path / "data", {**options, "image_size": 48})
     cfgmod.complete_user_data(config)
     cfgmod.validate(config)  # 48 is fine
@@ -196,7 +222,8 @@ def test_a_native_size_is_read_from_one_header_at_dag_time(tmp_path):
     assert error == (
         "config: data.mysites.image_size: 40 is not a multiple of 16, which the UNet of task 'mysites' needs (it halves the "
         "resolution 4 times); nearest valid sizes: 32 or 48; it is not set, so the images keep their native size "
-        f"(e.g. {tmp_path}/png/siteA/images/siteA_000.png): set it to resize them")
+        f"(e.g. {tmp_path}/png/siteA/images/siteA_000.png): set it to resize them"
+    )
     # NIfTI (i, j, k) = (32, 36, 5): slices along k are 36x32 (H x W), along j 5x32.
     F.write_example(tmp_path / "nii", image_format="nifti", counts=(3, 3, 3))
     assert F.native_size({"root": str(tmp_path / "nii")})[:2] == (36, 32)
@@ -206,8 +233,10 @@ def test_a_native_size_is_read_from_one_header_at_dag_time(tmp_path):
     # A classifier's minimum: DenseNet-121 needs 13 pixels; the example's 8-pixel images are refused.
     cls = F.write_example(tmp_path / "cls", kind="classification", size=8)
     error = _dag_error(_user_config(tmp_path / "cls", {"kind": "classification", "classes": cls["options"]["classes"]}))
-    assert error.startswith("config: data.mysites.image_size: 8 is below 13, the smallest size the DenseNet of task 'mysites' "
-                            "can take (its strided layers would leave no pixel); it is not set")
+    assert error.startswith(
+        "config: data.mysites.image_size: 8 is below 13, the smallest size the DenseNet of task 'mysites' "
+        "can take (its strided layers would leave no pixel); it is not set"
+    )
     assert F.native_size({"root": str(tmp_path / "missing")}) is None  # unreadable: preprocessing names it
 
 
@@ -221,13 +250,18 @@ def test_train_checks_the_store_size_before_the_first_step(tmp_path):
     store = tmp_path / "store"
     F.preprocess({}, store, "", options=made["options"], log=lambda _: None)
     F.split(store, tmp_path / "split.csv", options=made["options"], log=lambda _: None)
-    cfg = tiny_run_config(store, tmp_path / "split.csv", clients=SITES, model={"name": "unet", "init_features": 2,
-                                                                              "in_channels": 3, "num_classes": 3})
+    cfg = tiny_run_config(
+        store,
+        tmp_path / "split.csv",
+        clients=SITES,
+        model={"name": "unet", "init_features": 2, "in_channels": 3, "num_classes": 3},
+    )
     with pytest.raises(ConfigError) as err:
         engine.run_training(cfg, tmp_path / "run", progress=False)
     assert str(err.value) == (
         f"{store}: the images of client siteA are 40x40 (H x W): 40 is not a multiple of 16, which the UNet needs (it halves "
-        "the resolution 4 times); nearest valid sizes: 32 or 48; preprocess the data at a size that fits (image_size)")
+        "the resolution 4 times); nearest valid sizes: 32 or 48; preprocess the data at a size that fits (image_size)"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -237,14 +271,20 @@ def test_train_checks_the_store_size_before_the_first_step(tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"mask_values": {0: 0, 255: 2}},
-         "folders.mask_values: no pixel value maps to class index 1; the class indices must be exactly 0 .. 2 without gaps, "
-         "got {0: 0, 255: 2}"),
-        ({"mask_values": {0: 0, 255: 1}, "classes": ["background", "ring", "core"]},
-         "folders.mask_values: no pixel value maps to class index 2 ('core' of classes ['background', 'ring', 'core']); "
-         "the class indices must be exactly 0 .. 2 without gaps, got {0: 0, 255: 1}"),
-        ({"mask_values": {10: 1, 255: 2}},
-         "folders.mask_values: no pixel value maps to class index 0; the class indices must be exactly 0 .. 2"),
+        (
+            {"mask_values": {0: 0, 255: 2}},
+            "folders.mask_values: no pixel value maps to class index 1; the class indices must be exactly 0 .. 2 without gaps, "
+            "got {0: 0, 255: 2}",
+        ),
+        (
+            {"mask_values": {0: 0, 255: 1}, "classes": ["background", "ring", "core"]},
+            "folders.mask_values: no pixel value maps to class index 2 ('core' of classes ['background', 'ring', 'core']); "
+            "the class indices must be exactly 0 .. 2 without gaps, got {0: 0, 255: 1}",
+        ),
+        (
+            {"mask_values": {10: 1, 255: 2}},
+            "folders.mask_values: no pixel value maps to class index 0; the class indices must be exactly 0 .. 2",
+        ),
     ],
 )
 def test_mask_values_must_map_to_contiguous_class_indices(options, message):
@@ -258,7 +298,8 @@ def test_mask_values_must_map_to_contiguous_class_indices(options, message):
 def test_a_gap_in_mask_values_is_refused_at_dag_time(tmp_path):
     F.write_example(tmp_path / "data")
     assert "config: data.mysites.mask_values: no pixel value maps to class index 1" in _dag_error(
-        _user_config(tmp_path / "data", {"mask_values": {0: 0, 255: 2}}))
+        _user_config(tmp_path / "data", {"mask_values": {0: 0, 255: 2}})
+    )
 
 
 # --- 4. the native slice shape is logged; a far-off aspect ratio is warned about ----------------------
@@ -267,7 +308,9 @@ def test_a_gap_in_mask_values_is_refused_at_dag_time(tmp_path):
 def _volume(path: Path, shape_kji: tuple[int, int, int], value: int) -> None:
     import SimpleITK as sitk
 
-    sitk.WriteImage(sitk.GetImageFromArray(np.full(shape_kji, value, np.int16 if value > 1 else np.uint8)), str(path), True)
+    sitk.WriteImage(
+        sitk.GetImageFromArray(np.full(shape_kji, value, np.int16 if value > 1 else np.uint8)), str(path), True
+    )
 
 
 def test_native_slice_sizes_are_logged_and_a_site_far_off_in_aspect_is_warned(examples, tmp_path):
@@ -295,8 +338,12 @@ def test_native_slice_sizes_are_logged_and_a_site_far_off_in_aspect_is_warned(ex
 
 
 def test_with_two_sites_of_different_aspect_both_are_named():
-    metas = {site: pd.DataFrame({"source": [f"{site}/a.png"], "native_height": [h], "native_width": [32], "intensity": ["uint8"]})
-             for site, h in (("north", 32), ("south", 96))}
+    metas = {
+        site: pd.DataFrame(
+            {"source": [f"{site}/a.png"], "native_height": [h], "native_width": [32], "intensity": ["uint8"]}
+        )
+        for site, h in (("north", 32), ("south", 96))
+    }
     assert F.geometry_warnings(metas) == [
         "folders north: warning: native slices of 32x32 (H x W, aspect 1.00) differ more than 2x in aspect from 1 of the 1 "
         "other site(s) (south 3.00); check the site's images",
@@ -317,7 +364,9 @@ def test_no_warning_when_the_sites_agree(examples, tmp_path):
     _preprocess({**examples["nifti"]["options"], "nifti_axis": 0}, tmp_path, log=logged.append)
     assert [line for line in logged if line.startswith("folders site") and "warning" in line] == [
         f"folders {site}: warning: native slices of 5x36 (H x W, aspect 0.14) are far from square; check nifti_axis "
-        "(the NIfTI axis the volumes are sliced along)" for site in SITES]
+        "(the NIfTI axis the volumes are sliced along)"
+        for site in SITES
+    ]
 
 
 # --- 5. deep images scaled robustly ----------------------------------------------------------------------
@@ -350,8 +399,10 @@ def test_one_hot_pixel_does_not_blacken_a_16_bit_image(tmp_path):
     assert ((1000 <= lows) & (lows < 1030)).all() and ((2970 < highs) & (highs <= 3000)).all()
     assert meta["intensity"][0].endswith("(p0.5..p99.5 of 1000..65535) scaled to 0..255, clipped outside")
     summary = [line for line in logged if line.startswith("folders siteA: intensity")]
-    assert summary == [f"folders siteA: intensity: 3 uint16 image(s), each scaled from its own p0.5..p99.5 to 0..255 and "
-                       f"clipped outside (low {lows.min():g}..{lows.max():g}, high {highs.min():g}..{highs.max():g})"]
+    assert summary == [
+        f"folders siteA: intensity: 3 uint16 image(s), each scaled from its own p0.5..p99.5 to 0..255 and "
+        f"clipped outside (low {lows.min():g}..{lows.max():g}, high {highs.min():g}..{highs.max():g})"
+    ]
 
 
 def test_a_nearly_constant_deep_image_falls_back_to_its_min_max():
@@ -380,11 +431,16 @@ def test_a_classification_image_missing_from_labels_csv_is_named(examples, tmp_p
     Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / ".cache" / "thumb.png")
     assert _refused(options, tmp_path) == (
         f"{root}: 2 image(s) under the data root are not in labels.csv, e.g. siteB/forgotten.png; "
-        "list them in labels.csv or move them out of the data root")
+        "list them in labels.csv or move them out of the data root"
+    )
     # Listed, they are read.
     table = pd.read_csv(root / "labels.csv", dtype=str)
-    extra = pd.DataFrame([{"site": "siteB", "image": "siteB/forgotten.png", "label": "normal", "group": "p9"},
-                          {"site": "siteC", "image": "./siteC/extra/also.tif", "label": "benign", "group": "p9"}])
+    extra = pd.DataFrame(
+        [
+            {"site": "siteB", "image": "siteB/forgotten.png", "label": "normal", "group": "p9"},
+            {"site": "siteC", "image": "./siteC/extra/also.tif", "label": "benign", "group": "p9"},
+        ]
+    )
     pd.concat([table, extra]).to_csv(root / "labels.csv", index=False)
     store = _preprocess(options, tmp_path)
     assert len(open_client(store, "siteB")) == 9 and len(open_client(store, "siteC")) == 11

@@ -43,8 +43,15 @@ def _options(root: Path, **more) -> dict:
 
 def _build(tmp_path: Path, options: dict, permutation: str = "default", seed: int | None = None) -> pd.DataFrame:
     F.preprocess({}, tmp_path / "store", "", options=options, log=lambda _: None)
-    return F.split(tmp_path / "store", tmp_path / "split.csv", "", options=options, permutation=permutation, seed=seed,
-                   log=lambda _: None)
+    return F.split(
+        tmp_path / "store",
+        tmp_path / "split.csv",
+        "",
+        options=options,
+        permutation=permutation,
+        seed=seed,
+        log=lambda _: None,
+    )
 
 
 def _patients(table: pd.DataFrame) -> pd.DataFrame:
@@ -59,8 +66,13 @@ def test_group_pattern_keeps_each_patient_in_one_split_sorted_by_hand(tmp_path):
     per = _patients(table)
     assert (per["nunique"] == 1).all() and per["size"].to_dict() == TILES
     # 11 patients: val and test get round(0.2 x 11) = 2 each, train 7; sorted, the first 7 train
-    assert per["first"].to_dict() == {**{p: "train" for p in ("01", "02", "03", "04", "05", "06", "07")},
-                                      "08": "val", "09": "val", "10": "test", "11": "test"}
+    assert per["first"].to_dict() == {
+        **{p: "train" for p in ("01", "02", "03", "04", "05", "06", "07")},
+        "08": "val",
+        "09": "val",
+        "10": "test",
+        "11": "test",
+    }
     # tiles: train 7+3+5+8+4+3+3 = 33, val 4+6 = 10, test 4+3 = 7
     assert table["split"].value_counts().reindex(SPLITS).tolist() == [33, 10, 7]
     assert sorted(table["group"].unique()) == [f"s/{p}" for p in TILES]
@@ -80,11 +92,17 @@ def test_the_seeded_split_by_patient_and_without_it(tmp_path, seed):
     report = inspect_folders(_options(tmp_path / "data", group_pattern=PATTERN, seed=seed))
     assert report.site("s").split == table["split"].value_counts().reindex(SPLITS).to_dict()
     # by tile (no pattern), patients are cut: the issue group_pattern solves
-    by_tile = F.split(tmp_path / "store", tmp_path / "t.csv", "", options=_options(tmp_path / "data", seed=seed), log=lambda _: None)
+    by_tile = F.split(
+        tmp_path / "store", tmp_path / "t.csv", "", options=_options(tmp_path / "data", seed=seed), log=lambda _: None
+    )
     assert by_tile["group"].nunique() == 11  # the store was built with the pattern: its groups stay
     by_tile_store = tmp_path / "store_by_tile"
     F.preprocess({}, by_tile_store, "", options=_options(tmp_path / "data", seed=seed), log=lambda _: None)
-    cut = _patients(F.split(by_tile_store, tmp_path / "t2.csv", "", options=_options(tmp_path / "data", seed=seed), log=lambda _: None))
+    cut = _patients(
+        F.split(
+            by_tile_store, tmp_path / "t2.csv", "", options=_options(tmp_path / "data", seed=seed), log=lambda _: None
+        )
+    )
     assert (cut["nunique"] > 1).sum() >= 3, cut
 
 
@@ -97,7 +115,9 @@ def test_check_data_prints_the_groups_per_split(tmp_path):
     # site a: 4 patients of 7+3+5+8 = 23 tiles, split 2/1/1 patients
     a = report.site("a")
     assert (a.files, a.groups, sum(a.split.values())) == (23, 4, 23)
-    shown = [line for line in lines if line.startswith("    groups (group_pattern '^images/(\\d+)_'; images per group): ")]
+    shown = [
+        line for line in lines if line.startswith("    groups (group_pattern '^images/(\\d+)_'; images per group): ")
+    ]
     assert len(shown) == 2
     text = shown[0].split("): ", 1)[1]
     placed = {}
@@ -119,7 +139,8 @@ def test_one_warning_line_when_every_image_is_its_own_group_but_names_share_pref
     assert report.warnings == [
         "sites a, b: every image is its own group, but the file names share prefixes (a: 23 images, 4 prefixes before the "
         "last '_', e.g. 01_1 and 01_2 share '01'); if a prefix names a patient, set group_pattern: '([^/]+)_[^_/]*$' so "
-        "that each patient's images stay in one split"]
+        "that each patient's images stay in one split"
+    ]
     assert report.problems == []
     # names of one scheme (siteA_000, ...): one shared prefix is no sign of patients
     example = F.write_example(tmp_path / "example")
@@ -135,9 +156,11 @@ def test_an_image_the_pattern_does_not_match_is_one_line_naming_it(tmp_path):
     Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / "s/images/scan.png")
     Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / "s/masks/scan.png")
     options = _options(root, group_pattern=PATTERN)
-    message = (f"{root}/s/images/scan.png: group_pattern '^images/(\\d+)_' finds no group in 'images/scan.png' (the image's "
-               "path under its site folder; the pattern is searched anywhere in it and its first (...) is the group); "
-               "fix the pattern or the file name")
+    message = (
+        f"{root}/s/images/scan.png: group_pattern '^images/(\\d+)_' finds no group in 'images/scan.png' (the image's "
+        "path under its site folder; the pattern is searched anywhere in it and its first (...) is the group); "
+        "fix the pattern or the file name"
+    )
     with pytest.raises(DataError) as err:
         F.preprocess({}, tmp_path / "store", "", options=options, log=lambda _: None)
     assert str(err.value) == message and not (tmp_path / "store").exists()
@@ -145,7 +168,9 @@ def test_an_image_the_pattern_does_not_match_is_one_line_naming_it(tmp_path):
     assert report.problems == [message] and report.site("s").split is None
     # an optional group that captures nothing is named too
     with pytest.raises(DataError, match=r"captures an empty group in 'images/scan.png'"):
-        F.preprocess({}, tmp_path / "store", "", options=_options(root, group_pattern=r"^images/(\d*)"), log=lambda _: None)
+        F.preprocess(
+            {}, tmp_path / "store", "", options=_options(root, group_pattern=r"^images/(\d*)"), log=lambda _: None
+        )
 
 
 def _groups_csv(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
@@ -156,7 +181,13 @@ def _groups_csv(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
 
 def _every_form(names: list[str]) -> list[tuple[str, str, str]]:
     """One row per tile, its image named in each accepted form in turn; the group is P + patient."""
-    forms = (lambda n: f"images/{n}", lambda n: f"s/images/{n}", lambda n: n, lambda n: n[:-4], lambda n: f"./images/{n}")
+    forms = (
+        lambda n: f"images/{n}",
+        lambda n: f"s/images/{n}",
+        lambda n: n,
+        lambda n: n[:-4],
+        lambda n: f"./images/{n}",
+    )
     return [("s", forms[k % 5](n), f"P{n[:2]}") for k, n in enumerate(names)]
 
 
@@ -172,13 +203,24 @@ def test_groups_csv_accepts_every_image_form_and_keeps_groups_whole(tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda rows: rows[:-1], "groups.csv: 1 image(s) of site s have no group, e.g. images/11_3.png; every image needs a row"),
-        (lambda rows: rows + [("s", "images/99_1.png", "P99")],
-         "groups.csv line 52: image images/99_1.png is not an image of site s in the data; the image column takes the path "
-         "under the site folder, e.g. images/01_1.png (also accepted: the path from the data root, s/images/01_1.png, or the "
-         "file name or stem where no other image of the site has it)"),
-        (lambda rows: [("s", rows[0][1], "")] + rows[1:], "groups.csv line 2: empty group for image images/01_1.png of site s"),
-        (lambda rows: rows + [rows[0]], "groups.csv line 52: image images/01_1.png of site s is listed twice (lines 2 and 52)"),
+        (
+            lambda rows: rows[:-1],
+            "groups.csv: 1 image(s) of site s have no group, e.g. images/11_3.png; every image needs a row",
+        ),
+        (
+            lambda rows: rows + [("s", "images/99_1.png", "P99")],
+            "groups.csv line 52: image images/99_1.png is not an image of site s in the data; the image column takes the path "
+            "under the site folder, e.g. images/01_1.png (also accepted: the path from the data root, s/images/01_1.png, or the "
+            "file name or stem where no other image of the site has it)",
+        ),
+        (
+            lambda rows: [("s", rows[0][1], "")] + rows[1:],
+            "groups.csv line 2: empty group for image images/01_1.png of site s",
+        ),
+        (
+            lambda rows: rows + [rows[0]],
+            "groups.csv line 52: image images/01_1.png of site s is listed twice (lines 2 and 52)",
+        ),
         (lambda rows: [("t", *rows[0][1:])] + rows[1:], "groups.csv line 2: site 't' is not in the data"),
     ],
 )
@@ -221,13 +263,23 @@ def test_classification_group_pattern_and_an_ambiguous_name(tmp_path):
     split = tmp_path / "split.csv"
     pd.DataFrame({"site": ["a"], "image": ["x0.png"], "split": ["train"]}).to_csv(split, index=False)
     with pytest.raises(DataError) as err:
-        F.split(tmp_path / "store", tmp_path / "s2.csv", "", options={**options, "split_csv": str(split)}, log=lambda _: None)
-    assert str(err.value) == (f"{split} line 2: image x0.png is ambiguous: 3 images of site a have this file name "
-                              "(patient0/x0.png and patient1/x0.png); write the path under the site folder, e.g. patient0/x0.png")
+        F.split(
+            tmp_path / "store",
+            tmp_path / "s2.csv",
+            "",
+            options={**options, "split_csv": str(split)},
+            log=lambda _: None,
+        )
+    assert str(err.value) == (
+        f"{split} line 2: image x0.png is ambiguous: 3 images of site a have this file name "
+        "(patient0/x0.png and patient1/x0.png); write the path under the site folder, e.g. patient0/x0.png"
+    )
     # a labels.csv group column and group_pattern: one way only
     labels = pd.read_csv(root / "labels.csv").assign(group="g")
     labels.to_csv(root / "labels.csv", index=False)
-    with pytest.raises(DataError, match=r"labels.csv: has a group column and group_pattern is set; give the groups one way"):
+    with pytest.raises(
+        DataError, match=r"labels.csv: has a group column and group_pattern is set; give the groups one way"
+    ):
         F.preprocess({}, tmp_path / "store2", "", options=options, log=lambda _: None)
 
 
@@ -247,22 +299,36 @@ def test_split_csv_takes_file_names_and_stems_and_shows_an_example_of_the_site(t
     pd.DataFrame(rows).to_csv(tmp_path / "split.csv", index=False)
     with pytest.raises(DataError) as err:
         F.split(tmp_path / "store", tmp_path / "out2.csv", "", options=with_csv, log=lambda _: None)
-    assert str(err.value) == (f"{tmp_path / 'split.csv'} line 5: image 01_9 is not an image of site s in the data; the image "
-                              "column takes the path under the site folder, e.g. images/01_1.png (also accepted: the path "
-                              "from the data root, s/images/01_1.png, or the file name or stem where no other image of the "
-                              "site has it)")
+    assert str(err.value) == (
+        f"{tmp_path / 'split.csv'} line 5: image 01_9 is not an image of site s in the data; the image "
+        "column takes the path under the site folder, e.g. images/01_1.png (also accepted: the path "
+        "from the data root, s/images/01_1.png, or the file name or stem where no other image of the "
+        "site has it)"
+    )
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"group_pattern": "^(\\d+"}, "folders.group_pattern: '^(\\d+' is not a regular expression (missing ), unterminated subpattern"),
-        ({"group_pattern": "^\\d+_"}, "folders.group_pattern: '^\\d+_' has no capture group; put the part that names the group"),
+        (
+            {"group_pattern": "^(\\d+"},
+            "folders.group_pattern: '^(\\d+' is not a regular expression (missing ), unterminated subpattern",
+        ),
+        (
+            {"group_pattern": "^\\d+_"},
+            "folders.group_pattern: '^\\d+_' has no capture group; put the part that names the group",
+        ),
         ({"group_pattern": 5}, "folders.group_pattern: expected a regular expression with one capture group"),
-        ({"group_pattern": "(a)", "groups_csv": "g.csv"}, "folders: group_pattern and groups_csv are both set; give the groups one way"),
-        ({"groups_csv": ""}, "folders.groups_csv: expected a CSV file path, got \"\""),
+        (
+            {"group_pattern": "(a)", "groups_csv": "g.csv"},
+            "folders: group_pattern and groups_csv are both set; give the groups one way",
+        ),
+        ({"groups_csv": ""}, 'folders.groups_csv: expected a CSV file path, got ""'),
         ({"mask_suffix": "a/b"}, "folders.mask_suffix: expected the text a mask's name adds to its image's name"),
-        ({"kind": "classification", "classes": ["a", "b"], "mask_suffix": "_m"}, "folders.mask_suffix: only for kind segmentation"),
+        (
+            {"kind": "classification", "classes": ["a", "b"], "mask_suffix": "_m"},
+            "folders.mask_suffix: only for kind segmentation",
+        ),
     ],
 )
 def test_bad_group_options_are_one_config_error(options, message):

@@ -39,7 +39,14 @@ def test_the_guide_blocks_exist_and_its_options_table_lists_every_option():
 
     from fedmedbench.data.folders import FoldersOptions
 
-    for name in ("tnbc-layout", "tnbc-config", "tnbc-commands", "prostate-layout", "prostate-config", "prostate-commands"):
+    for name in (
+        "tnbc-layout",
+        "tnbc-config",
+        "tnbc-commands",
+        "prostate-layout",
+        "prostate-config",
+        "prostate-commands",
+    ):
         assert guide_block(name)
     table = GUIDE.read_text().split("### Options", 1)[1].split("###", 1)[0]
     listed = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
@@ -72,8 +79,13 @@ def _run_commands(name: str, config_path: Path, config: dict, tmp_path: Path, ca
     assert target == f"results/{config['run_name']}/data/{dataset}/{cfgmod.USER_PROTOCOL}/split.csv", build
     options = json.dumps(cfgmod.folders_options(config, dataset))
     store, split = tmp_path / "store", tmp_path / "split.csv"
-    assert main(["preprocess", "folders", "--protocol", "default", "--out", str(store), "--options", options]) in (0, None)
-    assert main(["split", "folders", "--protocol", "default", "--store", str(store), "--out", str(split), "--options", options]) in (0, None)
+    assert main(["preprocess", "folders", "--protocol", "default", "--out", str(store), "--options", options]) in (
+        0,
+        None,
+    )
+    assert main(
+        ["split", "folders", "--protocol", "default", "--store", str(store), "--out", str(split), "--options", options]
+    ) in (0, None)
     return exit_.value.code, lines, store
 
 
@@ -97,7 +109,9 @@ def test_the_tnbc_example_keeps_every_patient_in_one_split(tmp_path, capsys):
     # 4, 4, 3 patients of 7+3+5+8 = 23, 4+3+3+4 = 14, 6+4+3 = 13 tiles
     for site, n, groups in (("siteA", 23, 4), ("siteB", 14, 4), ("siteC", 13, 3)):
         assert any(line.startswith(f"  {site}: {n} images, {groups} groups; ") for line in lines), lines
-    assert sum(line.startswith("    groups (group_pattern '^images/(\\d+)_'; images per group): ") for line in lines) == 3
+    assert (
+        sum(line.startswith("    groups (group_pattern '^images/(\\d+)_'; images per group): ") for line in lines) == 3
+    )
     split = read_split_csv(tmp_path / "split.csv")
     assert len(split) == 50
     for site, patients in TNBC_SITES.items():
@@ -141,15 +155,22 @@ def test_without_group_pattern_tnbc_warns_and_cuts_patients(tmp_path):
     assert report.warnings == [
         "site all: every image is its own group, but the file names share prefixes (all: 50 images, 11 prefixes before "
         "the last '_', e.g. 01_1 and 01_2 share '01'); if a prefix names a patient, set group_pattern: '([^/]+)_[^_/]*$' "
-        "so that each patient's images stay in one split"]
+        "so that each patient's images stay in one split"
+    ]
     # folders' own seeded cut of the groups check-data found (one per tile): patients straddle the splits
     tiles = sorted(p.name for p in (root / "all" / "images").iterdir())
     meta = pd.DataFrame({"group": [f"all/{t}" for t in tiles]})
     rows, names = _seeded_split("all", meta, F.FoldersOptions.from_dict(options), "seeded", 0)
-    patients = pd.DataFrame({"patient": [tiles[r][:2] for r in rows], "split": names}).groupby("patient")["split"].nunique()
-    assert len(patients) == 11 and (patients > 1).sum() >= 5, patients  # most patients have tiles in two or three splits
+    patients = (
+        pd.DataFrame({"patient": [tiles[r][:2] for r in rows], "split": names}).groupby("patient")["split"].nunique()
+    )
+    assert len(patients) == 11 and (patients > 1).sum() >= 5, (
+        patients
+    )  # most patients have tiles in two or three splits
     suggested = re.search(r"group_pattern: '([^']+)'", report.warnings[0]).group(1)
-    assert inspect_folders({**options, "group_pattern": suggested}).site("all").groups == 11  # the suggestion finds the patients
+    assert (
+        inspect_folders({**options, "group_pattern": suggested}).site("all").groups == 11
+    )  # the suggestion finds the patients
 
 
 PROSTATE_SITES = {  # protocol -> cases (PROVENANCE-3.md and the headers: grid, in-plane spacing)
@@ -157,7 +178,11 @@ PROSTATE_SITES = {  # protocol -> cases (PROVENANCE-3.md and the headers: grid, 
     "grid320_0.625mm": ("Case02", "Case03", "Case04", "Case15", "Case16", "Case27"),
     "grid384_0.500mm": ("Case29", "Case33", "Case35", "Case38"),
 }
-PROSTATE_SLICES = {"grid320_0.600mm": 15 + 17 + 15 + 15, "grid320_0.625mm": 24 + 20 * 5, "grid384_0.500mm": 19 + 19 + 21 + 19}
+PROSTATE_SLICES = {
+    "grid320_0.600mm": 15 + 17 + 15 + 15,
+    "grid320_0.625mm": 24 + 20 * 5,
+    "grid384_0.500mm": 19 + 19 + 21 + 19,
+}
 
 
 @pytest.mark.shared
@@ -167,7 +192,9 @@ def test_the_prostate_example_makes_sites_by_protocol_with_one_gland_class(tmp_p
 
     release = REALDATA / "prostate_nci_isbi2013" / "data" / "Prostate"
     (tmp_path / "prostate_sites.py").write_text(guide_block("prostate-layout"))
-    subprocess.run([sys.executable, "prostate_sites.py", str(release), "prostate-sites"], cwd=tmp_path, check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "prostate_sites.py", str(release), "prostate-sites"], cwd=tmp_path, check=True, timeout=120
+    )
     root = tmp_path / "prostate-sites"
     for site, cases in PROSTATE_SITES.items():
         assert sorted(p.name for p in (root / site / "images").iterdir()) == [f"{c}.nii.gz" for c in cases]
@@ -186,8 +213,10 @@ def test_the_prostate_example_makes_sites_by_protocol_with_one_gland_class(tmp_p
         # the gland: zones 1 and 2 of the release's masks, together class 1 (the oracle: SimpleITK on the masks)
         labels = open_client(store, site).labels
         assert labels.shape == (PROSTATE_SLICES[site], 256, 256) and set(np.unique(labels)) == {0, 1}
-        zones = {case: sitk.GetArrayFromImage(sitk.ReadImage(str(release / "masks" / f"{case}_Segmentation.nii.gz")))
-                 for case in cases}
+        zones = {
+            case: sitk.GetArrayFromImage(sitk.ReadImage(str(release / "masks" / f"{case}_Segmentation.nii.gz")))
+            for case in cases
+        }
         assert all(set(np.unique(z)) == {0, 1, 2} for z in zones.values())
         meta = open_client(store, site).meta
         for case, zone in zones.items():
@@ -196,4 +225,8 @@ def test_the_prostate_example_makes_sites_by_protocol_with_one_gland_class(tmp_p
             assert (slices.reshape(len(slices), -1).any(1) == gland).all(), case
             # resized 320 or 384 -> 256 (nearest): the gland's share of the slice stays within 2 %
             share_store, share_raw = slices.mean(), (zone > 0).mean()
-            assert share_store > 0 and abs(share_store - share_raw) < 0.02 * share_raw + 1e-4, (case, share_store, share_raw)
+            assert share_store > 0 and abs(share_store - share_raw) < 0.02 * share_raw + 1e-4, (
+                case,
+                share_store,
+                share_raw,
+            )

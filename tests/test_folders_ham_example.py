@@ -34,8 +34,14 @@ def test_the_guide_has_the_ham_blocks():
 
 def _layout(tmp_path: Path, metadata: Path) -> tuple[Path, str]:
     (tmp_path / "ham_sites.py").write_text(guide_block("ham-layout"))
-    done = subprocess.run([sys.executable, "ham_sites.py", str(metadata), str(HAM), "ham-sites"], cwd=tmp_path,
-                          check=True, timeout=120, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "ham_sites.py", str(metadata), str(HAM), "ham-sites"],
+        cwd=tmp_path,
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     return tmp_path / "ham-sites", done.stdout.strip()
 
 
@@ -56,10 +62,17 @@ def test_the_ham_example_keeps_lesions_whole_and_every_class_with_three_lesions_
     split = split.assign(label=meta.loc[image_id, "dx"].to_numpy(), lesion=meta.loc[image_id, "lesion_id"].to_numpy())
     assert (split["group"] == split["client"] + "/" + split["lesion"]).all()  # the lesion is the group
     assert (split.groupby("group")["split"].nunique() == 1).all()  # each lesion in one split
-    for site, n in (("rosendahl", 28), ("vidir_modern", 23), ("vidir_molemax", 65), ("vienna_dias", 8)):  # PROVENANCE.md
+    for site, n in (
+        ("rosendahl", 28),
+        ("vidir_modern", 23),
+        ("vidir_molemax", 65),
+        ("vienna_dias", 8),
+    ):  # PROVENANCE.md
         rows = split[split["client"] == site]
         assert len(rows) == n and open_client(store, site).images.shape == (n, 32, 32, 3)
-        assert any(line.startswith(f"  {site}: {n} images, {rows['group'].nunique()} groups; ") for line in lines), lines
+        assert any(line.startswith(f"  {site}: {n} images, {rows['group'].nunique()} groups; ") for line in lines), (
+            lines
+        )
         lesions = rows.drop_duplicates("group")["label"].value_counts()
         for label, count in lesions.items():
             present = set(rows.loc[rows["label"] == label, "split"])
@@ -68,7 +81,9 @@ def test_the_ham_example_keeps_lesions_whole_and_every_class_with_three_lesions_
                 assert present == set(SPLITS), (site, label, count)
             else:  # named, with the reason
                 note = f"site {site}: class {classes.index(label)} {label!r} is in "
-                assert any(line.startswith(f"  warning: {note}") and "fewer than the 3 splits" in line for line in lines), (note, lines)
+                assert any(
+                    line.startswith(f"  warning: {note}") and "fewer than the 3 splits" in line for line in lines
+                ), (note, lines)
     # the case: rosendahl's two akiec lesions were both cut into test; now one trains
     akiec = split[(split["client"] == "rosendahl") & (split["label"] == "akiec")]
     assert sorted(akiec["split"]) == ["test", "train"]
@@ -102,11 +117,20 @@ def test_the_ham_example_trains_to_its_table_as_printed(tmp_path):
     config_path.rename(repo / "ham.yaml")
     command = guide_block("ham-train")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-e", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(
+        ["bash", "-e", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=1200
+    )
     assert done.returncode == 0, (command, done.stderr[-3000:])
     table = (repo / "results" / "ham" / "tables" / "ham_table.md").read_text().splitlines()
     header = next(line for line in table if line.startswith("| Method"))
-    assert [c.strip() for c in header.split("|")[1:-1]] == ["Method", "rosendahl", "vidir_modern", "vidir_molemax", "vienna_dias", "Avg"]
+    assert [c.strip() for c in header.split("|")[1:-1]] == [
+        "Method",
+        "rosendahl",
+        "vidir_modern",
+        "vidir_molemax",
+        "vienna_dias",
+        "Avg",
+    ]
     rows = [line.split("|")[1].strip() for line in table if line.startswith("| ") and line != header]
     assert rows == ["fedavg", "fedprox"]
     for run in rows:  # every round of the guide's config was trained

@@ -35,8 +35,10 @@ def _data(root: Path, extra: dict[str, list[str]]) -> dict:
 
 
 def test_metadata_columns_are_ignored(tmp_path):
-    options = _data(tmp_path / "data", {"age": [str(30 + k) for k in range(6)], "localization": ["back"] * 6,
-                                        "patient": [f"P{k}" for k in range(6)]})
+    options = _data(
+        tmp_path / "data",
+        {"age": [str(30 + k) for k in range(6)], "localization": ["back"] * 6, "patient": [f"P{k}" for k in range(6)]},
+    )
     assert preprocess({}, tmp_path / "store", options=options, log=lambda line: None) == {"s": 6}
     meta = open_client(tmp_path / "store", "s").meta
     assert list(meta["group"]) == [f"s/s/{k}.png" for k in range(6)]  # each image its own group: no column used
@@ -48,6 +50,8 @@ def test_a_column_spelt_like_group_is_refused_in_any_case(tmp_path, column):
     options = _data(tmp_path / "data", {column: ["L1", "L1", "L2", "L2", "L3", "L3"]})
     with pytest.raises(FoldersDataError) as err:
         preprocess({}, tmp_path / "store", options=options, log=lambda line: None)
-    assert str(err.value) == (f"{tmp_path / 'data' / 'labels.csv'}: unknown column {column!r} (did you mean 'group'?); "
-                              "expected site, image, label and optionally group")
+    assert str(err.value) == (
+        f"{tmp_path / 'data' / 'labels.csv'}: unknown column {column!r} (did you mean 'group'?); "
+        "expected site, image, label and optionally group"
+    )
     assert not (tmp_path / "store").exists()

@@ -35,4 +35,6 @@ def test_the_config_check_and_the_options_name_the_same_expectation(key):
     with pytest.raises(ConfigError) as built:
         FoldersOptions.from_dict(section, where="overlay.yaml: data.mine")
     expected = str(checked.value).partition(", got ")[0]
-    assert expected.startswith(f"overlay.yaml: data.mine.{key}: expected ") and str(built.value).startswith(expected + ", got ")
+    assert expected.startswith(f"overlay.yaml: data.mine.{key}: expected ") and str(built.value).startswith(
+        expected + ", got "
+    )

@@ -64,7 +64,9 @@ def test_a_jpeg_stored_rotated_with_its_orientation_tag_is_read_upright_and_alig
         for k in range(3):
             name = f"{site}{k}"
             if site == "a" and k == 0:
-                Image.fromarray(stored).save(root / site / "images" / f"{name}.jpg", quality=95, exif=_exif(ORIENTATION_6))
+                Image.fromarray(stored).save(
+                    root / site / "images" / f"{name}.jpg", quality=95, exif=_exif(ORIENTATION_6)
+                )
             else:
                 Image.fromarray(upright).save(root / site / "images" / f"{name}.jpg", quality=95)
             Image.fromarray(mask).save(root / site / "masks" / f"{name}.png")
@@ -79,8 +81,10 @@ def test_a_jpeg_stored_rotated_with_its_orientation_tag_is_read_upright_and_alig
     inside, outside = grey[a.labels[0] == 1].mean(), grey[a.labels[0] == 0].mean()
     assert inside > 200 and outside < 60  # image and mask align: the disc is under the mask
     assert list(a.meta["orientation"]) == [6, 1, 1]
-    assert "folders a: 3 images (3 files), 64x64; 1 image(s) turned upright by their EXIF Orientation tag; " \
-           "train/val/test come with the split" in logged
+    assert (
+        "folders a: 3 images (3 files), 64x64; 1 image(s) turned upright by their EXIF Orientation tag; "
+        "train/val/test come with the split" in logged
+    )
     assert "folders b: 3 images (3 files), 64x64; train/val/test come with the split" in logged
     report = inspect_folders(options)
     assert report.site("a").upright == 1 and report.site("b").upright == 0
@@ -135,7 +139,21 @@ def _one_line(options: dict, tmp_path: Path, capsys) -> str:
     import json
 
     capsys.readouterr()
-    assert main(["preprocess", "folders", "--protocol", "default", "--out", str(tmp_path / "store"), "--options", json.dumps(options)]) == 1
+    assert (
+        main(
+            [
+                "preprocess",
+                "folders",
+                "--protocol",
+                "default",
+                "--out",
+                str(tmp_path / "store"),
+                "--options",
+                json.dumps(options),
+            ]
+        )
+        == 1
+    )
     printed = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert printed[-1].endswith(f"FoldersDataError: {text}") and "Traceback" not in "\n".join(printed), printed
     assert not (tmp_path / "store").exists()
@@ -150,8 +168,10 @@ def test_a_decompression_bomb_is_one_line_naming_the_file(tmp_path, capsys):
     Image.new("1", (15000, 15000)).save(bomb)  # 225 million pixels; one bit each, compressed to a few kB
     assert bomb.stat().st_size < 1_000_000
     text = _one_line({"root": str(root), "mask_values": {0: 0, 255: 1}}, tmp_path, capsys)
-    assert text == (f"{bomb}: 225 million pixels, more than the 179 million that Pillow decodes safely (a decompression "
-                    "bomb guard); downscale the image or cut it into tiles before using it")
+    assert text == (
+        f"{bomb}: 225 million pixels, more than the 179 million that Pillow decodes safely (a decompression "
+        "bomb guard); downscale the image or cut it into tiles before using it"
+    )
     with pytest.raises(DataError, match=r"1.png: 225 million pixels"):
         read_mask(bomb)
 
@@ -187,9 +207,13 @@ def test_masks_named_with_a_suffix_are_paired_with_their_images(tmp_path):
     (root / "b" / "masks" / "1_Segmentation.png").rename(root / "b" / "masks" / "1_seg.png")
     with pytest.raises(DataError) as err:
         F.preprocess({}, tmp_path / "store2", "", options=options, log=lambda _: None)
-    assert str(err.value) == (f"{root}/b/masks/1_seg.png: mask name does not end with mask_suffix '_Segmentation' "
-                              "(expected masks/<image stem>_Segmentation.<ext>)")
+    assert str(err.value) == (
+        f"{root}/b/masks/1_seg.png: mask name does not end with mask_suffix '_Segmentation' "
+        "(expected masks/<image stem>_Segmentation.<ext>)"
+    )
     (root / "b" / "masks" / "1_seg.png").unlink()
     with pytest.raises(DataError) as err:
         F.preprocess({}, tmp_path / "store2", "", options=options, log=lambda _: None)
-    assert str(err.value) == f"{root}/b/images/1.png: image without a mask (expected {root}/b/masks/1_Segmentation.<ext>)"
+    assert (
+        str(err.value) == f"{root}/b/images/1.png: image without a mask (expected {root}/b/masks/1_Segmentation.<ext>)"
+    )

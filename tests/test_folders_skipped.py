@@ -103,8 +103,10 @@ def test_an_image_listed_inside_a_skipped_folder_is_refused(tmp_path):
     (data / "labels.csv").write_text("\n".join([labels[0], ",".join(first), *labels[2:]]) + "\n")
     with pytest.raises(FoldersDataError) as err:
         preprocess({}, tmp_path / "store", options=example["options"], log=lambda line: None)
-    assert str(err.value) == (f"{data / 'labels.csv'} line 2: image .hidden/{image.name} lies in .hidden, which fedmedbench "
-                              "skips (a hidden name, __MACOSX or the pipeline's results); move it to a plain folder")
+    assert str(err.value) == (
+        f"{data / 'labels.csv'} line 2: image .hidden/{image.name} lies in .hidden, which fedmedbench "
+        "skips (a hidden name, __MACOSX or the pipeline's results); move it to a plain folder"
+    )
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="macOS refuses file names that are not valid UTF-8")
@@ -116,8 +118,10 @@ def test_a_file_name_that_is_not_utf8_is_named_escaped(tmp_path):
     listing_digest(data)  # the DAG is built: such a name is listed, not a crash
     with pytest.raises(FoldersDataError) as err:
         preprocess({}, tmp_path / "store", options=example["options"], log=lambda line: None)
-    assert str(err.value) == (f"{data}/siteA/images/caf\\xe9.png: the name is not valid UTF-8 text (the bytes shown as "
-                              "\\x..); rename it with UTF-8 characters only")
+    assert str(err.value) == (
+        f"{data}/siteA/images/caf\\xe9.png: the name is not valid UTF-8 text (the bytes shown as "
+        "\\x..); rename it with UTF-8 characters only"
+    )
     assert not (tmp_path / "store").exists()
 
 
@@ -146,7 +150,18 @@ def test_a_run_with_its_results_inside_the_data_root_re_runs_nothing_and_neither
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
 
     def snakemake(*flags: str) -> subprocess.CompletedProcess:
-        cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", *flags, "--configfile", "inside.yaml"]
+        cmd = [
+            str(BIN / "snakemake"),
+            "-s",
+            str(ROOT / "workflow" / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--cores",
+            "2",
+            *flags,
+            "--configfile",
+            "inside.yaml",
+        ]
         if "-n" not in flags:
             cmd = [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *cmd]
         return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)

@@ -33,8 +33,12 @@ def _classification(root: Path, rows: list[dict]) -> None:
 
 def _meta(sizes: dict[str, int], images_per_group: int = 1) -> pd.DataFrame:
     """A classification site's meta table: ``sizes[class]`` groups of that class."""
-    rows = [{"group": f"s/{label}{g}", "label": label, "source": f"s/{label}{g}_{k}.png"}
-            for label, n in sizes.items() for g in range(n) for k in range(images_per_group)]
+    rows = [
+        {"group": f"s/{label}{g}", "label": label, "source": f"s/{label}{g}_{k}.png"}
+        for label, n in sizes.items()
+        for g in range(n)
+        for k in range(images_per_group)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -70,13 +74,17 @@ def test_every_class_with_a_group_per_split_is_in_every_split_for_every_seed():
 # c 1, d 1; val a 2, b 1; test a 1, b 1, d 1, whatever the seed (no two classes of one size).
 FEW = {"a": 6, "b": 4, "c": 1, "d": 2}
 FEW_SPLIT = {"train": {"a": 3, "b": 2, "c": 1, "d": 1}, "val": {"a": 2, "b": 1}, "test": {"a": 1, "b": 1, "d": 1}}
-NOTES = ["class 2 'c' is in train only, none in val and test (its images are 1 group(s), fewer than the 3 splits)",
-         "class 3 'd' is in train and test only, none in val (its images are 2 group(s), fewer than the 3 splits)"]
+NOTES = [
+    "class 2 'c' is in train only, none in val and test (its images are 1 group(s), fewer than the 3 splits)",
+    "class 3 'd' is in train and test only, none in val (its images are 2 group(s), fewer than the 3 splits)",
+]
 
 
 def _few(root: Path) -> dict:
-    _classification(root, [{"site": "s", "image": f"s/{label}{g}.png", "label": label}
-                           for label, n in FEW.items() for g in range(n)])
+    _classification(
+        root,
+        [{"site": "s", "image": f"s/{label}{g}.png", "label": label} for label, n in FEW.items() for g in range(n)],
+    )
     return {"root": str(root), "kind": "classification", "classes": list(FEW)}
 
 
@@ -100,7 +108,7 @@ def test_check_data_prints_each_split_with_its_classes_and_marks_the_missing(tmp
     report = inspect_folders(_few(tmp_path / "data"))
     lines = report.lines()
     start = lines.index("    images per class: a 6, b 4, c 1, d 2")
-    assert lines[start + 1:start + 4] == [
+    assert lines[start + 1 : start + 4] == [
         "    train: 7 images, 7 groups; images per class: a 3, b 2, c 1, d 1",
         "    val: 3 images, 3 groups; images per class: a 2, b 1, c 0, d 0",  # val is not marked
         "    test: 3 images, 3 groups; images per class: a 1, b 1, c 0 (missing), d 1",
@@ -117,10 +125,17 @@ def test_check_data_counts_the_images_holding_each_segmentation_class_per_split(
         Image.fromarray(mask).save(root / "s" / "masks" / f"i{k}.png")
     options = {"root": str(root), "mask_values": {0: 0, 255: 1}, "classes": ["background", "lesion"]}
     for seed in range(4):
-        lines = [line for line in inspect_folders({**options, "seed": seed}).lines() if line.startswith(("    train:", "    val:", "    test:"))]
+        lines = [
+            line
+            for line in inspect_folders({**options, "seed": seed}).lines()
+            if line.startswith(("    train:", "    val:", "    test:"))
+        ]
         # 5 groups: 3/1/1 images; every image holds background, one split holds the lesion image
-        assert [line.split(";")[0] for line in lines] == ["    train: 3 images, 3 groups", "    val: 1 image, 1 group",
-                                                          "    test: 1 image, 1 group"]
+        assert [line.split(";")[0] for line in lines] == [
+            "    train: 3 images, 3 groups",
+            "    val: 1 image, 1 group",
+            "    test: 1 image, 1 group",
+        ]
         lesion = [int(line.split("lesion ")[1].split()[0]) for line in lines]
         assert sum(lesion) == 1 and all(f"background {n}" in line for line, n in zip(lines, (3, 1, 1)))
         for line, n in zip(lines, lesion):  # a train or test split without the lesion is marked
@@ -129,8 +144,16 @@ def test_check_data_counts_the_images_holding_each_segmentation_class_per_split(
 
 def test_a_labels_csv_column_naming_the_lesion_is_warned_about_without_a_group(tmp_path):
     root = tmp_path / "data"
-    rows = [{"site": "s", "image": f"s/ISIC_{k:02d}.png", "label": ("nv", "mel")[k % 2], "lesion_id": f"HAM_{k // 2:02d}",
-             "age": str(30 + k)} for k in range(12)]  # 12 photographs of 6 lesions, metadata columns kept
+    rows = [
+        {
+            "site": "s",
+            "image": f"s/ISIC_{k:02d}.png",
+            "label": ("nv", "mel")[k % 2],
+            "lesion_id": f"HAM_{k // 2:02d}",
+            "age": str(30 + k),
+        }
+        for k in range(12)
+    ]  # 12 photographs of 6 lesions, metadata columns kept
     _classification(root, rows)
     options = {"root": str(root), "kind": "classification", "classes": ["nv", "mel"]}
     report = inspect_folders(options)
@@ -138,7 +161,8 @@ def test_a_labels_csv_column_naming_the_lesion_is_warned_about_without_a_group(t
     assert [w for w in report.warnings if "labels.csv column" in w] == [
         "every image is its own group, but labels.csv column 'lesion_id' looks like a subject identifier and 6 of its values "
         "are on several images (e.g. HAM_00 on 2 images); if it names the patient (or lesion), rename the column to group "
-        "(or set groups_csv) so that each one's images stay in one split"]
+        "(or set groups_csv) so that each one's images stay in one split"
+    ]
     assert F.preprocess({}, tmp_path / "store", "", options=options, log=lambda _: None) == {"s": 12}
     # as the warning says: the column as group keeps each lesion in one split, and the warning goes
     pd.DataFrame(rows).rename(columns={"lesion_id": "group"}).to_csv(root / "labels.csv", index=False)
@@ -151,38 +175,51 @@ def test_a_labels_csv_column_naming_the_lesion_is_warned_about_without_a_group(t
 
 def test_a_file_stem_repeated_in_two_folders_is_warned_about_and_the_pattern_given_groups_them(tmp_path):
     root = tmp_path / "data"
-    rows = [{"site": "s", "image": f"s/day{day}/ISIC_{k}.png", "label": ("a", "b")[k % 2]} for day in (1, 2) for k in range(5)]
+    rows = [
+        {"site": "s", "image": f"s/day{day}/ISIC_{k}.png", "label": ("a", "b")[k % 2]}
+        for day in (1, 2)
+        for k in range(5)
+    ]
     _classification(root, rows)
     options = {"root": str(root), "kind": "classification", "classes": ["a", "b"]}
     report = inspect_folders(options)
     assert report.warnings == [
         "site s: every image is its own group, but 5 file stem(s) name several images (e.g. ISIC_0: day1/ISIC_0.png and "
         "day2/ISIC_0.png); if a stem names a patient or lesion, set group_pattern: '([^/.]+)\\.[^/]*$' (the file name "
-        "before its suffix) so that its images stay in one split"]
+        "before its suffix) so that its images stay in one split"
+    ]
     grouped = inspect_folders({**options, "group_pattern": r"([^/.]+)\.[^/]*$"})
     assert grouped.site("s").groups == 5 and not [w for w in grouped.warnings if "file stem" in w]
 
 
 def test_a_patient_in_three_sites_of_a_groups_csv_is_named_with_the_sites(tmp_path):
     example = F.write_example(tmp_path / "data", n_classes=2)
-    rows = [{"site": site, "image": f"images/{stem}.png", "group": "P1" if k == 0 else f"{site}-{k // 2}"}
-            for site, stems in example["files"].items() for k, stem in enumerate(stems)]
+    rows = [
+        {"site": site, "image": f"images/{stem}.png", "group": "P1" if k == 0 else f"{site}-{k // 2}"}
+        for site, stems in example["files"].items()
+        for k, stem in enumerate(stems)
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "groups.csv", index=False)
     report = inspect_folders({**example["options"], "groups_csv": str(tmp_path / "groups.csv")})
     assert report.problems == []
     assert report.warnings == [
         "groups_csv groups.csv: 1 patient(s) (groups) are in more than one site: P1 in sites siteA, siteB, siteC; federated "
         "learning assumes sites do not share patients (a patient's images in two clients are seen in training by one and "
-        "tested by the other): keep each patient's images in one site, or give distinct patients distinct group names"]
+        "tested by the other): keep each patient's images in one site, or give distinct patients distinct group names"
+    ]
 
 
 def test_a_labels_csv_path_from_the_site_folder_is_refused_naming_both_paths(tmp_path):
     root = tmp_path / "data"
     _classification(root, [{"site": "s", "image": f"s/i{k}.png", "label": "ab"[k % 2]} for k in range(6)])
-    pd.DataFrame([{"site": "s", "image": f"i{k}.png", "label": "ab"[k % 2]} for k in range(6)]).to_csv(root / "labels.csv", index=False)
+    pd.DataFrame([{"site": "s", "image": f"i{k}.png", "label": "ab"[k % 2]} for k in range(6)]).to_csv(
+        root / "labels.csv", index=False
+    )
     options = {"root": str(root), "kind": "classification", "classes": ["a", "b"]}
-    message = (f"{root}/labels.csv line 2: image i0.png is not under the data root ({root}/i0.png does not exist) but under "
-               f"site s's folder ({root}/s/i0.png); labels.csv takes paths from the data root: write s/i0.png")
+    message = (
+        f"{root}/labels.csv line 2: image i0.png is not under the data root ({root}/i0.png does not exist) but under "
+        f"site s's folder ({root}/s/i0.png); labels.csv takes paths from the data root: write s/i0.png"
+    )
     assert inspect_folders(options).problems == [message]
     with pytest.raises(F.FoldersDataError) as error:
         F.preprocess({}, tmp_path / "store", "", options=options, log=lambda _: None)

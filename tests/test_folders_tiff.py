@@ -47,9 +47,14 @@ def write_cases(folder: Path) -> dict[str, Path]:
         "rgb": dict(data=RGB, photometric="rgb"),
         "rgb_planar": dict(data=np.moveaxis(RGB, -1, 0), photometric="rgb", planarconfig="separate"),
         "rgb_alpha": dict(data=np.concatenate([RGB, alpha], -1), photometric="rgb", extrasamples=["unassalpha"]),
-        "rgb_premultiplied": dict(data=np.concatenate([(RGB.astype(int) * alpha // 255).astype(np.uint8), alpha], -1),
-                                  photometric="rgb", extrasamples=["assocalpha"]),
-        "grey_alpha": dict(data=np.stack([GREY, alpha[..., 0]], -1), photometric="minisblack", extrasamples=["unassalpha"]),
+        "rgb_premultiplied": dict(
+            data=np.concatenate([(RGB.astype(int) * alpha // 255).astype(np.uint8), alpha], -1),
+            photometric="rgb",
+            extrasamples=["assocalpha"],
+        ),
+        "grey_alpha": dict(
+            data=np.stack([GREY, alpha[..., 0]], -1), photometric="minisblack", extrasamples=["unassalpha"]
+        ),
         "palette": dict(data=GREY, photometric="palette", colormap=colormap),
         "cmyk": dict(data=RNG.integers(0, 256, (H, W, 4), dtype=np.uint8), photometric="separated"),
     }
@@ -66,8 +71,20 @@ def write_cases(folder: Path) -> dict[str, Path]:
     return paths
 
 
-CASES = ["minisblack", "miniswhite", "bilevel_miniswhite", "rgb", "rgb_planar", "rgb_alpha", "rgb_premultiplied",
-         "grey_alpha", "palette", "cmyk", "cmyk_pillow", "palette_pillow"]
+CASES = [
+    "minisblack",
+    "miniswhite",
+    "bilevel_miniswhite",
+    "rgb",
+    "rgb_planar",
+    "rgb_alpha",
+    "rgb_premultiplied",
+    "grey_alpha",
+    "palette",
+    "cmyk",
+    "cmyk_pillow",
+    "palette_pillow",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -111,8 +128,10 @@ def test_a_float_tiff_with_nan_is_refused_in_the_same_words_as_a_nifti(tmp_path)
     tifffile.imwrite(tmp_path / "nan.tif", values)
     with pytest.raises(FoldersDataError) as err:
         read_image(tmp_path / "nan.tif")
-    assert str(err.value) == (f"{tmp_path / 'nan.tif'}: 2 NaN or infinite pixel value(s) of {H * W}; there is no honest "
-                              "value to put in their place: replace them in the file (e.g. with the background value) and run again")
+    assert str(err.value) == (
+        f"{tmp_path / 'nan.tif'}: 2 NaN or infinite pixel value(s) of {H * W}; there is no honest "
+        "value to put in their place: replace them in the file (e.g. with the background value) and run again"
+    )
 
     root = tmp_path / "data"
     for folder in ("images", "masks"):
@@ -121,12 +140,16 @@ def test_a_float_tiff_with_nan_is_refused_in_the_same_words_as_a_nifti(tmp_path)
     volume[0, 1, 2], volume[2, 0, 0], volume[2, 5, 5] = np.nan, np.inf, -np.inf
     sitk.WriteImage(sitk.GetImageFromArray(volume), str(root / "site" / "images" / "a.nii.gz"))
     sitk.WriteImage(sitk.GetImageFromArray((volume > 0.5).astype(np.uint8)), str(root / "site" / "masks" / "a.nii.gz"))
-    assert (sitk.GetArrayFromImage(sitk.ReadImage(str(root / "site" / "images" / "a.nii.gz"))) == 0).sum() == 3  # SimpleITK: 0
+    assert (
+        sitk.GetArrayFromImage(sitk.ReadImage(str(root / "site" / "images" / "a.nii.gz"))) == 0
+    ).sum() == 3  # SimpleITK: 0
     with pytest.raises(FoldersDataError) as err:
         preprocess({}, tmp_path / "store", options={"root": str(root)}, log=lambda line: None)
-    assert str(err.value) == (f"{root / 'site' / 'images' / 'a.nii.gz'}: 3 NaN or infinite voxel value(s) of {3 * H * W}; "
-                              "there is no honest value to put in their place: replace them in the file (e.g. with the "
-                              "background value) and run again")
+    assert str(err.value) == (
+        f"{root / 'site' / 'images' / 'a.nii.gz'}: 3 NaN or infinite voxel value(s) of {3 * H * W}; "
+        "there is no honest value to put in their place: replace them in the file (e.g. with the "
+        "background value) and run again"
+    )
 
 
 def write_pages(path: Path, pages: list[np.ndarray], **kwargs) -> None:
@@ -144,8 +167,10 @@ def test_a_multi_page_tiff_is_read_at_its_first_page_and_tiff_page_names_another
     np.testing.assert_array_equal(read_image(path, 2)[0], viewer(path, 2))
     with pytest.raises(FoldersDataError) as err:
         read_image(path, 3)
-    assert str(err.value) == (f"{path}: tiff_page is 3, but the file has 3 page(s), numbered 0 .. 2; set tiff_page to a "
-                              "page every TIFF file has (0: the first)")
+    assert str(err.value) == (
+        f"{path}: tiff_page is 3, but the file has 3 page(s), numbered 0 .. 2; set tiff_page to a "
+        "page every TIFF file has (0: the first)"
+    )
 
 
 def test_a_pyramid_is_read_at_full_resolution(tmp_path):
@@ -187,9 +212,15 @@ def test_masks_follow_the_same_rules_in_a_store(tmp_path, capsys):
     masks.mkdir()
     labels = [RNG.integers(0, 3, (H, W)) for _ in range(2)]
     tifffile.imwrite(images / "a.tif", np.stack([RGB, 255 - RGB]), photometric="rgb")  # one series of 2 pages
-    write_pages(masks / "a.tif", [lab.astype(np.uint8) for lab in labels], photometric="palette",
-                colormap=np.array([[0, 65535, 0] + [0] * 253, [0, 0, 65535] + [0] * 253, [0] * 256], np.uint16))
-    tifffile.imwrite(images / "b.tif", GREY, photometric="palette", colormap=RNG.integers(0, 65536, (3, 256), dtype=np.uint16))
+    write_pages(
+        masks / "a.tif",
+        [lab.astype(np.uint8) for lab in labels],
+        photometric="palette",
+        colormap=np.array([[0, 65535, 0] + [0] * 253, [0, 0, 65535] + [0] * 253, [0] * 256], np.uint16),
+    )
+    tifffile.imwrite(
+        images / "b.tif", GREY, photometric="palette", colormap=RNG.integers(0, 65536, (3, 256), dtype=np.uint16)
+    )
     tifffile.imwrite(masks / "b.tif", (2 - labels[0]).astype(np.uint8), photometric="minisblack")
     tifffile.imwrite(images / "c.tif", RNG.integers(0, 256, (H, W, 4), dtype=np.uint8), photometric="separated")
     # MinIsWhite: stored 255 - v, shown (and read) as v; 0, 1, 2 shown
@@ -198,8 +229,13 @@ def test_masks_follow_the_same_rules_in_a_store(tmp_path, capsys):
     lines = []
     options = {"root": str(root), "classes": ["background", "red", "green"]}
     preprocess({}, tmp_path / "store", options=options, log=lines.append)
-    assert lines.count("folders site: warning: 2 multi-page TIFF file(s) read at page 0 (the first, the full resolution "
-                       "of a pyramid): site/images/a.tif (2 pages), site/masks/a.tif (2 pages); set tiff_page to read another page") == 1
+    assert (
+        lines.count(
+            "folders site: warning: 2 multi-page TIFF file(s) read at page 0 (the first, the full resolution "
+            "of a pyramid): site/images/a.tif (2 pages), site/masks/a.tif (2 pages); set tiff_page to read another page"
+        )
+        == 1
+    )
     client = open_client(tmp_path / "store", "site")
     np.testing.assert_array_equal(client.labels[0], labels[0])  # the palette's indices, not its colours
     np.testing.assert_array_equal(client.labels[1], 2 - labels[0])
@@ -217,14 +253,21 @@ def test_masks_follow_the_same_rules_in_a_store(tmp_path, capsys):
     client = open_client(tmp_path / "store2", "site")
     np.testing.assert_array_equal(client.images[0], 255 - RGB)
     np.testing.assert_array_equal(client.labels[0], labels[1])
-    assert lines[-1].endswith("read at page 1 (tiff_page 1): site/images/a.tif (2 pages), site/masks/a.tif (2 pages); "
-                              "set tiff_page to read another page")
+    assert lines[-1].endswith(
+        "read at page 1 (tiff_page 1): site/images/a.tif (2 pages), site/masks/a.tif (2 pages); "
+        "set tiff_page to read another page"
+    )
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "1", True])
 def test_tiff_page_is_a_page_number(value):
-    with pytest.raises(ConfigError, match=re.escape(f"folders.tiff_page: expected a page number 0, 1, ... (0: the first page "
-                                                    f"of a multi-page TIFF, its full resolution), got {json.dumps(value)}")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"folders.tiff_page: expected a page number 0, 1, ... (0: the first page "
+            f"of a multi-page TIFF, its full resolution), got {json.dumps(value)}"
+        ),
+    ):
         FoldersOptions.from_dict({"root": "x", "tiff_page": value})
     assert FoldersOptions.from_dict({"root": "x", "tiff_page": 2}).tiff_page == 2
 
@@ -233,14 +276,22 @@ def test_unsupported_photometric_interpretations_are_refused_in_one_line(tmp_pat
     tifffile.imwrite(tmp_path / "lab.tif", RGB, photometric="cielab")
     with pytest.raises(FoldersDataError) as err:
         read_image(tmp_path / "lab.tif")
-    assert str(err.value) == (f"{tmp_path / 'lab.tif'}: TIFF photometric interpretation CIELAB is not supported; "
-                              "save the image as RGB or grey")
-    tifffile.imwrite(tmp_path / "channels.tif", RNG.integers(0, 256, (H, W, 5), dtype=np.uint8), photometric="minisblack",
-                     planarconfig="contig")
+    assert str(err.value) == (
+        f"{tmp_path / 'lab.tif'}: TIFF photometric interpretation CIELAB is not supported; "
+        "save the image as RGB or grey"
+    )
+    tifffile.imwrite(
+        tmp_path / "channels.tif",
+        RNG.integers(0, 256, (H, W, 5), dtype=np.uint8),
+        photometric="minisblack",
+        planarconfig="contig",
+    )
     with pytest.raises(FoldersDataError) as err:
         read_image(tmp_path / "channels.tif")
-    assert str(err.value) == (f"{tmp_path / 'channels.tif'}: 5 samples per pixel under photometric MINISBLACK, which shows 1 "
-                              "(a multichannel image); save one channel per file, or as RGB")
+    assert str(err.value) == (
+        f"{tmp_path / 'channels.tif'}: 5 samples per pixel under photometric MINISBLACK, which shows 1 "
+        "(a multichannel image); save one channel per file, or as RGB"
+    )
 
 
 # --- real files ----------------------------------------------------------------------------------------
@@ -299,7 +350,9 @@ def test_palette_mask_indices_meet_mask_values(tmp_path):
     labels[:2], labels[-2:] = 1, 2
     palette_mask(root / "site" / "masks" / "a.png", labels)
     options = {"root": str(root), "mask_values": {0: 0, 255: 1}}
-    with pytest.raises(FoldersDataError, match=re.escape("a.png: mask value(s) 1, 2 not in mask_values {0: 0, 255: 1}")):
+    with pytest.raises(
+        FoldersDataError, match=re.escape("a.png: mask value(s) 1, 2 not in mask_values {0: 0, 255: 1}")
+    ):
         preprocess({}, tmp_path / "store", options=options, log=lambda line: None)
     preprocess({}, tmp_path / "store", options={**options, "mask_values": {0: 0, 1: 1, 2: 1}}, log=lambda line: None)
     np.testing.assert_array_equal(open_client(tmp_path / "store", "site").labels[0], labels > 0)

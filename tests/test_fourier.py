@@ -76,10 +76,14 @@ def test_dc_mode_is_a_per_channel_mean_shift():
     sums = images.sum(axis=(-2, -1))
     expected = (np.where(sums < 0, -1, 1) * target[:, 0, 0] - sums) / (7 * 6)
     np.testing.assert_allclose(shift[..., 0, 0], expected, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(out[:3].mean(axis=(-2, -1)), np.broadcast_to(target[:, 0, 0] / 42, (3, 3)), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        out[:3].mean(axis=(-2, -1)), np.broadcast_to(target[:, 0, 0] / 42, (3, 3)), rtol=0, atol=1e-12
+    )
 
     # Only the DC amplitude is read: a (C, 1, 1) target gives the same result.
-    dc_only = amplitude_normalize(torch.from_numpy(images), torch.from_numpy(target[:, :1, :1].copy()), mode="dc").numpy()
+    dc_only = amplitude_normalize(
+        torch.from_numpy(images), torch.from_numpy(target[:, :1, :1].copy()), mode="dc"
+    ).numpy()
     np.testing.assert_array_equal(dc_only, out)
 
 
@@ -89,7 +93,9 @@ def test_spectrum_and_batch_mean_amplitude_match_numpy():
         images = rng.random(shape)
         reference = np.abs(np.fft.fft2(images))
         np.testing.assert_allclose(amplitude_spectrum(torch.from_numpy(images)).numpy(), reference, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(batch_mean_amplitude(torch.from_numpy(images)).numpy(), reference.mean(axis=0), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(
+            batch_mean_amplitude(torch.from_numpy(images)).numpy(), reference.mean(axis=0), rtol=0, atol=1e-12
+        )
         dc = batch_mean_amplitude(torch.from_numpy(images), mode="dc").numpy()
         assert dc.shape == (shape[1], 1, 1)
         np.testing.assert_allclose(dc[:, 0, 0], reference[:, :, 0, 0].mean(axis=0), rtol=0, atol=1e-12)

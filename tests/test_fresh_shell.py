@@ -34,7 +34,7 @@ def resolving(argv: list[str]) -> str | None:
     CLI's subcommand, Snakemake's version, a make dry run; None for commands that need nothing of ours."""
     if argv[:3] in (["python", "-m", "fedmedbench"], ["python3", "-m", "fedmedbench"]) or argv[:1] == ["fedmedbench"]:
         head = argv[:3] if argv[0] != "fedmedbench" else argv[:1]
-        rest = argv[len(head):]
+        rest = argv[len(head) :]
         sub = next((w for w in rest if not w.startswith("-")), None)
         return shlex.join([*head, *([sub] if sub else []), "--help"])
     if argv[0] == "snakemake":
@@ -56,22 +56,33 @@ def test_the_readme_installs_and_activates_before_any_other_command():
 
 def test_every_page_invokes_check_data_one_way():
     """`--configfile` everywhere (Snakemake's spelling); `--config` is an accepted alias, never printed."""
-    found = [f"{page.name}:{line}" for page in [*PAGES, ROOT / "config" / "README.md"]
-             for line, text in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
-             if re.search(r"fedmedbench \S+ .*--config(?!file)\b", text)]
+    found = [
+        f"{page.name}:{line}"
+        for page in [*PAGES, ROOT / "config" / "README.md"]
+        for line, text in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"fedmedbench \S+ .*--config(?!file)\b", text)
+    ]
     assert not found, f"--config where the docs say --configfile: {found}"
 
 
 @pytest.mark.slow
 def test_every_command_of_the_pages_resolves_in_a_fresh_shell(tmp_path):
-    setup = [line for line in install_block().splitlines() if line.split("#")[0].strip().startswith(("make install", "source "))]
+    setup = [
+        line
+        for line in install_block().splitlines()
+        if line.split("#")[0].strip().startswith(("make install", "source "))
+    ]
     checks = []
     for page in PAGES:
         for _line, body, _marker in command_blocks(page):
             try:
                 argvs = commands(body)
             except ValueError:  # a heredoc or a multi-line quote: its own page's test runs it
-                argvs = [shlex.split(line) for line in body.splitlines() if re.match(r"^(python|snakemake|fedmedbench)\b[^'\"]*$", line)]
+                argvs = [
+                    shlex.split(line)
+                    for line in body.splitlines()
+                    if re.match(r"^(python|snakemake|fedmedbench)\b[^'\"]*$", line)
+                ]
             for argv in argvs:
                 cheap = resolving(argv)
                 if cheap and cheap not in checks:

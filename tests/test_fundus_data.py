@@ -137,8 +137,11 @@ def test_fixture_counts_order_and_pairing(fixture):
         assert list(data.meta["mask_source"]) == [s.replace("/ROIs/image/", "/ROIs/mask/") for s in data.meta["source"]]
         assert data.meta["source"].iloc[0].startswith(f"Fundus.zip/Fundus/{domain}/train/ROIs/image/")
     d2 = open_client(base / "store", "Domain2").meta
-    assert d2.set_index("name")["group"].to_dict() == {"G-1-L.png": "Domain2/G-1", "N-2-R.png": "Domain2/N-2",
-                                                        "S-3-L.png": "Domain2/S-3"}
+    assert d2.set_index("name")["group"].to_dict() == {
+        "G-1-L.png": "Domain2/G-1",
+        "N-2-R.png": "Domain2/N-2",
+        "S-3-L.png": "Domain2/S-3",
+    }
 
 
 def test_anti_aliased_pixel_classes(fixture):
@@ -160,7 +163,9 @@ def test_resize_to_384_and_bilinear_mask_switch(fixture, tmp_path):
     assert set(np.unique(near.labels)) == {0, 1, 2} and set(np.unique(bil.labels)) == {0, 1, 2}
     grey = np.asarray(Image.open(base / "image_data" / "Fundus" / "Domain3" / "train" / "ROIs" / "mask" / "g0001.png"))
     # the official order: classes first, then the class map resized bilinearly (tests/test_fundus_official_masks.py)
-    np.testing.assert_array_equal(bil.labels[0], F.opencv_resize.resize_linear_u8(F.raw.fedlwr_code_mask_to_classes(grey), 384, 384))
+    np.testing.assert_array_equal(
+        bil.labels[0], F.opencv_resize.resize_linear_u8(F.raw.fedlwr_code_mask_to_classes(grey), 384, 384)
+    )
     np.testing.assert_array_equal(near.labels[0], F.raw.resize_nearest(F.raw.mask_to_classes(grey), 384))
     # the official mapping widens the rim at the rim/background edge (grey 128..253 -> rim)
     assert (bil.labels[0] == 1).sum() > (near.labels[0] == 1).sum()
@@ -190,8 +195,13 @@ def test_layout_errors(tmp_path):
 def test_real_count_mismatch_lists_every_domain(fixture, tmp_path):
     base = fixture[0]
     with pytest.raises(F.sites.FundusDataError) as err:
-        F.preprocess({F.download.ARCHIVE: base / "image_data"}, tmp_path / "store", "fedlwr", expect_real_counts=True,
-                     log=lambda m: None)
+        F.preprocess(
+            {F.download.ARCHIVE: base / "image_data"},
+            tmp_path / "store",
+            "fedlwr",
+            expect_real_counts=True,
+            log=lambda m: None,
+        )
     for domain, (train, test) in F.sites.EXPECTED_COUNTS.items():
         assert f"{domain}: train/test = 2/1, expected {train}/{test}" in str(err.value)
     assert not (tmp_path / "store").exists()
@@ -206,8 +216,15 @@ def _fake_store(store_dir: Path) -> None:
     for domain, (n_train, n_test) in F.sites.EXPECTED_COUNTS.items():
         names = [f"x{i:04d}.png" for i in range(n_train)] + [f"t{i:04d}.png" for i in range(n_test)]
         official = ["train"] * n_train + ["test"] * n_test
-        meta = pd.DataFrame({"id": [f"{domain}/{s}/{n}" for s, n in zip(official, names)], "group": names,
-                             "source": "x", "official_split": official, "name": names})
+        meta = pd.DataFrame(
+            {
+                "id": [f"{domain}/{s}/{n}" for s, n in zip(official, names)],
+                "group": names,
+                "source": "x",
+                "official_split": official,
+                "name": names,
+            }
+        )
         n = len(names)
         write_client(store_dir, domain, np.zeros((n, 1, 1, 3), np.uint8), np.zeros((n, 1, 1), np.uint8), meta)
 
@@ -224,7 +241,9 @@ def test_split_of_record_sizes_and_determinism(tmp_path):
         parts = {s: split_rows(split, domain, s) for s in ("train", "val", "test")}
         assert tuple(len(parts[s]) for s in ("train", "val", "test")) == F.sites.FEDLWR_SPLIT_COUNTS[domain]
         assert set(meta["official_split"].to_numpy()[np.concatenate([parts["train"], parts["val"]])]) == {"train"}
-        assert list(meta["name"].to_numpy()[parts["test"]]) == sorted(meta.loc[meta["official_split"] == "test", "name"])
+        assert list(meta["name"].to_numpy()[parts["test"]]) == sorted(
+            meta.loc[meta["official_split"] == "test", "name"]
+        )
     F.split(tmp_path / "store", tmp_path / "sorted.csv", "fedlwr", permutation="sorted")
     split = read_split_csv(tmp_path / "sorted.csv")
     train = split_rows(split, "Domain1", "train")
@@ -265,7 +284,7 @@ def test_synthetic_round_trip(tmp_path):
         green = data.images[..., 1].astype(float)
         assert green[data.labels == 2].mean() > green[data.labels == 0].mean() + 30  # learnable
         means.append(data.images.reshape(-1, 3).mean(0))
-    assert min(np.abs(a - b).max() for i, a in enumerate(means) for b in means[i + 1:]) > 3
+    assert min(np.abs(a - b).max() for i, a in enumerate(means) for b in means[i + 1 :]) > 3
     assert open_client(tmp_path / "store", "Domain2").meta["group"].iloc[0] == "Domain2/G-1"
     table = F.split(tmp_path / "store", tmp_path / "split.csv", "fedlwr")
     assert (table.groupby(["client", "split"]).size().unstack()[["train", "val", "test"]] == [4, 1, 2]).all().all()

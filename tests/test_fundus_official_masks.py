@@ -85,10 +85,19 @@ def test_the_transcription_follows_opencvs_fixed_point_on_hand_computed_cases():
 
 def test_the_project_resize_equals_the_transcription_on_random_arrays():
     rng = np.random.default_rng(0)
-    for h, w, height, width in [(800, 800, 384, 384), (37, 53, 64, 48), (9, 7, 3, 5), (6, 6, 3, 3), (1, 5, 4, 4),
-                                (384, 384, 384, 384), (100, 160, 384, 384)]:
+    for h, w, height, width in [
+        (800, 800, 384, 384),
+        (37, 53, 64, 48),
+        (9, 7, 3, 5),
+        (6, 6, 3, 3),
+        (1, 5, 4, 4),
+        (384, 384, 384, 384),
+        (100, 160, 384, 384),
+    ]:
         x = rng.integers(0, 256, (h, w)).astype(np.uint8)
-        np.testing.assert_array_equal(F.opencv_resize.resize_linear_u8(x, width, height), cv2_resize_transcribed(x, width, height))
+        np.testing.assert_array_equal(
+            F.opencv_resize.resize_linear_u8(x, width, height), cv2_resize_transcribed(x, width, height)
+        )
     rgb = rng.integers(0, 256, (23, 31, 3)).astype(np.uint8)
     got = F.opencv_resize.resize_linear_u8(rgb, 40, 17)
     for c in range(3):
@@ -100,8 +109,12 @@ def test_opencv_itself_where_it_is_installed():
     rng = np.random.default_rng(1)
     for h, w, height, width in [(800, 800, 384, 384), (37, 53, 64, 48), (9, 7, 3, 5)]:
         x = rng.integers(0, 256, (h, w)).astype(np.uint8)
-        np.testing.assert_array_equal(cv2.resize(x, (width, height), cv2.INTER_NEAREST), cv2_resize_transcribed(x, width, height))
-        np.testing.assert_array_equal(F.opencv_resize.resize_linear_u8(x, width, height), cv2.resize(x, (width, height)))
+        np.testing.assert_array_equal(
+            cv2.resize(x, (width, height), cv2.INTER_NEAREST), cv2_resize_transcribed(x, width, height)
+        )
+        np.testing.assert_array_equal(
+            F.opencv_resize.resize_linear_u8(x, width, height), cv2.resize(x, (width, height))
+        )
 
 
 # --- the official variant on a mask: order, interpolation, rounding, dtype ----------------------------
@@ -159,7 +172,9 @@ def test_the_official_store_holds_those_masks(tmp_path):
                 dst.mkdir(parents=True)
                 for p in src:
                     (dst / p.name).symlink_to(p)
-    F.preprocess({F.download.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "fedlwr_bilinear_masks", log=lambda m: None)
+    F.preprocess(
+        {F.download.ARCHIVE: tmp_path / "raw"}, tmp_path / "store", "fedlwr_bilinear_masks", log=lambda m: None
+    )
     data = open_client(tmp_path / "store", "Domain2")
     name = data.meta["name"].iloc[0]
     grey = read_mask(REAL_ROOT / "Domain2" / "train" / "ROIs" / "mask" / name)

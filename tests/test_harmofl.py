@@ -24,7 +24,10 @@ def test_both_parts_off_is_fedavg_bit_for_bit(tmp_path, tiny_task):
     assert_same_models(fedavg[1], off[1])
     # ... while each part alone changes the training (so the test can fail).
     for name, params in [("ampnorm", {"weight_perturbation": False}), ("wp", {"amp_norm": False})]:
-        assert train(tmp_path, name, tiny_run_config(store, split, "harmofl", rounds=2, method_params=params))[2] != fedavg[2]
+        assert (
+            train(tmp_path, name, tiny_run_config(store, split, "harmofl", rounds=2, method_params=params))[2]
+            != fedavg[2]
+        )
 
 
 def test_harmofl_learns_the_tiny_task(tmp_path, tiny_task):
@@ -104,7 +107,9 @@ def test_amplitude_protocol(tiny_task, params):
 
 def test_official_code_switch_freezes_the_first_batch_dc_amplitude(tiny_task):
     store, split = tiny_task
-    cfg, server, clients = make_federation(store, split, {"official_code": True, "amplitude_mode": "full", "amplitude_decay": 0.1})
+    cfg, server, clients = make_federation(
+        store, split, {"official_code": True, "amplitude_mode": "full", "amplitude_decay": 0.1}
+    )
     generator = torch.Generator()
     generator.set_state(clients[0].generator.get_state())
     first_batch = next(train_batches(clients[0].data.train, cfg.batch_size, generator, "none", cfg.intensity_scale))[0]

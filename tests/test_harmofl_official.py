@@ -95,7 +95,9 @@ def official_process(x: torch.Tensor, running_amp: torch.Tensor, fix_amp: bool) 
         amp, phase = spectrum.abs(), torch.angle(spectrum)
         a_src = torch.fft.fftshift(amp, dim=(-2, -1))
         a_trg = torch.fft.fftshift(running_amp[:3], dim=(-2, -1))
-        a_src[:, c_h - b : c_h + b + 1, c_w - b : c_w + b + 1] = a_trg[:, c_h - b : c_h + b + 1, c_w - b : c_w + b + 1].double()
+        a_src[:, c_h - b : c_h + b + 1, c_w - b : c_w + b + 1] = a_trg[
+            :, c_h - b : c_h + b + 1, c_w - b : c_w + b + 1
+        ].double()
         mixed = torch.fft.ifftshift(a_src, dim=(-2, -1)) * torch.exp(1j * phase)
         out[i] = torch.fft.ifft2(mixed, dim=(-2, -1)).real.float()
     return out, running_amp
@@ -111,7 +113,9 @@ def official_client_round(model, batches, loss_fn, perturbed_forward_updates_bn:
     """``train_perturbation`` over one local epoch with ``WPOptim(Adam)``; returns (state, running_amp)."""
     model.train()
     params = list(model.parameters())
-    optimizer = torch.optim.Adam(params, lr=OPTIMIZER["lr"], betas=tuple(OPTIMIZER["betas"]), weight_decay=OPTIMIZER["weight_decay"])
+    optimizer = torch.optim.Adam(
+        params, lr=OPTIMIZER["lr"], betas=tuple(OPTIMIZER["betas"]), weight_decay=OPTIMIZER["weight_decay"]
+    )
     running_amp = torch.zeros(batches[0][0].shape[1:], dtype=torch.float32)  # register_buffer(zeros(input_shape))
     for x, y in batches:
         optimizer.zero_grad()
@@ -185,7 +189,9 @@ def engine_round(tmp_path, bn: str):
         optimizer=OPTIMIZER, method_params={"official_code": True},
     )  # fmt: skip
     run_training(cfg, tmp_path / "run", device="cpu", progress=False)
-    best = checkpoint.load_plain(tmp_path / "run" / "model_best.pt")["models"]["base"]  # the evaluated model after round 1
+    best = checkpoint.load_plain(tmp_path / "run" / "model_best.pt")["models"][
+        "base"
+    ]  # the evaluated model after round 1
     ours = {k.removeprefix("net."): v for k, v in best.items() if k.startswith("net.")}
     return RunConfig.from_dict(cfg), ours, best["amplitude"]
 
@@ -231,13 +237,21 @@ def test_official_row_with_standard_bn_differs_only_in_running_statistics(tmp_pa
     diff = max_diff(ours, official, params)
     assert diff < ATOL, diff
     check_amplitude(amplitude, official_amp, client_amps, first_batches, cfg)
-    literal = max(float(((ours[k].double() - official[k].double()).abs() / official[k].double().abs().clamp_min(1.0)).max()) for k in stats)
+    literal = max(
+        float(((ours[k].double() - official[k].double()).abs() / official[k].double().abs().clamp_min(1.0)).max())
+        for k in stats
+    )
     assert literal > 1e-3, literal  # the documented difference: running statistics
     _, theta_only, _, _, _ = official_round(cfg, perturbed_forward_updates_bn=False)
-    frozen = max(float(((ours[k].double() - theta_only[k].double()).abs() / theta_only[k].double().abs().clamp_min(1.0)).max()) for k in stats)
+    frozen = max(
+        float(((ours[k].double() - theta_only[k].double()).abs() / theta_only[k].double().abs().clamp_min(1.0)).max())
+        for k in stats
+    )
     assert frozen < 1e-6, frozen  # relative: running variances of 0..255 inputs reach the thousands
     assert torch.equal(ours["encoders.0.1.num_batches_tracked"], torch.tensor(2))  # one count per batch, at theta
-    print(f"standard BN: params {diff:.3g}; running stats vs official literal {literal:.3g}, vs theta-only {frozen:.3g}")
+    print(
+        f"standard BN: params {diff:.3g}; running stats vs official literal {literal:.3g}, vs theta-only {frozen:.3g}"
+    )
 
 
 # --- the official network: a transcription of nets/models.py ----------------------------------------------
@@ -331,7 +345,15 @@ def test_official_variant_runs_the_official_network_on_every_task(task):
     cfg = RunConfig.from_dict(variant_run_config(task))
     assert cfg.model.bn == "stateless" and cfg.eval_batch == cfg.batch_size
     assert cfg.optimizer.betas == (0.9, 0.999) and cfg.method_params["official_code"] is True
-    model = build_model({**cfg.to_dict()["model"], "init_features": 2, "growth_rate": 4, "block_config": [1, 1, 1, 1], "num_init_features": 8})
+    model = build_model(
+        {
+            **cfg.to_dict()["model"],
+            "init_features": 2,
+            "growth_rate": 4,
+            "block_config": [1, 1, 1, 1],
+            "num_init_features": 8,
+        }
+    )
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert norms and all(m.weight is None and m.running_mean is None for m in norms)
     assert not [k for k in model.state_dict() if "running" in k or "num_batches" in k]
@@ -346,7 +368,9 @@ def test_official_network_round_and_test_match_the_transcription(tmp_path):
     store, split = write_tiny_task(tmp_path / "data", n=(16, 16, 16))
     rows = read_split_csv(split)
     position = rows.groupby("client").cumcount()
-    rows["split"] = ["train" if k < 8 else "val" if k < 10 else "test" for k in position]  # 8 / 2 / 6: test in batches 4 + 2
+    rows["split"] = [
+        "train" if k < 8 else "val" if k < 10 else "test" for k in position
+    ]  # 8 / 2 / 6: test in batches 4 + 2
     write_split_csv(rows, split)
     cfg = tiny_run_config(
         store, split, "harmofl", rounds=1, augment="none", batch_size=BATCH, intensity_scale=1.0, truncate_to_smallest=True,
@@ -390,7 +414,9 @@ def test_official_network_round_and_test_match_the_transcription(tmp_path):
         assert abs(ours_dice - float(per_sample.mean())) < 1e-4, (client.name, ours_dice, float(per_sample.mean()))
         one_batch, _ = official_test_logits(net, client.test, len(client.test), amp, 1.0)
         assert float((one_batch - logits).abs().max()) > 1e-3  # batch statistics: the test batches matter
-        print(f"{client.name}: dice ours {ours_dice:.6f}, official per-sample {float(per_sample.mean()):.6f}, per-batch {(per_sample[:4].mean() + per_sample[4:].mean()) / 2:.6f}")
+        print(
+            f"{client.name}: dice ours {ours_dice:.6f}, official per-sample {float(per_sample.mean()):.6f}, per-batch {(per_sample[:4].mean() + per_sample[4:].mean()) / 2:.6f}"
+        )
     print(f"official network: weights moved {moved:.3g}, max |ours - official| {diff:.3g}")
 
 
@@ -410,16 +436,36 @@ class OfficialDenseNet(nn.Module):
 
     def __init__(self, growth: int, blocks: tuple[int, ...], init_features: int, bn_size: int = 4, classes: int = 2):
         super().__init__()
-        layers = OrderedDict([("conv0", nn.Conv2d(3, init_features, 7, stride=2, padding=3, bias=False)), ("bn0", official_bn(init_features)), ("relu0", nn.ReLU()), ("pool0", nn.MaxPool2d(3, 2, padding=1))])
+        layers = OrderedDict(
+            [
+                ("conv0", nn.Conv2d(3, init_features, 7, stride=2, padding=3, bias=False)),
+                ("bn0", official_bn(init_features)),
+                ("relu0", nn.ReLU()),
+                ("pool0", nn.MaxPool2d(3, 2, padding=1)),
+            ]
+        )
         c = init_features
         for i, n in enumerate(blocks):
-            block = nn.Sequential(OrderedDict((f"denselayer{j + 1}", OfficialDenseLayer(c + j * growth, growth, bn_size)) for j in range(n)))
+            block = nn.Sequential(
+                OrderedDict(
+                    (f"denselayer{j + 1}", OfficialDenseLayer(c + j * growth, growth, bn_size)) for j in range(n)
+                )
+            )
             layers[f"denseblock{i + 1}"] = block
             c += n * growth
             if i == 0:
                 layers["zero_padding"] = nn.ZeroPad2d(2)
             if i != len(blocks) - 1:
-                layers[f"transition{i + 1}"] = nn.Sequential(OrderedDict([("bn", official_bn(c)), ("relu", nn.ReLU()), ("conv", nn.Conv2d(c, c // 2, 1, bias=False)), ("pool", nn.AvgPool2d(2, 2))]))
+                layers[f"transition{i + 1}"] = nn.Sequential(
+                    OrderedDict(
+                        [
+                            ("bn", official_bn(c)),
+                            ("relu", nn.ReLU()),
+                            ("conv", nn.Conv2d(c, c // 2, 1, bias=False)),
+                            ("pool", nn.AvgPool2d(2, 2)),
+                        ]
+                    )
+                )
                 c //= 2
         layers["bn5"] = official_bn(c)
         self.features = nn.Sequential(layers)

@@ -34,7 +34,11 @@ def test_prrfl_official_flow_under_the_tables_selection_rule():
     # the same method as the official row ...
     assert tablesel["method_params"] == official["method_params"] != paper["method_params"]
     # ... selected as every other row of the tables (and as the paper row)
-    assert (tablesel["selection_scope"], tablesel["selection_window"]) == (paper["selection_scope"], paper["selection_window"]) == ("per_client", 1.0)
+    assert (
+        (tablesel["selection_scope"], tablesel["selection_window"])
+        == (paper["selection_scope"], paper["selection_window"])
+        == ("per_client", 1.0)
+    )
     assert (official["selection_scope"], official["selection_window"]) == ("pooled", 0.2)
     differ = {k for k in official if official[k] != tablesel[k]}
     assert differ == {"selection_scope", "selection_window", "run", "variant"}
@@ -78,7 +82,12 @@ def test_table_with_std_column_prints_no_second_spread_across_clients(tmp_path):
 def test_report_header_says_std_is_averaged_over_seeds(tmp_path):
     finals = [final("fedavg", 0, [0.90, 0.80, 0.70])]
     paper = load_paper_table(ROOT / "resources" / "paper_tables" / "fedlwr_table3_ablation.csv")
-    comp = compare(seed_summary(finals, "dice_paper", std_row=True), paper, {"fedavg": "fedavg"}, client_map={"A": "Site1", "B": "Site2", "C": "Site3"})
+    comp = compare(
+        seed_summary(finals, "dice_paper", std_row=True),
+        paper,
+        {"fedavg": "fedavg"},
+        client_map={"A": "Site1", "B": "Site2", "C": "Site3"},
+    )
     section = {"title": "t", "comparison": comp, "metric_note": "m"}
     text = write_report([section], tmp_path / "r.md", True, {"seeds": [0], "rounds": 1}).read_text()
     assert "population standard deviation (ddof=0) across clients, averaged over seeds" in text
@@ -91,15 +100,23 @@ def test_note_only_for_identical_rows_with_equal_local_steps(tmp_path):
 
     def pair(truncate, nova_values, avg_values, batch=4):
         cfg = {"data": {"split": str(split)}, "batch_size": batch, "local_epochs": 2, "truncate_to_smallest": truncate}
-        return [{**final(r, 0, v), "method": r, "config": cfg} for r, v in (("fednova", nova_values), ("fedavg", avg_values))]
+        return [
+            {**final(r, 0, v), "method": r, "config": cfg}
+            for r, v in (("fednova", nova_values), ("fedavg", avg_values))
+        ]
 
     same = [0.5, 0.25, 0.125]
     assert local_steps_per_round(pair(True, same, same)[0]) == {"A": 4, "B": 4, "C": 4}  # 2 epochs x ceil(8 / 4)
     assert local_steps_per_round(pair(False, same, same)[0]) == {"A": 4, "B": 6, "C": 6}
     (note,) = fednova_fedavg_note(pair(True, same, same), labels)
-    assert note.startswith("FedNova and FedAvg are identical on every site and seed") and "local steps per round (4)" in note
+    assert (
+        note.startswith("FedNova and FedAvg are identical on every site and seed")
+        and "local steps per round (4)" in note
+    )
     assert fednova_fedavg_note(pair(True, same, [0.5, 0.25, 0.1250001]), labels) == []  # one site differs
-    assert fednova_fedavg_note(pair(False, same, same), labels) == []  # equal scores, unequal steps: no reason we can state
+    assert (
+        fednova_fedavg_note(pair(False, same, same), labels) == []
+    )  # equal scores, unequal steps: no reason we can state
     seeds_differ = pair(True, same, same)
     seeds_differ[1] = {**seeds_differ[1], "seed": 1}
     assert fednova_fedavg_note(seeds_differ, labels) == []
@@ -132,9 +149,18 @@ def test_equivalences_module_does_not_import_torch():
 
 def test_split_counts_for_unequal_sizes_use_the_split_file(tmp_path):
     """``local_steps_per_round`` reads the split file the run trained on; drop_last floors."""
-    rows = pd.DataFrame([{"client": c, "split": "train", "row": i, "id": f"{c}{i}", "group": f"{c}{i}"} for c, n in (("A", 9), ("B", 5)) for i in range(n)])
+    rows = pd.DataFrame(
+        [
+            {"client": c, "split": "train", "row": i, "id": f"{c}{i}", "group": f"{c}{i}"}
+            for c, n in (("A", 9), ("B", 5))
+            for i in range(n)
+        ]
+    )
     write_split_csv(rows, tmp_path / "split.csv")
-    base = {"clients": ["A", "B"], "config": {"data": {"split": str(tmp_path / "split.csv")}, "batch_size": 4, "local_epochs": 1}}
+    base = {
+        "clients": ["A", "B"],
+        "config": {"data": {"split": str(tmp_path / "split.csv")}, "batch_size": 4, "local_epochs": 1},
+    }
     assert local_steps_per_round(base) == {"A": 3, "B": 2}
     assert local_steps_per_round({**base, "config": {**base["config"], "drop_last": True}}) == {"A": 2, "B": 1}
     assert local_steps_per_round({**base, "config": {**base["config"], "data": {}}}) is None
@@ -155,7 +181,16 @@ def test_qualitative_predictions_come_from_the_evaluation_batches(tmp_path):
     rows = pd.read_csv(split)
     rows["split"] = ["train"] * 4 + ["val"] * 2 + ["test"] * 6
     write_split_csv(rows, split)
-    cfg = RunConfig.from_dict(tiny_run_config(store, split, clients=("A",), eval_batch_size=4, qualitative_samples=2, model={"name": "unet", "init_features": 2, "bn": "stateless"}))
+    cfg = RunConfig.from_dict(
+        tiny_run_config(
+            store,
+            split,
+            clients=("A",),
+            eval_batch_size=4,
+            qualitative_samples=2,
+            model={"name": "unet", "init_features": 2, "bn": "stateless"},
+        )
+    )
     (client,) = load_clients(store, split, ["A"], False)
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()

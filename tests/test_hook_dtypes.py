@@ -73,7 +73,9 @@ def intfed(tmp_path, monkeypatch):
 
 def intfed_config(tiny_task, where):
     store, split = tiny_task
-    return tiny_run_config(store, split, "intfed", method_module="my_lab.intfed", method_params={"where": where}, rounds=2)
+    return tiny_run_config(
+        store, split, "intfed", method_module="my_lab.intfed", method_params={"where": where}, rounds=2
+    )
 
 
 def first_float_key(cfg) -> str:
@@ -84,12 +86,23 @@ def first_float_key(cfg) -> str:
 @pytest.mark.parametrize(
     ("where", "line"),
     [
-        ("aggregate", "method 'intfed', Server.aggregate, round 2: the global state's tensor {key!r} is torch.int64, the model's is torch.float32"),
-        ("package", "method 'intfed', Server.package, round 1, client 'A': the package's tensor {key!r} is torch.bool, the model's is torch.float32"),
-        ("reply", "method 'intfed', Client.reply, round 1, client 'B': the reply's tensor {key!r} is torch.int64, the model's is torch.float32"),
+        (
+            "aggregate",
+            "method 'intfed', Server.aggregate, round 2: the global state's tensor {key!r} is torch.int64, the model's is torch.float32",
+        ),
+        (
+            "package",
+            "method 'intfed', Server.package, round 1, client 'A': the package's tensor {key!r} is torch.bool, the model's is torch.float32",
+        ),
+        (
+            "reply",
+            "method 'intfed', Client.reply, round 1, client 'B': the reply's tensor {key!r} is torch.int64, the model's is torch.float32",
+        ),
     ],
 )
-def test_a_non_floating_tensor_a_hook_hands_on_is_named_with_method_hook_round_and_key(tmp_path, tiny_task, intfed, where, line):
+def test_a_non_floating_tensor_a_hook_hands_on_is_named_with_method_hook_round_and_key(
+    tmp_path, tiny_task, intfed, where, line
+):
     cfg = intfed_config(tiny_task, where)
     with pytest.raises(MethodError) as caught:  # was: accepted, the run finished with rounded weights
         engine.run_training(cfg, tmp_path / "run", threads=1, progress=False)
@@ -104,4 +117,6 @@ def test_the_models_own_integer_buffers_and_a_floating_state_pass(tmp_path, tiny
     final = engine.run_training(intfed_config(tiny_task, "nowhere"), tmp_path / "run", threads=1, progress=False)
     assert final["selection"]["rounds"] == 2
     model = build_model(RunConfig.from_dict(intfed_config(tiny_task, "nowhere")).model)
-    assert any(v.dtype == torch.int64 for v in model.state_dict().values())  # BN's num_batches_tracked: int64 in the model too
+    assert any(
+        v.dtype == torch.int64 for v in model.state_dict().values()
+    )  # BN's num_batches_tracked: int64 in the model too

@@ -79,12 +79,33 @@ LINE = "method 'stuckfed', Client.train, round 2, client 'B'"
 
 
 @pytest.mark.slow  # a training process of its own: torch's import and two tiny rounds, 15-30 s on a busy machine
-@pytest.mark.parametrize(("sig", "said", "code"), [(signal.SIGTERM, "SIGTERM", 143), (signal.SIGINT, "Ctrl-C (SIGINT)", 130)])
-def test_a_signal_while_a_hook_is_stuck_names_method_hook_round_and_client(tmp_path, tiny_task, stuckfed, sig, said, code):
+@pytest.mark.parametrize(
+    ("sig", "said", "code"), [(signal.SIGTERM, "SIGTERM", 143), (signal.SIGINT, "Ctrl-C (SIGINT)", 130)]
+)
+def test_a_signal_while_a_hook_is_stuck_names_method_hook_round_and_client(
+    tmp_path, tiny_task, stuckfed, sig, said, code
+):
     marker = tmp_path / "stuck"
     cfg = stuck_config(tiny_task, marker)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(stuckfed), str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
-    argv = [sys.executable, "-m", "fedmedbench", "train", "--run-config", json.dumps(cfg), "--out", str(tmp_path / "run"), "--threads", "1", "--no-progress", "--device", "cpu"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(stuckfed), str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "fedmedbench",
+        "train",
+        "--run-config",
+        json.dumps(cfg),
+        "--out",
+        str(tmp_path / "run"),
+        "--threads",
+        "1",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 300
@@ -101,7 +122,9 @@ def test_a_signal_while_a_hook_is_stuck_names_method_hook_round_and_client(tmp_p
     last = err.strip().splitlines()[-1]
     assert last.endswith(f"ERROR fedmedbench: {LINE}: stopped by {said} while this hook was running"), err[-3000:]
     assert "Traceback" not in err
-    assert (tmp_path / "run" / "checkpoint.pt").exists() and not (tmp_path / "run" / "final.json").exists()  # the next run resumes
+    assert (tmp_path / "run" / "checkpoint.pt").exists() and not (
+        tmp_path / "run" / "final.json"
+    ).exists()  # the next run resumes
 
 
 def test_sigterm_in_this_process_names_the_stuck_hook(tmp_path, tiny_task, stuckfed):
@@ -116,12 +139,17 @@ def test_sigterm_in_this_process_names_the_stuck_hook(tmp_path, tiny_task, stuck
     threading.Thread(target=terminate_when_stuck, daemon=True).start()
     with pytest.raises(HookStopped) as caught, watching():
         engine.run_training(cfg, tmp_path / "run", threads=1, progress=False)
-    assert str(caught.value) == "method 'stuckfed', Client.train, round 1, client 'A': stopped by SIGTERM while this hook was running"
+    assert (
+        str(caught.value)
+        == "method 'stuckfed', Client.train, round 1, client 'A': stopped by SIGTERM while this hook was running"
+    )
     assert caught.value.code == 143 and running() is None
 
 
 def test_hook_timeout_ends_a_stuck_hook_with_the_same_line(tmp_path, tiny_task, stuckfed):
-    cfg = stuck_config(tiny_task, tmp_path / "stuck", round_index=1, client="A")  # the first Client.train: stuck at once
+    cfg = stuck_config(
+        tiny_task, tmp_path / "stuck", round_index=1, client="A"
+    )  # the first Client.train: stuck at once
     started = time.monotonic()
     with pytest.raises(HookStopped) as caught, watching(timeout_s=2.5):
         engine.run_training(cfg, tmp_path / "run", threads=1, progress=False)
@@ -140,7 +168,9 @@ def test_hook_timeout_is_off_by_default_and_a_bad_value_is_one_line(tmp_path, ca
         code = cli.main(["train", "--run-config", "{}", "--out", str(tmp_path / "run"), "--hook-timeout-s", value])
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and len(lines) == 1, lines
-        assert lines[0].endswith(f"ConfigError: --hook-timeout-s: expected a number of seconds > 0 (0: no limit), got {float(value)}")
+        assert lines[0].endswith(
+            f"ConfigError: --hook-timeout-s: expected a number of seconds > 0 (0: no limit), got {float(value)}"
+        )
 
 
 def test_the_tasks_hook_timeout_s_is_checked_and_reaches_the_training_job_as_a_resource(tmp_path):
@@ -158,7 +188,13 @@ def test_the_tasks_hook_timeout_s_is_checked_and_reaches_the_training_job_as_a_r
     for overlay in ([], [str(tmp_path / "limit.yaml")]):
         cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "--cores", "1",
                "--configfile", *map(str, CONFIGFILES), *overlay]  # fmt: skip
-        dry = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)})
+        dry = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        )
         assert dry.returncode == 0, dry.stderr[-2000:]
         commands[bool(overlay)] = [line for line in dry.stdout.splitlines() if "fedmedbench train " in line]
     assert commands[False] and all("--hook-timeout-s 0 " in c for c in commands[False])  # off by default

@@ -61,7 +61,9 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 else:
                     source = node.module or ""
                 # `from pkg import sub` imports the module pkg.sub; `from mod import name` imports mod
-                targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names]
+                targets = [
+                    f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names
+                ]
             else:
                 continue
             for target in targets:
@@ -93,7 +95,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -122,12 +124,22 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     wrong = []
     for module, targets in sorted(graph.items()):
         for target in sorted(targets):
-            if _under(module, "data") and (_under(target, "fl", "methods", "federation") or target == "fedmedbench.registry"):
+            if _under(module, "data") and (
+                _under(target, "fl", "methods", "federation") or target == "fedmedbench.registry"
+            ):
                 wrong.append(f"{module} imports {target}: the data layer knows nothing of training")
             if _under(module, "fl", "federation") and _under(target, "methods"):
-                wrong.append(f"{module} imports {target}: the engine knows no method (find it by name: fedmedbench.registry)")
-            if target == "fedmedbench.fl.engine" and _under(module, "fl", "federation", "methods") and module != "fedmedbench.fl.engine":
-                wrong.append(f"{module} imports {target}: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)")
+                wrong.append(
+                    f"{module} imports {target}: the engine knows no method (find it by name: fedmedbench.registry)"
+                )
+            if (
+                target == "fedmedbench.fl.engine"
+                and _under(module, "fl", "federation", "methods")
+                and module != "fedmedbench.fl.engine"
+            ):
+                wrong.append(
+                    f"{module} imports {target}: it lies below the engine (fl/evaluation.py, fl/selection.py, fl/runfolder.py hold what both use)"
+                )
             if target == "fedmedbench.cli" and module != "fedmedbench.__main__":
                 wrong.append(f"{module} imports {target}: only __main__ imports the CLI")
     return wrong
@@ -285,9 +297,13 @@ def _third_party(modules) -> list[str]:
 def test_each_module_imports_alone():
     modules = module_files()
     names = sorted(n for n in modules if n != "fedmedbench.__main__")  # __main__ runs the CLI
-    torch_free = sorted(n for n in names if n in TORCH_FREE or n.startswith("fedmedbench.data.") or n == "fedmedbench.data")
+    torch_free = sorted(
+        n for n in names if n in TORCH_FREE or n.startswith("fedmedbench.data.") or n == "fedmedbench.data"
+    )
     payload = json.dumps([names, torch_free, _third_party(modules)])
-    result = subprocess.run([sys.executable, "-c", CHILDREN, payload], capture_output=True, text=True, timeout=900, cwd=PACKAGE.parents[1])  # ~15 s of CPU
+    result = subprocess.run(
+        [sys.executable, "-c", CHILDREN, payload], capture_output=True, text=True, timeout=900, cwd=PACKAGE.parents[1]
+    )  # ~15 s of CPU
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(results) == set(names)

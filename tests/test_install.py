@@ -31,7 +31,10 @@ def fake_wheel(folder: Path) -> Path:
         f"{FAKE}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {FAKE}\nVersion: 1.0\n".encode(),
         f"{FAKE}-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}" for name, data in files.items()]
+    record = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for name, data in files.items()
+    ]
     files[f"{FAKE}-1.0.dist-info/RECORD"] = ("\n".join([*record, f"{FAKE}-1.0.dist-info/RECORD,,"]) + "\n").encode()
     path = folder / f"{FAKE}-1.0-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
@@ -47,7 +50,9 @@ def index(tmp_path):
     (root / "files").mkdir(parents=True)
     wheel = fake_wheel(root / "files")
     (root / "simple" / FAKE).mkdir(parents=True)
-    (root / "simple" / FAKE / "index.html").write_text(f'<!DOCTYPE html><html><body><a href="../../files/{wheel.name}">{wheel.name}</a></body></html>\n')
+    (root / "simple" / FAKE / "index.html").write_text(
+        f'<!DOCTYPE html><html><body><a href="../../files/{wheel.name}">{wheel.name}</a></body></html>\n'
+    )
     handler = functools.partial(Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -77,11 +82,25 @@ def install(tmp_path: Path, *args: str, gpu: bool | None = None) -> tuple[subpro
     smi = bin_dir / "nvidia-smi"
     smi.unlink(missing_ok=True)
     if gpu is not None:
-        smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-0)'\n" if gpu else "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+        smi.write_text(
+            "#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-0)'\n"
+            if gpu
+            else "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n"
+        )
         smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and not k.lower().endswith("_proxy")}
     env.update(PATH=f"{bin_dir}:/usr/bin:/bin", PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
-    command = [sys.executable, str(SCRIPT), "--packages", f"{FAKE}==1.0", *args, "--", "--target", str(tmp_path / "target"), "--no-deps"]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--packages",
+        f"{FAKE}==1.0",
+        *args,
+        "--",
+        "--target",
+        str(tmp_path / "target"),
+        "--no-deps",
+    ]
     start = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     return result, time.monotonic() - start
@@ -99,8 +118,10 @@ def test_without_a_gpu_it_installs_from_the_cpu_index(tmp_path, index):
     result, _ = install(tmp_path, "--cpu-index", index, gpu=None)
     assert result.returncode == 0, result.stderr
     assert installed(tmp_path)
-    assert lines(result) == [f"install_torch: no NVIDIA GPU (nvidia-smi is not on PATH): {FAKE}==1.0 from PyTorch's CPU index {index} "
-                             "(~0.2 GB instead of ~3 GB of downloads; TORCH_INDEX=default for PyPI's)"]
+    assert lines(result) == [
+        f"install_torch: no NVIDIA GPU (nvidia-smi is not on PATH): {FAKE}==1.0 from PyTorch's CPU index {index} "
+        "(~0.2 GB instead of ~3 GB of downloads; TORCH_INDEX=default for PyPI's)"
+    ]
 
 
 def test_a_failing_nvidia_smi_counts_as_no_gpu(tmp_path, index):
@@ -114,7 +135,9 @@ def test_with_a_gpu_it_leaves_torch_to_pypi(tmp_path, index):
     result, _ = install(tmp_path, "--cpu-index", index, gpu=True)
     assert result.returncode == 0, result.stderr
     assert not installed(tmp_path)
-    assert lines(result) == [f"install_torch: NVIDIA GPU found (GPU 0: NVIDIA H100 (UUID: GPU-0)): {FAKE}==1.0 from PyPI's default wheels (the CUDA build)"]
+    assert lines(result) == [
+        f"install_torch: NVIDIA GPU found (GPU 0: NVIDIA H100 (UUID: GPU-0)): {FAKE}==1.0 from PyPI's default wheels (the CUDA build)"
+    ]
 
 
 @pytest.mark.parametrize("why", ["refused", "silent"])
@@ -131,7 +154,9 @@ def test_an_unreachable_cpu_index_falls_back_in_one_line_and_quickly(tmp_path, w
     assert result.returncode == 0, result.stderr
     assert not installed(tmp_path)
     [line] = lines(result)
-    assert line.startswith(f"install_torch: no NVIDIA GPU (nvidia-smi is not on PATH) but PyTorch's CPU index cannot be reached ({url}/{FAKE}/: ")
+    assert line.startswith(
+        f"install_torch: no NVIDIA GPU (nvidia-smi is not on PATH) but PyTorch's CPU index cannot be reached ({url}/{FAKE}/: "
+    )
     assert line.endswith(f"): {FAKE}==1.0 from PyPI's default wheels instead (with CUDA libraries)")
     assert ("refused" in line) if why == "refused" else ("timed out" in line)
 
@@ -160,10 +185,26 @@ def test_the_packages_are_the_tested_torch_pins():
     assert all(p in lines for p in pins)
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, ""), ("", ' --index ""'), ("default", ' --index "default"'), ("http://idx/simple", ' --index "http://idx/simple"')])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (None, ""),
+        ("", ' --index ""'),
+        ("default", ' --index "default"'),
+        ("http://idx/simple", ' --index "http://idx/simple"'),
+    ],
+)
 def test_the_makefile_passes_torch_index_only_when_set(given, expected):
     env = {k: v for k, v in os.environ.items() if k != "TORCH_INDEX"}
-    command = ["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed", *([f"TORCH_INDEX={given}"] if given is not None else [])]
+    command = [
+        "make",
+        "-n",
+        "-B",
+        "-C",
+        str(ROOT),
+        ".venv/.installed",
+        *([f"TORCH_INDEX={given}"] if given is not None else []),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     script_lines = [line.strip() for line in result.stdout.splitlines() if "install_torch.py" in line]

@@ -37,7 +37,13 @@ p.send_signal(signal.SIGKILL); p.wait()
 print("killed", p.returncode)
 """
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    result = subprocess.run([sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
     assert lines["good"] == "0"
@@ -66,7 +72,12 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path, sig):
 
     script = "import os, sys, time; print(os.environ['FEDMEDBENCH_JOBSERVER'], flush=True); time.sleep(120)"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    top = subprocess.Popen([sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    top = subprocess.Popen(
+        [sys.executable, "-m", "fedmedbench", "with-jobserver", sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     socket_path = Path(top.stdout.readline().strip())
     deadline = time.monotonic() + 120
     while not socket_path.exists() and time.monotonic() < deadline:  # the server is warm
@@ -180,7 +191,12 @@ def test_a_served_job_whose_client_is_stopped_ends_through_its_sigterm_handler(t
     started, cleaned = tmp_path / "started", tmp_path / "cleaned"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDMEDBENCH_JOBSERVER")}
     env["PYTHONPATH"] = str(SRC)
-    result = subprocess.run([sys.executable, "-c", STOPPED_CLIENT, str(started), str(cleaned)], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", STOPPED_CLIENT, str(started), str(cleaned)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert cleaned.read_text() == "removed its temporaries"

@@ -14,12 +14,21 @@ BIN = Path(sys.executable).parent
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}
-    return subprocess.run([str(BIN / "snakemake"), *args], capture_output=True, text=True, cwd=workdir, env=env, timeout=300)
+    return subprocess.run(
+        [str(BIN / "snakemake"), *args], capture_output=True, text=True, cwd=workdir, env=env, timeout=300
+    )
 
 
 def test_the_catalog_layout_and_nothing_left_at_the_old_places():
-    for path in ("workflow/Snakefile", "config/config.yaml", "config/README.md", ".snakemake-workflow-catalog.yml",
-                 "workflow/schemas/config.schema.yaml", "workflow/report/workflow.rst", "workflow/profiles/default/config.yaml"):
+    for path in (
+        "workflow/Snakefile",
+        "config/config.yaml",
+        "config/README.md",
+        ".snakemake-workflow-catalog.yml",
+        "workflow/schemas/config.schema.yaml",
+        "workflow/report/workflow.rst",
+        "workflow/profiles/default/config.yaml",
+    ):
         assert (ROOT / path).is_file(), path
     assert {p.stem for p in (ROOT / "workflow" / "envs").glob("*.yaml")} >= {"torch", "data", "report", "flower"}
     for old in ("Snakefile", "config.yaml", "envs", "profiles"):
@@ -34,7 +43,9 @@ def test_every_path_the_snakefile_and_rules_name_exists_relative_to_their_file()
     conda = []
     for smk in rules.glob("*.smk"):
         # conda: and caption= paths are relative to the rule file (Snakemake's rule.basedir)
-        found = re.findall(r'conda:\s*\n\s*"([^"]+)"', smk.read_text()) + re.findall(r'caption="([^"]+)"', smk.read_text())
+        found = re.findall(r'conda:\s*\n\s*"([^"]+)"', smk.read_text()) + re.findall(
+            r'caption="([^"]+)"', smk.read_text()
+        )
         named += [(rules, p) for p in found]
         conda += [p for p in found if p.endswith(".yaml")]
     assert len(conda) >= 18 and all(p.startswith("../envs/") for p in conda)

@@ -60,7 +60,9 @@ def swap_in_place(a: Path, b: Path) -> None:
 @pytest.mark.slow
 def test_swapped_masks_re_run_exactly_their_datasets_jobs(tmp_path):
     (tmp_path / "config").mkdir()
-    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")  # the Snakefile's default configfile
+    shutil.copy(
+        ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml"
+    )  # the Snakefile's default configfile
     mine, theirs = tmp_path / "mine", tmp_path / "theirs"
     write_example(mine, counts=(5, 5, 5))
     write_example(theirs, counts=(5, 5, 5), seed=1)
@@ -86,7 +88,18 @@ def test_swapped_masks_re_run_exactly_their_datasets_jobs(tmp_path):
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
 
     def snakemake(*flags: str) -> subprocess.CompletedProcess:
-        cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", *flags, "--configfile", "swap.yaml"]
+        cmd = [
+            str(BIN / "snakemake"),
+            "-s",
+            str(ROOT / "workflow" / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--cores",
+            "2",
+            *flags,
+            "--configfile",
+            "swap.yaml",
+        ]
         if "-n" not in flags:
             cmd = [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *cmd]  # as `make demo`
         return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
@@ -107,7 +120,10 @@ def test_swapped_masks_re_run_exactly_their_datasets_jobs(tmp_path):
     ])  # fmt: skip
     stat_a, stat_b = a.stat(), b.stat()
     swap_by_rename(a, b)  # the fix: each mask now at the other's name, sizes and times as they were
-    assert [(p.stat().st_size, p.stat().st_mtime_ns) for p in (a, b)] == [(stat_a.st_size, stat_a.st_mtime_ns), (stat_b.st_size, stat_b.st_mtime_ns)]
+    assert [(p.stat().st_size, p.stat().st_mtime_ns) for p in (a, b)] == [
+        (stat_a.st_size, stat_a.st_mtime_ns),
+        (stat_b.st_size, stat_b.st_mtime_ns),
+    ]
     swapped = reruns()
     assert len(swapped) == 7 and swapped == mine_jobs
     assert not [job for job in swapped if "theirs" in job]

@@ -24,7 +24,14 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 # Many bytes per sample for little compute: 96 px with 12 channels (110 KB a sample) into a tiny DenseNet.
 SIZE, CHANNELS, CLIENTS = 96, 12, ("A", "B")
-MODEL = {"name": "densenet", "in_channels": CHANNELS, "growth_rate": 2, "block_config": [1, 1, 1, 1], "num_init_features": 4, "num_classes": 2}
+MODEL = {
+    "name": "densenet",
+    "in_channels": CHANNELS,
+    "growth_rate": 2,
+    "block_config": [1, 1, 1, 1],
+    "num_init_features": 4,
+    "num_classes": 2,
+}
 
 
 def write_store(root: Path, per_client: int) -> tuple[Path, Path, int]:
@@ -73,9 +80,29 @@ def test_private_memory_stays_flat_as_the_store_grows_2x_and_4x(tmp_path):
     assert memory_now()["private_anon"] > 0 and memory_now()["file_resident"] > 0
     stores = {k: write_store(tmp_path / f"x{k}", 150 * k) for k in (1, 2, 4)}
     runs = [(1, "warm-up")] + [(k, f"run{k}") for k in (1, 2, 4)]  # the first run allocates kernels and pools
-    configs = [(tiny_run_config(*stores[k][:2], "fedavg", clients=CLIENTS, kind="classification", model=MODEL, loss="ce", batch_size=4, augment="none", selection_metric="accuracy", rounds=1, qualitative_samples=0), str(tmp_path / name)) for k, name in runs]
+    configs = [
+        (
+            tiny_run_config(
+                *stores[k][:2],
+                "fedavg",
+                clients=CLIENTS,
+                kind="classification",
+                model=MODEL,
+                loss="ce",
+                batch_size=4,
+                augment="none",
+                selection_metric="accuracy",
+                rounds=1,
+                qualitative_samples=0,
+            ),
+            str(tmp_path / name),
+        )
+        for k, name in runs
+    ]
     env = {**os.environ, "PYTHONPATH": str(SRC), "MALLOC_MMAP_THRESHOLD_": "131072"}
-    child = subprocess.run([sys.executable, "-c", CHILD, json.dumps(configs)], capture_output=True, text=True, env=env, timeout=600)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(configs)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     measured = dict(zip([1, 2, 4], json.loads(child.stdout)[1:]))
     for k in (2, 4):

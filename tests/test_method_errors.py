@@ -81,7 +81,9 @@ def plugin_root(tmp_path, monkeypatch):
 
 
 def broken(store, split, fail, rounds=2):
-    return tiny_run_config(store, split, "brokenfed", method_module="my_lab.brokenfed", method_params={"fail": fail}, rounds=rounds)
+    return tiny_run_config(
+        store, split, "brokenfed", method_module="my_lab.brokenfed", method_params={"fail": fail}, rounds=rounds
+    )
 
 
 def test_a_key_error_in_client_train_names_method_hook_round_and_client(tmp_path, tiny_task, plugin_root):
@@ -139,23 +141,38 @@ def test_a_builtin_methods_error_is_named_the_same_way(tmp_path, tiny_task, monk
 
     monkeypatch.setattr(fedprox.Client, "receive", receive)
     store, split = tiny_task
-    with pytest.raises(MethodError, match=r"^method 'fedprox', Client\.receive, round 0, client 'A': RuntimeError: boom$"):
-        engine.run_training(tiny_run_config(store, split, "fedprox", rounds=1), tmp_path / "run", threads=1, progress=False)
+    with pytest.raises(
+        MethodError, match=r"^method 'fedprox', Client\.receive, round 0, client 'A': RuntimeError: boom$"
+    ):
+        engine.run_training(
+            tiny_run_config(store, split, "fedprox", rounds=1), tmp_path / "run", threads=1, progress=False
+        )
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fedmedbench", *args], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.environ["PYTHONPATH"], str(ROOT / "src")])})
+    return subprocess.run(
+        [sys.executable, "-m", "fedmedbench", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.environ["PYTHONPATH"], str(ROOT / "src")])},
+    )
 
 
 @pytest.mark.slow  # outside `make test`: a long run; `make test-all` runs it
 def test_the_cli_prints_one_line_and_the_traceback_only_with_v(tmp_path, tiny_task, plugin_root):
     store, split = tiny_task
     run_config = json.dumps(broken(store, split, "key"))
-    quiet = run_cli("train", "--run-config", run_config, "--out", str(tmp_path / "quiet"), "--threads", "1", "--no-progress")
+    quiet = run_cli(
+        "train", "--run-config", run_config, "--out", str(tmp_path / "quiet"), "--threads", "1", "--no-progress"
+    )
     assert quiet.returncode == 1
-    assert quiet.stderr.splitlines()[-1].endswith("ERROR fedmedbench: MethodError: method 'brokenfed', Client.train, round 2, client 'B': KeyError: 'x'"), quiet.stderr[-2000:]
+    assert quiet.stderr.splitlines()[-1].endswith(
+        "ERROR fedmedbench: MethodError: method 'brokenfed', Client.train, round 2, client 'B': KeyError: 'x'"
+    ), quiet.stderr[-2000:]
     assert "Traceback" not in quiet.stderr
-    loud = run_cli("-v", "train", "--run-config", run_config, "--out", str(tmp_path / "loud"), "--threads", "1", "--no-progress")
+    loud = run_cli(
+        "-v", "train", "--run-config", run_config, "--out", str(tmp_path / "loud"), "--threads", "1", "--no-progress"
+    )
     assert loud.returncode == 1
     assert "Traceback" in loud.stderr and 'return {}["x"]' in loud.stderr and "KeyError: 'x'" in loud.stderr
 

@@ -49,7 +49,9 @@ def test_dice_fg_pools_slices_per_case_like_monai():
     for case in "abc":
         idx = [i for i, g in enumerate(groups) if g == case]
         # A case as one volume: (1, C, D, H, W) one-hot.
-        to_volume = lambda a, idx=idx: torch.nn.functional.one_hot(torch.from_numpy(a[idx]).long(), 2).permute(3, 0, 1, 2)[None].float()  # noqa: E731
+        to_volume = lambda a, idx=idx: (
+            torch.nn.functional.one_hot(torch.from_numpy(a[idx]).long(), 2).permute(3, 0, 1, 2)[None].float()
+        )  # noqa: E731
         metric(y_pred=to_volume(pred), y=to_volume(truth))
     assert ours == pytest.approx(metric.aggregate().item(), abs=1e-6)
 
@@ -80,5 +82,10 @@ def test_nested_region_dice_for_three_classes_only():
     assert scores["dice_region2"] == pytest.approx(2 / 3)
     assert scores["dice_regions"] == pytest.approx((0.75 + 2 / 3) / 2)
     binary = SegmentationMeter(2)
-    binary.update(torch.nn.functional.one_hot(target.clamp(max=1), 2).permute(0, 3, 1, 2).float(), target.clamp(max=1), ["a", "b"], 0.0)
+    binary.update(
+        torch.nn.functional.one_hot(target.clamp(max=1), 2).permute(0, 3, 1, 2).float(),
+        target.clamp(max=1),
+        ["a", "b"],
+        0.0,
+    )
     assert set(binary.compute()) == {"dice_paper", "dice_fg", "loss"}

@@ -28,7 +28,9 @@ def test_contrastive_loss_by_hand():
     assert loss.item() == pytest.approx(expected, rel=1e-12)
     assert loss.item() >= 0
     # temperature 1: log(1 + e^{-1/sqrt 2}) for the first sample alone
-    assert moon.contrastive_loss(z[:1], z_g[:1], z_p[:1], 1.0).item() == pytest.approx(math.log(1 + math.exp(-1 / math.sqrt(2))), rel=1e-12)
+    assert moon.contrastive_loss(z[:1], z_g[:1], z_p[:1], 1.0).item() == pytest.approx(
+        math.log(1 + math.exp(-1 / math.sqrt(2))), rel=1e-12
+    )
 
 
 def test_contrastive_loss_is_log2_with_zero_gradient_when_prev_equals_global():
@@ -56,7 +58,11 @@ def test_head_shape_seed_and_no_global_rng_use():
 # --- whole runs ------------------------------------------------------------------------------------
 def train(tmp_path, name, cfg):
     final = run_training(cfg, tmp_path / name, progress=False)
-    return final, checkpoint.load_plain(tmp_path / name / "model_best.pt"), (tmp_path / name / "history.csv").read_text()
+    return (
+        final,
+        checkpoint.load_plain(tmp_path / name / "model_best.pt"),
+        (tmp_path / name / "history.csv").read_text(),
+    )
 
 
 def test_mu_zero_is_fedavg_bitwise(tmp_path, tiny_task):
@@ -79,9 +85,13 @@ def federation(store, split, cfg):
 
 def test_head_is_trained_and_averaged(tiny_task):
     store, split = tiny_task
-    _, _, server, clients = federation(store, split, tiny_run_config(store, split, "moon", augment="none", method_params={"mu": 1.0}))
+    _, _, server, clients = federation(
+        store, split, tiny_run_config(store, split, "moon", augment="none", method_params={"mu": 1.0})
+    )
     init = {k: v.clone() for k, v in server.global_state.items() if k.startswith(moon.HEAD_PREFIX)}
-    assert len(init) == 4 and all(torch.equal(v, clients[1].head.state_dict()[k[len(moon.HEAD_PREFIX) :]]) for k, v in init.items())
+    assert len(init) == 4 and all(
+        torch.equal(v, clients[1].head.state_dict()[k[len(moon.HEAD_PREFIX) :]]) for k, v in init.items()
+    )
     for round_index in (1, 2):  # round 1 has no previous model (l_con = 0), round 2 trains the head
         replies = []
         for c in clients:
@@ -104,7 +114,9 @@ def test_head_is_trained_and_averaged(tiny_task):
 def test_embedding_pass_does_not_touch_bn_statistics(tiny_task):
     """One MOON step (mu > 0) updates the BN running statistics exactly as one FedAvg step does."""
     store, split = tiny_task
-    cfg, model, _, (client, *_) = federation(store, split, tiny_run_config(store, split, "moon", augment="none", method_params={"mu": 1.0}))
+    cfg, model, _, (client, *_) = federation(
+        store, split, tiny_run_config(store, split, "moon", augment="none", method_params={"mu": 1.0})
+    )
     client.has_prev = True  # pretend a previous round, so the contrastive term is on
     plain = fedavg.Client(cfg, 0, client.data, copy.deepcopy(model), client_generator(0, 0), torch.device("cpu"))
     x, y = next(train_batches(client.data.train, 4, torch.Generator().manual_seed(0), "none", cfg.intensity_scale))

@@ -48,20 +48,35 @@ RECT = [(3, 2), (9, 2), (9, 5), (3, 5)]  # rows 2..5, cols 3..9: 4 * 7 = 28 px
 TRIANGLE = [(20, 10), (24, 10), (20, 14)]  # right triangle, legs 4: 5 * 6 / 2 = 15 px
 OUTSIDE = [(35, 20), (45, 20), (45, 24), (35, 24)]  # cols 35..45 clipped to 35..39: 5 * 5 = 25 px
 TWO_VERTICES = [(1, 1), (6, 6)]  # degenerate: skipped
-MONUSAC_XML = HEADER + annotation(1, "Epithelial", [region(1, RECT), region(2, TRIANGLE)]) + annotation(
-    2, "Lymphocyte", [region(3, OUTSIDE), region(4, TWO_VERTICES)]
-) + "</Annotations>\n"
+MONUSAC_XML = (
+    HEADER
+    + annotation(1, "Epithelial", [region(1, RECT), region(2, TRIANGLE)])
+    + annotation(2, "Lymphocyte", [region(3, OUTSIDE), region(4, TWO_VERTICES)])
+    + "</Annotations>\n"
+)
 MONUSAC_PIXELS = 28 + 15 + 25
 
 AMBIGUOUS = [(10, 15), (17, 15), (17, 18), (10, 18)]  # rows 15..18, cols 10..17: 4 * 8 = 32 px, apart from the rest
-MONUSAC_TEST_XML = HEADER + annotation(1, "Epithelial", [region(1, RECT)]) + annotation(
-    2, "Ambiguous", [region(2, AMBIGUOUS)]
-) + "</Annotations>\n"
+MONUSAC_TEST_XML = (
+    HEADER
+    + annotation(1, "Epithelial", [region(1, RECT)])
+    + annotation(2, "Ambiguous", [region(2, AMBIGUOUS)])
+    + "</Annotations>\n"
+)
 
-MONUSEG_XML = HEADER + annotation(
-    1, "Description", [region(1, [(0, 0), (3, 0), (3, 3), (0, 3)]), region(2, [(10, 10), (10, 16), (16, 10)]),
-                       region(3, [(20.4, 20.6), (25.4, 20.6), (25.4, 22.6), (20.4, 22.6)])]
-) + "</Annotations>\n"
+MONUSEG_XML = (
+    HEADER
+    + annotation(
+        1,
+        "Description",
+        [
+            region(1, [(0, 0), (3, 0), (3, 3), (0, 3)]),
+            region(2, [(10, 10), (10, 16), (16, 10)]),
+            region(3, [(20.4, 20.6), (25.4, 20.6), (25.4, 22.6), (20.4, 22.6)]),
+        ],
+    )
+    + "</Annotations>\n"
+)
 # 4*4 = 16, legs 6: 28, rows 21..22 x cols 21..25 = 10 (pixel centres inside the fractional rectangle)
 MONUSEG_PIXELS = 16 + 28 + 10
 
@@ -80,7 +95,16 @@ def write_tif(path: Path, array: np.ndarray) -> None:
 
 def write_fixture(root: Path) -> dict:
     """The five raw folders (as extracted), keyed by their raw archive names."""
-    raw = {name: root / name for name in (N.download.MONUSAC_TRAIN, N.download.MONUSAC_TEST, N.download.MONUSEG_TRAIN, N.download.MONUSEG_TEST, N.download.TNBC_ZIP)}
+    raw = {
+        name: root / name
+        for name in (
+            N.download.MONUSAC_TRAIN,
+            N.download.MONUSAC_TEST,
+            N.download.MONUSEG_TRAIN,
+            N.download.MONUSEG_TEST,
+            N.download.TNBC_ZIP,
+        )
+    }
     # MoNuSAC train: lung (the spec's example names), breast, kidney, prostate; one svs-only sub-image.
     top = raw[N.download.MONUSAC_TRAIN] / "MoNuSAC_images_and_annotations"
     for k, patient in enumerate(["TCGA-55-1594", "TCGA-A2-A0CV", "TCGA-5P-A9K0", "TCGA-EJ-5495"]):
@@ -104,7 +128,9 @@ def write_fixture(root: Path) -> dict:
     junk.mkdir(parents=True)
     (junk / "._TCGA-18-5592-01Z-00-DX1.tif").write_bytes(b"\x00\x05\x16\x07")
     (top / "Annotations" / "._TCGA-18-5592-01Z-00-DX1.xml").write_bytes(b"\x00\x05\x16\x07")
-    write_tif(raw[N.download.MONUSEG_TEST] / "MoNuSegTestData" / "TCGA-2Z-A9J9-01A-01-TS1.tif", rgba(32, 32, 21)[..., :3])
+    write_tif(
+        raw[N.download.MONUSEG_TEST] / "MoNuSegTestData" / "TCGA-2Z-A9J9-01A-01-TS1.tif", rgba(32, 32, 21)[..., :3]
+    )
     (raw[N.download.MONUSEG_TEST] / "MoNuSegTestData" / "TCGA-2Z-A9J9-01A-01-TS1.xml").write_text(MONUSEG_XML)
     # TNBC: two patients, RGBA slides, L-mode GT with 0/255 (and one anti-aliased 128).
     tnbc = raw[N.download.TNBC_ZIP] / "TNBC_NucleiSegmentation"
@@ -138,7 +164,9 @@ def test_xml_mask_pixel_counts_equal_polygon_areas(raw):
     assert mask[2:6, 3:10].all() and int(mask[2:6, 3:10].sum()) == 28
     assert int(mask[20:25, 35:40].sum()) == 25  # the part inside the image, clipped at column 39
     assert stats == {"regions": 3, "skipped_regions": 1, "ambiguous_regions": 0, "outside_regions": 0}
-    seg_mask, _ = N.raw.xml_to_mask(raw[N.download.MONUSEG_TRAIN] / "MoNuSeg 2018 Training Data/Annotations/TCGA-18-5592-01Z-00-DX1.xml", (32, 32))
+    seg_mask, _ = N.raw.xml_to_mask(
+        raw[N.download.MONUSEG_TRAIN] / "MoNuSeg 2018 Training Data/Annotations/TCGA-18-5592-01Z-00-DX1.xml", (32, 32)
+    )
     assert int(seg_mask.sum()) == MONUSEG_PIXELS
 
 
@@ -161,7 +189,13 @@ def test_alpha_dropped_from_tiff_and_png(raw):
 
 def test_tnbc_slide_gt_pairing_and_threshold(raw):
     found = N.raw.find_tnbc(raw[N.download.TNBC_ZIP])
-    pairs = [(s.image.relative_to(raw[N.download.TNBC_ZIP]).as_posix(), s.annotation.relative_to(raw[N.download.TNBC_ZIP]).as_posix()) for s in found.samples]
+    pairs = [
+        (
+            s.image.relative_to(raw[N.download.TNBC_ZIP]).as_posix(),
+            s.annotation.relative_to(raw[N.download.TNBC_ZIP]).as_posix(),
+        )
+        for s in found.samples
+    ]
     assert pairs == [
         ("TNBC_NucleiSegmentation/Slide_01/01_1.png", "TNBC_NucleiSegmentation/GT_01/01_1.png"),
         ("TNBC_NucleiSegmentation/Slide_02/02_1.png", "TNBC_NucleiSegmentation/GT_02/02_1.png"),
@@ -177,12 +211,16 @@ def test_tnbc_slide_gt_pairing_and_threshold(raw):
 def test_monusac_organs_svs_only_and_monuseg_junk(raw):
     found = N.raw.find_monusac(raw[N.download.MONUSAC_TRAIN], "train", N.download.MONUSAC_TRAIN)
     assert sorted((s.client, s.patient) for s in found.samples) == [
-        ("MoNuSAC_breast", "TCGA-A2-A0CV"), ("MoNuSAC_kidney", "TCGA-5P-A9K0"),
-        ("MoNuSAC_lung", "TCGA-55-1594"), ("MoNuSAC_prostate", "TCGA-EJ-5495"),
+        ("MoNuSAC_breast", "TCGA-A2-A0CV"),
+        ("MoNuSAC_kidney", "TCGA-5P-A9K0"),
+        ("MoNuSAC_lung", "TCGA-55-1594"),
+        ("MoNuSAC_prostate", "TCGA-EJ-5495"),
     ]
     assert any("_004.xml: only an .svs image" in line for line in found.skipped)
     seg = N.raw.find_monuseg(raw[N.download.MONUSEG_TRAIN], "train", N.download.MONUSEG_TRAIN)
-    assert [s.source for s in seg.samples] == [f"{N.download.MONUSEG_TRAIN}/MoNuSeg 2018 Training Data/Tissue Images/TCGA-18-5592-01Z-00-DX1.tif"]
+    assert [s.source for s in seg.samples] == [
+        f"{N.download.MONUSEG_TRAIN}/MoNuSeg 2018 Training Data/Tissue Images/TCGA-18-5592-01Z-00-DX1.tif"
+    ]
     assert seg.skipped == []  # the ._ files and __MACOSX are ignored, not reported
 
 
@@ -190,18 +228,33 @@ def test_organ_lists_are_consistent():
     for organ in ("lung", "kidney", "breast", "prostate"):
         for subset in ("train", "test"):
             assert all(N.sites.PATIENT_ORGAN[p] == organ for p in N.sites.MONUSAC_ORGANS[subset][organ])
-    assert [len(N.sites.MONUSAC_ORGANS["train"][o]) for o in ("lung", "kidney", "breast", "prostate")] == [10, 12, 10, 14]
+    assert [len(N.sites.MONUSAC_ORGANS["train"][o]) for o in ("lung", "kidney", "breast", "prostate")] == [
+        10,
+        12,
+        10,
+        14,
+    ]
     assert [len(N.sites.MONUSAC_ORGANS["test"][o]) for o in ("lung", "kidney", "breast", "prostate")] == [7, 7, 5, 6]
 
 
 def test_preprocess_resize_and_tiling(raw, tmp_path):
     counts = N.preprocess(raw, tmp_path / "resized", "harmofl", size=16, log=quiet)
-    assert counts == {"MoNuSAC_breast": 1, "MoNuSAC_kidney": 2, "MoNuSAC_lung": 1, "MoNuSAC_prostate": 1, "MoNuSeg": 2, "TNBC": 2}
+    assert counts == {
+        "MoNuSAC_breast": 1,
+        "MoNuSAC_kidney": 2,
+        "MoNuSAC_lung": 1,
+        "MoNuSAC_prostate": 1,
+        "MoNuSeg": 2,
+        "TNBC": 2,
+    }
     assert list_clients(tmp_path / "resized") == sorted(N.sites.CLIENTS)
     kidney = open_client(tmp_path / "resized", "MoNuSAC_kidney")
     assert kidney.images.shape == (2, 16, 16, 3) and kidney.labels.shape == (2, 16, 16)
     assert set(np.unique(kidney.labels)) <= {0, 1}
-    assert kidney.meta["id"].tolist() == ["MoNuSAC/test/TCGA-2Z-A9JG-01Z-00-DX1_1", "MoNuSAC/train/TCGA-5P-A9K0-01Z-00-DX1_1"]
+    assert kidney.meta["id"].tolist() == [
+        "MoNuSAC/test/TCGA-2Z-A9JG-01Z-00-DX1_1",
+        "MoNuSAC/train/TCGA-5P-A9K0-01Z-00-DX1_1",
+    ]
     assert (kidney.meta["group"] == kidney.meta["id"]).all()
     assert kidney.meta["source"].iloc[0] == (
         f"{N.download.MONUSAC_TEST}/MoNuSAC Testing Data and Annotations/TCGA-2Z-A9JG-01Z-00-DX1/TCGA-2Z-A9JG-01Z-00-DX1_1.tif"
@@ -266,7 +319,10 @@ def test_bad_inputs_are_named(raw, tmp_path):
 def synthetic(tmp_path_factory):
     root = tmp_path_factory.mktemp("nuclei_synthetic")
     info = N.write_synthetic(root / "synthetic", seed=5, images_per_site=4, image_size=64, tnbc_patients=3)
-    raw = {spec.filename: safe_extract(root / "synthetic" / spec.filename, root / "extracted" / spec.filename) for spec in N.DOWNLOADS}
+    raw = {
+        spec.filename: safe_extract(root / "synthetic" / spec.filename, root / "extracted" / spec.filename)
+        for spec in N.DOWNLOADS
+    }
     return root, info, raw
 
 
@@ -309,7 +365,9 @@ def test_split_image_level_disjoint_deterministic(synthetic, tmp_path):
         n_rows = len(open_client(tmp_path / "store", client))
         assert sorted(part.row) == list(range(n_rows))  # every tile exactly once
         groups = part.groupby("split")["group"].apply(set)
-        assert not (groups["train"] & groups["val"] or groups["train"] & groups["test"] or groups["val"] & groups["test"])
+        assert not (
+            groups["train"] & groups["val"] or groups["train"] & groups["test"] or groups["val"] & groups["test"]
+        )
         assert [len(groups[s]) for s in ("train", "val", "test")] == [2, 1, 1]  # 4 images: int(2.56), int(3.2)
     patient = N.split(tmp_path / "store", tmp_path / "p.csv", "harmofl_tiled", permutation="patient", seed=0)
     meta = {c: open_client(tmp_path / "store", c).meta for c in N.sites.CLIENTS}
@@ -319,7 +377,9 @@ def test_split_image_level_disjoint_deterministic(synthetic, tmp_path):
 
 def test_split_refuses_empty_splits(raw, tmp_path):
     N.preprocess(raw, tmp_path / "store", "harmofl", size=16, log=quiet)
-    with pytest.raises(N.sites.NucleiDataError, match=r"client MoNuSAC_breast .* 1 image group\(s\) leave the \['train', 'val'\]"):
+    with pytest.raises(
+        N.sites.NucleiDataError, match=r"client MoNuSAC_breast .* 1 image group\(s\) leave the \['train', 'val'\]"
+    ):
         N.split(tmp_path / "store", tmp_path / "s.csv", "harmofl")
     assert not (tmp_path / "s.csv").exists()
 

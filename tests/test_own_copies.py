@@ -79,7 +79,9 @@ def editing_plugin(tmp_path, monkeypatch):
 
 
 def editing_config(store, split, copy_first=False, **overrides):
-    return tiny_run_config(store, split, "editfed", method_module="my_lab.editfed", method_params={"copy_first": copy_first}, **overrides)
+    return tiny_run_config(
+        store, split, "editfed", method_module="my_lab.editfed", method_params={"copy_first": copy_first}, **overrides
+    )
 
 
 def test_in_place_edits_reach_no_other_site_in_the_engine(tmp_path, tiny_task, editing_plugin):
@@ -89,7 +91,9 @@ def test_in_place_edits_reach_no_other_site_in_the_engine(tmp_path, tiny_task, e
     tensors and the server the clients' model tensors; round 1's mean val Dice differed.)"""
     store, split = tiny_task
     edits = engine.run_training(editing_config(store, split), tmp_path / "edits", threads=1, progress=False)
-    copies = engine.run_training(editing_config(store, split, copy_first=True), tmp_path / "copies", threads=1, progress=False)
+    copies = engine.run_training(
+        editing_config(store, split, copy_first=True), tmp_path / "copies", threads=1, progress=False
+    )
     assert strip(edits) == strip(copies)
     assert (tmp_path / "edits" / "history.csv").read_bytes() == (tmp_path / "copies" / "history.csv").read_bytes()
 
@@ -113,7 +117,9 @@ def test_the_server_state_is_not_the_clients_and_a_package_is_not_the_servers(tm
     # The server summed into the first reply: that is no client's model.
     storages = {value.untyped_storage().data_ptr() for value in server.global_state.values()}
     for site in sites:
-        assert not storages & {p.untyped_storage().data_ptr() for p in site.client.model.state_dict().values()}, site.name
+        assert not storages & {p.untyped_storage().data_ptr() for p in site.client.model.state_dict().values()}, (
+            site.name
+        )
     # Each client blends its package into its trained weights in place, in its own copy: the
     # server's state is as it was.
     before = {key: value.clone() for key, value in server.global_state.items()}
@@ -148,7 +154,12 @@ def test_a_copy_has_the_same_numbers_layout_and_containers_and_shares_nothing():
     assert type(copied["state"]) is OrderedDict and copied["state"]._metadata == state._metadata
     for key, value in state.items():
         mine = copied["state"][key]
-        assert torch.equal(mine, value) and mine.dtype == value.dtype and mine.stride() == value.stride() and mine.device == value.device
+        assert (
+            torch.equal(mine, value)
+            and mine.dtype == value.dtype
+            and mine.stride() == value.stride()
+            and mine.device == value.device
+        )
         assert mine.untyped_storage().data_ptr() != value.untyped_storage().data_ptr() and not mine.requires_grad
     assert copied["extras"][1] == (1, "a") and copied["weight"] == 0.5 and copied["none"] is None
     copied["extras"][0].add_(1.0)

@@ -87,7 +87,13 @@ def test_random_pixels_are_refused_unless_the_data_are_synthetic(tmp_path):
     from fedmedbench.fl.data import refuse_random_pixels
 
     store = tmp_path / "store"
-    write_client(store, "A", np.zeros((2, 8, 8, 1), np.uint8), np.zeros(2, np.int64), pd.DataFrame({"id": ["a", "b"], "group": ["a", "b"], "source": ["x", "y"]}))
+    write_client(
+        store,
+        "A",
+        np.zeros((2, 8, 8, 1), np.uint8),
+        np.zeros(2, np.int64),
+        pd.DataFrame({"id": ["a", "b"], "group": ["a", "b"], "source": ["x", "y"]}),
+    )
     assert random_pixels(store) is False
     refuse_random_pixels({"data": {"store": str(store), "synthetic": False}})  # a real store: no word
     mark_random_pixels(store, "a test")
@@ -110,9 +116,19 @@ def test_random_pixels_are_refused_unless_the_data_are_synthetic(tmp_path):
 ])  # fmt: skip
 def test_an_out_the_pipeline_reads_is_refused_and_nothing_is_written(tmp_path, out, says):
     (tmp_path / "results").mkdir()
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", out, "--tasks", "nuclei", "--scale", "0.02"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", out, "--tasks", "nuclei", "--scale", "0.02"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 1
-    assert done.stderr.strip() == "paper_shaped_stores.py: " + says.format(cwd=tmp_path) + ("" if "plain name" in says or "deeper" in says else "; give a folder of its own, e.g. --out results/paper-shaped")
+    assert done.stderr.strip() == "paper_shaped_stores.py: " + says.format(cwd=tmp_path) + (
+        ""
+        if "plain name" in says or "deeper" in says
+        else "; give a folder of its own, e.g. --out results/paper-shaped"
+    )
     assert "results_dir" not in done.stderr
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*")] == [Path("results")]  # nothing written
 
@@ -122,8 +138,14 @@ def test_an_existing_store_of_a_later_task_is_refused_before_any_store_is_writte
     (out / "data" / "skin" / "prrfl" / "store").mkdir(parents=True)  # skin, asked for after prostate
     failed = run("--out", str(out), "--tasks", "prostate", "skin", "--scale", "0.02")
     assert failed.returncode == 1 and failed.stderr.strip() == (
-        f"paper_shaped_stores.py: {out}/data/skin/prrfl/store already exists: remove it or pick another --out")
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["data", "data/skin", "data/skin/prrfl", "data/skin/prrfl/store"]
+        f"paper_shaped_stores.py: {out}/data/skin/prrfl/store already exists: remove it or pick another --out"
+    )
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "data",
+        "data/skin",
+        "data/skin/prrfl",
+        "data/skin/prrfl/store",
+    ]
 
 
 def test_a_failure_part_way_removes_the_stores_already_written(tmp_path):
@@ -135,4 +157,9 @@ def test_a_failure_part_way_removes_the_stores_already_written(tmp_path):
     assert "\n" not in message and message.startswith("paper_shaped_stores.py: [Errno 21] Is a directory: ")
     assert message.endswith(f"-> '{out}/data/skin/prrfl/split.csv'")
     # prostate's store and split, written first, are gone with their folders; skin's store too.
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["data", "data/skin", "data/skin/prrfl", "data/skin/prrfl/split.csv"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "data",
+        "data/skin",
+        "data/skin/prrfl",
+        "data/skin/prrfl/split.csv",
+    ]

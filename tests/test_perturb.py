@@ -11,7 +11,9 @@ from fedmedbench.ops.perturb import global_grad_norm, perturbation, perturbed_st
 
 def small_net(seed=0):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 5, 2))
+    return nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 5, 2)
+    )
 
 
 def batch(seed=1):
@@ -27,10 +29,13 @@ def plain_step(model, optimizer, x, y):
     return loss.detach()
 
 
-@pytest.mark.parametrize("make_optimizer", [
-    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4),
-    lambda p: torch.optim.Adam(p, lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-4),
-])
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4),
+        lambda p: torch.optim.Adam(p, lr=1e-2, betas=(0.9, 0.99), weight_decay=1e-4),
+    ],
+)
 def test_radius_zero_is_the_plain_step_bit_for_bit(make_optimizer):
     plain = small_net()
     perturbed = copy.deepcopy(plain)
@@ -38,7 +43,9 @@ def test_radius_zero_is_the_plain_step_bit_for_bit(make_optimizer):
     for step in range(3):
         x, y = batch(step)
         loss_a = plain_step(plain, opt_plain, x, y)
-        loss_b = perturbed_step(perturbed, lambda x=x, y=y: nn.functional.cross_entropy(perturbed(x), y), opt_perturbed, radius=0.0)
+        loss_b = perturbed_step(
+            perturbed, lambda x=x, y=y: nn.functional.cross_entropy(perturbed(x), y), opt_perturbed, radius=0.0
+        )
         assert torch.equal(loss_a, loss_b)
     for (name, a), b in zip(plain.state_dict().items(), perturbed.state_dict().values()):
         assert torch.equal(a, b), name  # weights and BN running statistics (updated once per step)
@@ -51,7 +58,12 @@ def test_linear_model_by_hand():
     """f(x) = w.x + b, L = mean((f - y)^2); one global norm over (w, b); gradient at theta + delta, SGD at theta."""
     x = torch.tensor([[1.0, 2.0], [3.0, -1.0]], dtype=torch.float64)
     y = torch.tensor([1.0, 0.0], dtype=torch.float64)
-    w0, b0, alpha, lr = torch.tensor([0.5, -0.25], dtype=torch.float64), torch.tensor(0.1, dtype=torch.float64), 0.05, 0.1
+    w0, b0, alpha, lr = (
+        torch.tensor([0.5, -0.25], dtype=torch.float64),
+        torch.tensor(0.1, dtype=torch.float64),
+        0.05,
+        0.1,
+    )
 
     def grads(w, b):
         r = x @ w + b - y  # residuals
@@ -104,7 +116,13 @@ def test_perturbed_pass_leaves_bn_statistics_and_after_backward_runs():
         reference(x)  # one forward at theta updates the statistics once
     calls = []
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: only the statistics can move
-    perturbed_step(model, lambda: nn.functional.cross_entropy(model(x), y), optimizer, radius=1.0, after_backward=lambda: calls.append(1))
+    perturbed_step(
+        model,
+        lambda: nn.functional.cross_entropy(model(x), y),
+        optimizer,
+        radius=1.0,
+        after_backward=lambda: calls.append(1),
+    )
     assert calls == [1]
     bn, bn_ref = model[1], reference[1]
     assert torch.equal(bn.running_mean, bn_ref.running_mean) and torch.equal(bn.running_var, bn_ref.running_var)

@@ -63,7 +63,10 @@ def test_full_box_with_identical_phases_gives_every_client_the_same_amplitude(sh
     spectrum = torch.fft.fft2(base.double())
     phase = torch.angle(spectrum)
     # Same phase, different amplitudes (scaled per client): the results must all be the mean.
-    ws = [matrix_as_weight(torch.fft.ifft2(spectrum.abs() * s * torch.exp(1j * phase)).real.float(), torch.Size(shape)) for s in (0.5, 1.0, 2.5)]
+    ws = [
+        matrix_as_weight(torch.fft.ifft2(spectrum.abs() * s * torch.exp(1j * phase)).real.float(), torch.Size(shape))
+        for s in (0.5, 1.0, 2.5)
+    ]
     outs = fourier_aggregate(ws, 4.0)  # a box wider than every axis
     for out in outs:
         assert torch.allclose(out, outs[0], atol=1e-5)
@@ -164,7 +167,9 @@ def official_numpy(weights, radius, is_conv):
     outs = []
     for a, p, orig in zip(amps, phases, weights):
         a = a.copy()
-        a[max(ch - bh, 0) : ch + bh, max(cw - bw, 0) : cw + bw] = mean[max(ch - bh, 0) : ch + bh, max(cw - bw, 0) : cw + bw]
+        a[max(ch - bh, 0) : ch + bh, max(cw - bw, 0) : cw + bw] = mean[
+            max(ch - bh, 0) : ch + bh, max(cw - bw, 0) : cw + bw
+        ]
         rec = np.real(np.fft.ifft2(np.fft.ifftshift(a, axes=(-2, -1)) * np.exp(1j * p), axes=(-2, -1)))
         if is_conv:
             n, c, k1, k2 = orig.shape

@@ -48,7 +48,10 @@ def plugin(tmp_path, monkeypatch):
 
 
 def with_plugin(section: dict, runs=("fedavg", "fedtwin")) -> dict:
-    change = {"methods": {"fedtwin": {"module": "my_lab.fedtwin", **section}}, "experiments": {"harmofl_table1_prostate": {"runs": list(runs)}}}
+    change = {
+        "methods": {"fedtwin": {"module": "my_lab.fedtwin", **section}},
+        "experiments": {"harmofl_table1_prostate": {"runs": list(runs)}},
+    }
     return cfgmod.deep_merge(BASE, change)
 
 
@@ -68,7 +71,7 @@ def test_a_plugin_is_validated_at_dag_time_like_a_builtin(plugin):
         cfgmod.validate(with_plugin({"strenght": 0.2}), "config.yaml")
     with pytest.raises(ConfigError, match=r"methods\.fedtwin\.strength: expected number >= 0 and <= 1, got 2"):
         cfgmod.validate(with_plugin({"strength": 2}), "config.yaml")
-    with pytest.raises(ConfigError, match=r'methods\.fedtwin\.variants\.x \(run fedtwin-x\)\.flag: expected boolean'):
+    with pytest.raises(ConfigError, match=r"methods\.fedtwin\.variants\.x \(run fedtwin-x\)\.flag: expected boolean"):
         cfgmod.validate(with_plugin({"variants": {"x": {"flag": "no"}}}), "config.yaml")
 
 
@@ -79,7 +82,9 @@ def test_a_missing_module_or_contract_or_a_clash_is_one_line(plugin):
         cfgmod.validate(cfgmod.deep_merge(BASE, {"methods": {"fedtwin": {"module": "no_such_lab.x"}}}), "config.yaml")
     plugin.write_text(FEDAVG_TWIN.replace("from fedmedbench.fl.client import Client\n", ""))
     forget()
-    with pytest.raises(ConfigError, match=r"method 'fedtwin' \(my_lab\.fedtwin, .*fedtwin\.py\): the module lacks Client"):
+    with pytest.raises(
+        ConfigError, match=r"method 'fedtwin' \(my_lab\.fedtwin, .*fedtwin\.py\): the module lacks Client"
+    ):
         cfgmod.validate(with_plugin({}), "config.yaml")
     with pytest.raises(ConfigError, match=r"methods\.fedavg\.module: 'fedavg' is a built-in method"):
         cfgmod.validate(cfgmod.deep_merge(BASE, {"methods": {"fedavg": {"module": "my_lab.fedtwin"}}}), "config.yaml")
@@ -122,23 +127,42 @@ def test_an_installed_entry_point_is_a_method_name_and_is_listed(tmp_path):
     assert "parameters: strength=0.5, flag=False" in listing.stdout
     assert "fedavg " in listing.stdout and "built-in" in listing.stdout
     clash = run_cli("methods", pythonpath=[installed_plugin(tmp_path / "clash", "clash_pkg", "fedavg")])
-    assert clash.returncode == 1 and "entry point 'fedavg' of clash_pkg (fedmedbench.methods) has the name of a built-in method" in clash.stderr
+    assert (
+        clash.returncode == 1
+        and "entry point 'fedavg' of clash_pkg (fedmedbench.methods) has the name of a built-in method" in clash.stderr
+    )
 
 
 def test_new_method_writes_a_package_that_passes_its_own_test(tmp_path):
     out = tmp_path / "fedxyz"
     made = run_cli("new-method", "fedxyz", "--out", str(out))
     assert made.returncode == 0, made.stderr
-    assert '[project.entry-points."fedmedbench.methods"]\nfedxyz = "fedxyz.method"' in (out / "pyproject.toml").read_text()
+    assert (
+        '[project.entry-points."fedmedbench.methods"]\nfedxyz = "fedxyz.method"' in (out / "pyproject.toml").read_text()
+    )
     method = (out / "src" / "fedxyz" / "method.py").read_text()
-    for hook in ("receive(package)", "loss(x, y)", "after_backward()", "aggregate(round_index, replies)", "package(client_index, round_index)"):
+    for hook in (
+        "receive(package)",
+        "loss(x, y)",
+        "after_backward()",
+        "aggregate(round_index, replies)",
+        "package(client_index, round_index)",
+    ):
         assert hook in method, hook
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(out / "src"), str(ROOT / "src")])}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out / "tests")], capture_output=True, text=True, env=env, cwd=out)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out / "tests")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=out,
+    )
     assert result.returncode == 0, result.stdout[-2000:]
     assert "1 passed" in result.stdout
     # examples/fedxyz is this command's output, kept in the repository; it must not drift from what the command writes.
-    written = {f.relative_to(out): f.read_bytes() for f in out.rglob("*") if f.is_file() and "__pycache__" not in f.parts}
+    written = {
+        f.relative_to(out): f.read_bytes() for f in out.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+    }
     example = ROOT / "examples" / "fedxyz"
     assert {f: (example / f).read_bytes() for f in written if (example / f).is_file()} == written
     again = run_cli("new-method", "fedxyz", "--out", str(out))
@@ -148,11 +172,15 @@ def test_new_method_writes_a_package_that_passes_its_own_test(tmp_path):
 
 def test_the_methods_listing_includes_config_plugins(tmp_path, plugin):
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(textwrap.dedent("""
+    overlay.write_text(
+        textwrap.dedent("""
         methods:
           fedtwin: {module: my_lab.fedtwin, strength: 0.1}
-    """))
-    listing = run_cli("methods", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), pythonpath=[plugin.parents[1]])
+    """)
+    )
+    listing = run_cli(
+        "methods", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), pythonpath=[plugin.parents[1]]
+    )
     assert listing.returncode == 0, listing.stderr
     assert any(line.startswith("fedtwin ") and "config: my_lab.fedtwin" in line for line in listing.stdout.splitlines())
 
@@ -162,21 +190,35 @@ def test_an_installed_plugin_needs_no_section_and_a_missing_one_says_what_to_add
     monkeypatch.syspath_prepend(str(site))
     forget()
     try:
-        config = cfgmod.deep_merge(BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedsectionless"]}}})
+        config = cfgmod.deep_merge(
+            BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "fedsectionless"]}}}
+        )
         assert "fedsectionless" not in config["methods"]
         cfgmod.validate(config, "config.yaml")
         resolved = cfgmod.resolve_run(config, "prostate", "fedsectionless", 0)
-        assert resolved["method_params"] == {"strength": 0.5, "flag": False} and resolved["method_module"] == "sectionless_pkg.method"
+        assert (
+            resolved["method_params"] == {"strength": 0.5, "flag": False}
+            and resolved["method_module"] == "sectionless_pkg.method"
+        )
         # Neither built in, nor installed, nor a section: the YAML to add, in one line.
         unknown = cfgmod.deep_merge(BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedavg", "myfed"]}}})
         with pytest.raises(ConfigError) as err:
             cfgmod.validate(unknown, "config.yaml")
         assert "\n" not in str(err.value)
-        assert str(err.value).startswith("config.yaml: experiments.harmofl_table1_prostate: run 'myfed': method 'myfed' is neither built in nor an installed plug-in")
+        assert str(err.value).startswith(
+            "config.yaml: experiments.harmofl_table1_prostate: run 'myfed': method 'myfed' is neither built in nor an installed plug-in"
+        )
         assert str(err.value).endswith("`methods: {myfed: {module: <its import path, e.g. myfed.method>}}`")
         # A variant needs a section: the message shows where it goes.
-        variant = cfgmod.deep_merge(BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedsectionless-strong"]}}})
-        with pytest.raises(ConfigError, match=re.escape("(a variant is added as `methods: {fedsectionless: {variants: {strong: {<parameter or task key>: <value>}}}}`)")):
+        variant = cfgmod.deep_merge(
+            BASE, {"experiments": {"harmofl_table1_prostate": {"runs": ["fedsectionless-strong"]}}}
+        )
+        with pytest.raises(
+            ConfigError,
+            match=re.escape(
+                "(a variant is added as `methods: {fedsectionless: {variants: {strong: {<parameter or task key>: <value>}}}}`)"
+            ),
+        ):
             cfgmod.validate(variant, "config.yaml")
     finally:
         forget()

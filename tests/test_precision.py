@@ -12,8 +12,14 @@ from tests.conftest import tiny_run_config
 def test_bf16_runs_every_custom_step_and_stays_close_to_fp32(tmp_path, tiny_task, method):
     store, split = tiny_task
     params = {"mu": 1.0} if method == "moon" else {}
-    fp32 = engine.run_training(tiny_run_config(store, split, method, rounds=1, method_params=params), tmp_path / "fp32", progress=False)
-    bf16 = engine.run_training(tiny_run_config(store, split, method, rounds=1, method_params=params, precision="bf16"), tmp_path / "bf16", progress=False)
+    fp32 = engine.run_training(
+        tiny_run_config(store, split, method, rounds=1, method_params=params), tmp_path / "fp32", progress=False
+    )
+    bf16 = engine.run_training(
+        tiny_run_config(store, split, method, rounds=1, method_params=params, precision="bf16"),
+        tmp_path / "bf16",
+        progress=False,
+    )
     for client, scores in fp32["val"].items():
         assert bf16["val"][client]["dice_paper"] == pytest.approx(scores["dice_paper"], abs=0.15)
 

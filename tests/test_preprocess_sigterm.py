@@ -38,8 +38,22 @@ def test_sigterm_during_preprocessing_leaves_no_temporary_folder(tmp_path):
     out, marker = tmp_path / "run", tmp_path / "half-written"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDMEDBENCH_JOBSERVER")}
     env["PYTHONPATH"] = str(SRC)
-    cmd = [sys.executable, "-c", PAUSED_PREPROCESS, str(marker),
-           "preprocess", "fundus", "--protocol", "fedlwr", "--raw", f"{archive}={raw}", "--out", str(out / "store"), "--size", "16"]
+    cmd = [
+        sys.executable,
+        "-c",
+        PAUSED_PREPROCESS,
+        str(marker),
+        "preprocess",
+        "fundus",
+        "--protocol",
+        "fedlwr",
+        "--raw",
+        f"{archive}={raw}",
+        "--out",
+        str(out / "store"),
+        "--size",
+        "16",
+    ]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

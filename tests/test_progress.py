@@ -20,12 +20,16 @@ class FakeClock:
         return self.now
 
 
-def run_rounds(monkeypatch, caplog, seconds_per_round: float, total: int = 4, initial: int = 0, interval: float = 0.0) -> list[str]:
+def run_rounds(
+    monkeypatch, caplog, seconds_per_round: float, total: int = 4, initial: int = 0, interval: float = 0.0
+) -> list[str]:
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: plain log lines, as in a job log
     clock = FakeClock()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=LOG.name):
-        bar = Progress(total, "prostate/fedavg/seed0", LOG, unit="round", initial=initial, interval=interval, clock=clock)
+        bar = Progress(
+            total, "prostate/fedavg/seed0", LOG, unit="round", initial=initial, interval=interval, clock=clock
+        )
         for _ in range(total - initial):
             clock.now += seconds_per_round
             bar.update(1)
@@ -61,11 +65,23 @@ def test_a_resumed_run_rates_only_the_rounds_it_ran(monkeypatch, caplog):
 def test_log_lines_at_most_every_interval_and_at_the_end(monkeypatch, caplog):
     # 20 s rounds, a line at most every 30 s: after rounds 2 (40 s) and 4 (80 s, also the end).
     lines = run_rounds(monkeypatch, caplog, 20.0, total=4, interval=30.0)
-    assert [line.split(" (")[0] for line in lines] == ["prostate/fedavg/seed0: 2/4 round", "prostate/fedavg/seed0: 4/4 round"]
+    assert [line.split(" (")[0] for line in lines] == [
+        "prostate/fedavg/seed0: 2/4 round",
+        "prostate/fedavg/seed0: 4/4 round",
+    ]
     assert lines[-1].endswith("(20.0 s/round, ~0m00s left)")
 
 
-@pytest.mark.parametrize("rate, text", [(0.4, "2.5 s/round"), (1.0, "1.0 round/s"), (12.0, "12.0 round/s"), (0.0, "? s/round"), (float("nan"), "? s/round")])
+@pytest.mark.parametrize(
+    "rate, text",
+    [
+        (0.4, "2.5 s/round"),
+        (1.0, "1.0 round/s"),
+        (12.0, "12.0 round/s"),
+        (0.0, "? s/round"),
+        (float("nan"), "? s/round"),
+    ],
+)
 def test_rate_text(rate, text):
     assert rate_text(rate, "round") == text
 

@@ -123,8 +123,14 @@ def test_release_root_error_lists_what_was_found(tmp_path):
 def test_list_cases_is_case_insensitive_and_sorted(tmp_path):
     site = tmp_path / "SITE"
     site.mkdir()
-    for name in ["Case03.nii.gz", "Case03_SEGMENTATION.nii.gz", "Case01.nii.gz", "Case01_Segmentation.nii.gz",
-                 "._Case01.nii.gz", "notes.txt"]:
+    for name in [
+        "Case03.nii.gz",
+        "Case03_SEGMENTATION.nii.gz",
+        "Case01.nii.gz",
+        "Case01_Segmentation.nii.gz",
+        "._Case01.nii.gz",
+        "notes.txt",
+    ]:
         (site / name).write_bytes(b"")
     cases = P.raw.list_cases(site)
     assert [(c, i.name, s.name) for c, i, s in cases] == [
@@ -205,8 +211,9 @@ def test_percentile_normalisation():
 
 def test_resize_option(release, tmp_path):
     base, _ = release
-    counts = P.raw.preprocess_harmofl(base / "flat", tmp_path / "store", expect_real_counts=False, size=8,
-                                  log=lambda m: None)
+    counts = P.raw.preprocess_harmofl(
+        base / "flat", tmp_path / "store", expect_real_counts=False, size=8, log=lambda m: None
+    )
     data = open_client(tmp_path / "store", "HK")
     assert data.images.shape == (counts["HK"], 8, 8, 3) and data.labels.shape == (counts["HK"], 8, 8)
     assert set(np.unique(data.labels)) <= {0, 1}
@@ -215,11 +222,14 @@ def test_resize_option(release, tmp_path):
 def test_real_count_mismatch_names_every_site_and_writes_nothing(release, tmp_path):
     base, _ = release
     with pytest.raises(P.sites.ProstateDataError) as err:
-        P.raw.preprocess_harmofl(base / "flat", tmp_path / "store", expect_real_counts=True, log=lambda m: None,
-                             index_dir=INDEX_DIR)
+        P.raw.preprocess_harmofl(
+            base / "flat", tmp_path / "store", expect_real_counts=True, log=lambda m: None, index_dir=INDEX_DIR
+        )
     message = str(err.value)
     for client in P.sites.HARMOFL_CLIENTS:
-        assert f"{client}: {EXPECTED_COUNTS[client]} slices, HarmoFL has {P.sites.HARMOFL_SLICE_COUNTS[client]}" in message
+        assert (
+            f"{client}: {EXPECTED_COUNTS[client]} slices, HarmoFL has {P.sites.HARMOFL_SLICE_COUNTS[client]}" in message
+        )
     assert "missing" in message  # the file lists differ from HarmoFL's -dir.npy too
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -232,8 +242,11 @@ def test_real_count_mismatch_names_every_site_and_writes_nothing(release, tmp_pa
 def _fake_store(store_dir: Path, counts: dict[str, int], slices_per_case: int = 20) -> None:
     for client, n in counts.items():
         meta = pd.DataFrame(
-            {"id": [f"{client}/s{i:03d}" for i in range(n)], "group": [f"{client}/Case{i // slices_per_case:02d}" for i in range(n)],
-             "source": "synthetic"}
+            {
+                "id": [f"{client}/s{i:03d}" for i in range(n)],
+                "group": [f"{client}/Case{i // slices_per_case:02d}" for i in range(n)],
+                "source": "synthetic",
+            }
         )
         write_client(store_dir, client, np.zeros((n, 1, 1, 3), np.uint8), np.zeros((n, 1, 1), np.uint8), meta)
 
@@ -293,8 +306,13 @@ def test_seeded_split_is_deterministic_disjoint_and_keeps_cases_whole(tmp_path):
 
 def test_split_csv_validation(tmp_path):
     good = pd.DataFrame(
-        {"client": ["B", "A", "A", "A"], "split": ["train", "test", "train", "val"], "row": [0, 2, 1, 0],
-         "id": ["b0", "a2", "a1", "a0"], "group": ["g", "g", "g", "g"]}
+        {
+            "client": ["B", "A", "A", "A"],
+            "split": ["train", "test", "train", "val"],
+            "row": [0, 2, 1, 0],
+            "id": ["b0", "a2", "a1", "a0"],
+            "group": ["g", "g", "g", "g"],
+        }
     )
     path = write_split_csv(good, tmp_path / "ok.csv")
     back = read_split_csv(path)
@@ -359,8 +377,9 @@ def test_synthetic_release_round_trip(tmp_path):
 
 def test_synthetic_release_is_deterministic(tmp_path):
     def first_volume(name, seed):
-        zip_path = P.synthetic.write_synthetic_release(tmp_path / name, seed=seed, cases_per_site=1, depth=6, size=16,
-                                             top_folder=False)
+        zip_path = P.synthetic.write_synthetic_release(
+            tmp_path / name, seed=seed, cases_per_site=1, depth=6, size=16, top_folder=False
+        )
         raw = safe_extract(tmp_path / name, tmp_path / f"{name}.raw")
         return P.raw.read_volume(raw / "HK" / "Case38.nii.gz"), zip_path
 
@@ -371,6 +390,7 @@ def test_synthetic_release_is_deterministic(tmp_path):
     assert not np.array_equal(a, c)
     # The archive itself is byte-identical: members carry a fixed date, not the time of writing.
     import zipfile
+
     assert {m.date_time for m in zipfile.ZipFile(tmp_path / "a.zip").infolist()} == {(1980, 1, 1, 0, 0, 0)}
     assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()
 
@@ -394,5 +414,7 @@ def test_a_cut_short_volume_stops_preprocessing_naming_the_file(release, tmp_pat
     assert not (tmp_path / "store").exists()
     # A complete gzip stream whose NIfTI payload is shorter than its header says.
     victim.write_bytes(gzip.compress(gzip.decompress(data)[:-64]))
-    with pytest.raises(P.sites.ProstateDataError, match=r"cut short: \d+ bytes of image data where the header promises \d+"):
+    with pytest.raises(
+        P.sites.ProstateDataError, match=r"cut short: \d+ bytes of image data where the header promises \d+"
+    ):
         P.raw.read_volume(victim)

@@ -6,7 +6,6 @@ and last slices (kept by Fed-LWR, unlike HarmoFL), an empty slice, {1, 2} masks 
 ``_Segmentation`` at BMC.
 """
 
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -58,8 +57,14 @@ def store(release, tmp_path_factory):
 
 def test_sites_sorted_alphabetically():
     assert P.PROTOCOLS["fedlwr"] == [f"Site{i}" for i in range(1, 7)]
-    assert P.sites.FEDLWR_CLIENT_TO_RELEASE == {"Site1": "BIDMC", "Site2": "BMC", "Site3": "HK", "Site4": "I2CVB",
-                                          "Site5": "RUNMC", "Site6": "UCL"}
+    assert P.sites.FEDLWR_CLIENT_TO_RELEASE == {
+        "Site1": "BIDMC",
+        "Site2": "BMC",
+        "Site3": "HK",
+        "Site4": "I2CVB",
+        "Site5": "RUNMC",
+        "Site6": "UCL",
+    }
     assert P.PROTOCOLS["harmofl"] == P.sites.HARMOFL_CLIENTS  # the HarmoFL protocol is unchanged
 
 
@@ -112,7 +117,9 @@ def test_slice_normalisation():
     y = np.abs(np.random.default_rng(0).normal(100, 50, (16, 16)))
     y[0, 0] = 0.0
     p99 = np.percentile(y, 99)
-    np.testing.assert_array_equal(P.raw.fedlwr_normalize_slice(y), np.round(np.clip(y, 0, p99) / p99 * 255).astype(np.uint8))
+    np.testing.assert_array_equal(
+        P.raw.fedlwr_normalize_slice(y), np.round(np.clip(y, 0, p99) / p99 * 255).astype(np.uint8)
+    )
     assert not P.raw.fedlwr_normalize_slice(np.full((4, 4), 3.0)).any()
 
 
@@ -142,11 +149,17 @@ def test_split_on_real_case_counts(tmp_path):
     """Sizes from the real release (12/30/12/19/30/13 cases): seeds differ, cases never straddle splits."""
     for i, cases in enumerate(P.sites.RELEASE_CASES.values()):
         rows = [(case, s) for case in cases for s in range(3)]
-        meta = pd.DataFrame({"id": [f"Site{i + 1}/{c}/s{s:03d}" for c, s in rows],
-                             "group": [f"Site{i + 1}/{c}" for c, _ in rows], "source": "x"})
+        meta = pd.DataFrame(
+            {
+                "id": [f"Site{i + 1}/{c}/s{s:03d}" for c, s in rows],
+                "group": [f"Site{i + 1}/{c}" for c, _ in rows],
+                "source": "x",
+            }
+        )
         n = len(rows)
-        write_client(tmp_path / "store", f"Site{i + 1}", np.zeros((n, 1, 1, 3), np.uint8),
-                     np.zeros((n, 1, 1), np.uint8), meta)
+        write_client(
+            tmp_path / "store", f"Site{i + 1}", np.zeros((n, 1, 1, 3), np.uint8), np.zeros((n, 1, 1), np.uint8), meta
+        )
     splits = [P.split(tmp_path / "store", tmp_path / f"s{seed}.csv", "fedlwr", seed=seed) for seed in (0, 1)]
     assert not splits[0].equals(splits[1])
     for table in splits:
@@ -157,20 +170,30 @@ def test_split_on_real_case_counts(tmp_path):
         assert per_site.loc["Site4"].tolist() == [11, 4, 4] and per_site.loc["Site6"].tolist() == [7, 3, 3]
     P.split(tmp_path / "store", tmp_path / "sorted.csv", "fedlwr", permutation="sorted")
     sorted_split = read_split_csv(tmp_path / "sorted.csv")
-    first = open_client(tmp_path / "store", "Site1").meta["group"].to_numpy()[split_rows(sorted_split, "Site1", "train")]
+    first = (
+        open_client(tmp_path / "store", "Site1").meta["group"].to_numpy()[split_rows(sorted_split, "Site1", "train")]
+    )
     assert sorted(set(first)) == [f"Site1/{c}" for c in P.sites.RELEASE_CASES["BIDMC"][:8]]
 
 
 def test_real_count_mismatch_lists_every_site(release, tmp_path):
     raw, _ = release
     with pytest.raises(P.sites.ProstateDataError) as err:
-        P.preprocess({P.download.DOWNLOAD.filename: raw}, tmp_path / "store", "fedlwr", expect_real_counts=True, size=12,
-                     log=lambda m: None)
+        P.preprocess(
+            {P.download.DOWNLOAD.filename: raw},
+            tmp_path / "store",
+            "fedlwr",
+            expect_real_counts=True,
+            size=12,
+            log=lambda m: None,
+        )
     message = str(err.value)
     for site, release_name in P.sites.FEDLWR_CLIENT_TO_RELEASE.items():
         harmofl = P.sites.RELEASE_TO_CLIENT[release_name]
-        assert f"{site} ({release_name}): {2 * CASES[release_name]} foreground slices inside 1..D-2, HarmoFL has " \
-               f"{P.sites.HARMOFL_SLICE_COUNTS[harmofl]}" in message
+        assert (
+            f"{site} ({release_name}): {2 * CASES[release_name]} foreground slices inside 1..D-2, HarmoFL has "
+            f"{P.sites.HARMOFL_SLICE_COUNTS[harmofl]}" in message
+        )
     assert not (tmp_path / "store").exists()
 
 
@@ -199,7 +222,13 @@ def test_a_split_error_names_the_client(tmp_path):
     """Too few cases: the message names the client ("2 case(s) are too few" alone would not)."""
     for client in P.sites.FEDLWR_CLIENTS:
         n = 2 if client == "Site4" else 6
-        meta = pd.DataFrame({"id": [f"{client}/s{i}" for i in range(n)], "group": [f"{client}/Case{i:02d}" for i in range(n)], "source": "x"})
+        meta = pd.DataFrame(
+            {
+                "id": [f"{client}/s{i}" for i in range(n)],
+                "group": [f"{client}/Case{i:02d}" for i in range(n)],
+                "source": "x",
+            }
+        )
         write_client(tmp_path / "store", client, np.zeros((n, 1, 1, 3), np.uint8), np.zeros((n, 1, 1), np.uint8), meta)
     with pytest.raises(P.sites.ProstateDataError, match=r"client Site4: 2 case\(s\) are too few"):
         P.splits.split_fedlwr(tmp_path / "store", tmp_path / "split.csv")

@@ -32,10 +32,15 @@ def write_skin_task(root, clients=("A", "B", "C"), count=14, ood=6, seed=0):
         images = rng.integers(0, 50, (n, SIZE, SIZE, 3), dtype=np.uint8) + np.uint8(20 * c)
         for i, label in enumerate(labels):
             images[i, 8:24, 8:24, label] += 150
-        meta = pd.DataFrame({"id": [f"{name}/{i}" for i in range(n)], "group": [f"{name}/{i}" for i in range(n)], "source": "synthetic"})
+        meta = pd.DataFrame(
+            {"id": [f"{name}/{i}" for i in range(n)], "group": [f"{name}/{i}" for i in range(n)], "source": "synthetic"}
+        )
         write_client(root / "store", name, images, labels.astype(np.int64), meta)
         parts = ["test"] * n if name == "OOD" else ["train"] * (n - 6) + ["val"] * 3 + ["test"] * 3
-        rows += [{"client": name, "split": s, "row": i, "id": f"{name}/{i}", "group": f"{name}/{i}"} for i, s in enumerate(parts)]
+        rows += [
+            {"client": name, "split": s, "row": i, "id": f"{name}/{i}", "group": f"{name}/{i}"}
+            for i, s in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), root / "split.csv")
     return root / "store", root / "split.csv"
 
@@ -119,7 +124,12 @@ def test_det_losses_reach_only_the_student(skin_task):
     store, split = skin_task
     _, _, _, clients = build_federation(prrfl, skin_config(store, split, "prrfl"))
     client = clients[0]
-    client.deputy.load_state_dict({k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in client.deputy.state_dict().items()})
+    client.deputy.load_state_dict(
+        {
+            k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+            for k, v in client.deputy.state_dict().items()
+        }
+    )
     x = torch.rand(4, 3, SIZE, SIZE)
     y = torch.tensor([0, 1, 2, 0])
 
@@ -148,8 +158,19 @@ def test_det_losses_reach_only_the_student(skin_task):
 
 def test_det_stage_follows_phi_and_resets_only_when_asked(skin_task, monkeypatch):
     store, split = skin_task
-    for reset, expected in ((False, [[RECOVER, EXCHANGE, SUBLIMATE], [SUBLIMATE, SUBLIMATE, SUBLIMATE]]), (True, [[RECOVER, EXCHANGE, SUBLIMATE], [RECOVER, EXCHANGE, SUBLIMATE]])):
-        cfg = skin_config(store, split, "prrfl", clients=("A", "B"), local_epochs=3, batch_size=8, method_params={"reset_stage_each_round": reset})
+    for reset, expected in (
+        (False, [[RECOVER, EXCHANGE, SUBLIMATE], [SUBLIMATE, SUBLIMATE, SUBLIMATE]]),
+        (True, [[RECOVER, EXCHANGE, SUBLIMATE], [RECOVER, EXCHANGE, SUBLIMATE]]),
+    ):
+        cfg = skin_config(
+            store,
+            split,
+            "prrfl",
+            clients=("A", "B"),
+            local_epochs=3,
+            batch_size=8,
+            method_params={"reset_stage_each_round": reset},
+        )
         _, _, server, clients = build_federation(prrfl, cfg)
         monkeypatch.setattr(prrfl.Client, "phi", lambda self, model: 1.0)  # the deputy is as good as p
         seen = []
@@ -157,7 +178,11 @@ def test_det_stage_follows_phi_and_resets_only_when_asked(skin_task, monkeypatch
             replies = run_rounds(server, clients, 1, first=r)
             seen.append(replies[0]["stages"])
         assert seen == expected, reset
-        assert server.round_log(2)[0] == {"det_recover_epochs": expected[1].count(RECOVER), "det_exchange_epochs": expected[1].count(EXCHANGE), "det_sublimate_epochs": expected[1].count(SUBLIMATE)}
+        assert server.round_log(2)[0] == {
+            "det_recover_epochs": expected[1].count(RECOVER),
+            "det_exchange_epochs": expected[1].count(EXCHANGE),
+            "det_sublimate_epochs": expected[1].count(SUBLIMATE),
+        }
 
 
 def test_det_stage_resets_to_recover_each_round_by_default(skin_task, monkeypatch):
@@ -177,11 +202,24 @@ def test_prrfl_sends_each_client_its_own_pfa_result_keeps_bn_local_and_averages_
     store, split = skin_task
     cfg = skin_config(store, split, "prrfl", rounds=4, local_epochs=1)
     torch.manual_seed(0)  # a conv with a bias, BN, a linear layer (VGG-16-BN's kinds of layers, small)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 3),
+    )
     _, _, server, clients = build_federation(prrfl, cfg, model=model)
     bn = batchnorm_keys(clients[0].model)
     g = torch.Generator().manual_seed(0)
-    states = [{k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v for k, v in model.state_dict().items()} for _ in clients]
+    states = [
+        {
+            k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+            for k, v in model.state_dict().items()
+        }
+        for _ in clients
+    ]
     replies = [{"state": {k: v for k, v in s.items() if k not in bn}, "num_samples": 8} for s in states]
     server.aggregate(1, replies)
     packages = [server.package(i, 1)["state"] for i in range(3)]
@@ -206,7 +244,15 @@ def test_prrfl_uploads_p_by_default_and_the_deputy_when_asked(skin_task, upload)
     from fedmedbench.ops.fourier import fourier_aggregate
 
     store, split = skin_task
-    cfg = skin_config(store, split, "prrfl", clients=("A", "B"), local_epochs=2, batch_size=8, method_params={"upload": upload, "fourier_mode": "official"})
+    cfg = skin_config(
+        store,
+        split,
+        "prrfl",
+        clients=("A", "B"),
+        local_epochs=2,
+        batch_size=8,
+        method_params={"upload": upload, "fourier_mode": "official"},
+    )
     _, _, server, clients = build_federation(prrfl, cfg)
     assert prrfl.DEFAULTS["upload"] == "personalized"
     # Round 1 starts from p = d and keeps them equal up to rounding (the KL gradient vanishes between
@@ -270,7 +316,10 @@ def test_silobn_keeps_running_statistics_local_and_averages_the_affine_parameter
         state = c.model.state_dict()
         assert torch.allclose(state[gamma], expected)
         assert all(torch.equal(state[k], b[k]) for k in stats)
-    assert not torch.equal(clients[0].model.state_dict()["features.0.0.bn.running_mean"], clients[1].model.state_dict()["features.0.0.bn.running_mean"])
+    assert not torch.equal(
+        clients[0].model.state_dict()["features.0.0.bn.running_mean"],
+        clients[1].model.state_dict()["features.0.0.bn.running_mean"],
+    )
 
 
 def test_ida_with_two_clients_is_the_uniform_average(skin_task):
@@ -294,10 +343,20 @@ def test_ida_weights_by_hand():
 
 def test_fml_alpha_beta_one_private_follows_solo_and_meme_follows_fedavg(skin_task):
     store, split = skin_task
-    cfg = skin_config(store, split, "fml", clients=("A", "B"), local_epochs=1, augment="none", method_params={"alpha": 1.0, "beta": 1.0})
+    cfg = skin_config(
+        store,
+        split,
+        "fml",
+        clients=("A", "B"),
+        local_epochs=1,
+        augment="none",
+        method_params={"alpha": 1.0, "beta": 1.0},
+    )
     runs = {}
     for name, method in (("fml", fml), ("fedavg", fedavg), ("solo", solo)):
-        _, _, server, clients = build_federation(method, {**cfg, "method": name, "method_params": cfg["method_params"] if name == "fml" else {}})
+        _, _, server, clients = build_federation(
+            method, {**cfg, "method": name, "method_params": cfg["method_params"] if name == "fml" else {}}
+        )
         run_rounds(server, clients, 2)
         runs[name] = clients
     for f, a, s in zip(runs["fml"], runs["fedavg"], runs["solo"]):
@@ -305,7 +364,9 @@ def test_fml_alpha_beta_one_private_follows_solo_and_meme_follows_fedavg(skin_ta
         private, alone = f.private.state_dict(), s.model.state_dict()
         assert all(torch.equal(meme[k], avg[k]) for k in meme)
         assert all(torch.equal(private[k], alone[k]) for k in private)
-    assert not torch.equal(runs["fml"][0].private.state_dict()["fc2.weight"], runs["fml"][0].model.state_dict()["fc2.weight"])
+    assert not torch.equal(
+        runs["fml"][0].private.state_dict()["fc2.weight"], runs["fml"][0].model.state_dict()["fc2.weight"]
+    )
 
 
 # --- models, metrics, augmentation ------------------------------------------------------------------------
@@ -319,7 +380,9 @@ def test_vggs_give_three_logits_at_128_and_32_px():
     convs = [m for m in slim.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [c.out_channels for c in convs] == [32, 32, 64, 64, 128, 128, 128, 128, 128, 128, 256, 256, 256]
     assert all(c.bias is None for c in convs) and slim.fc2.bias is None and slim.fc1[0].out_features == 64
-    assert set(prrfl.fourier_keys(slim)) == {f"{n}.weight" for n, m in slim.named_modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))}
+    assert set(prrfl.fourier_keys(slim)) == {
+        f"{n}.weight" for n, m in slim.named_modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))
+    }
 
 
 def test_classification_meter_matches_scikit_learn():
@@ -346,7 +409,9 @@ def test_classification_meter_matches_scikit_learn():
             assert macro_auc_ovr(t, scores_) == pytest.approx(roc_auc_score(t, scores_, multi_class="ovr"))
         assert macro_auc_ovr(t % 2, scores_[:, :2]) == pytest.approx(roc_auc_score(t % 2, scores_[:, 1]))
     # a class missing from the truth is left out instead of raising
-    assert macro_auc_ovr(np.array([0, 0, 1, 1]), np.array([[0.9, 0.05, 0.05], [0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.4, 0.5, 0.1]])) == pytest.approx(1.0)
+    assert macro_auc_ovr(
+        np.array([0, 0, 1, 1]), np.array([[0.9, 0.05, 0.05], [0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.4, 0.5, 0.1]])
+    ) == pytest.approx(1.0)
 
 
 def test_flip_rotate_keeps_shape_and_labels_and_is_seeded():
@@ -363,7 +428,17 @@ def test_flip_rotate_keeps_shape_and_labels_and_is_seeded():
 # --- engine: OOD cohort, selection window, end to end + resume --------------------------------------------
 def test_ood_cohort_is_scored_per_model_as_their_mean_and_as_an_ensemble(tmp_path, skin_task):
     store, split = skin_task
-    cfg = skin_config(store, split, "fedbn", rounds=2, local_epochs=1, batch_size=8, ood_clients=["OOD"], selection_window=0.5, selection_scope="pooled")
+    cfg = skin_config(
+        store,
+        split,
+        "fedbn",
+        rounds=2,
+        local_epochs=1,
+        batch_size=8,
+        ood_clients=["OOD"],
+        selection_window=0.5,
+        selection_scope="pooled",
+    )
     final = run_training(cfg, tmp_path / "run", progress=False)
     ood = final["ood"]["OOD"]
     assert set(ood) - {"flags"} == {"mean", "ensemble", "per_model"} and set(ood["per_model"]) == {"A", "B", "C"}
@@ -383,17 +458,37 @@ def test_prrfl_runs_end_to_end_with_the_local_epoch_curve(tmp_path, skin_task):
     history = pd.read_csv(tmp_path / "run" / "history.csv")
     local = history[(history["split"] == "test_local") & (history["metric"] == "accuracy")]
     assert sorted(local["epoch"].unique()) == [0, 1, 2] and len(local) == 2 * 3 * 3
-    assert set(history[history["split"] == "server"]["metric"]) == {"det_recover_epochs", "det_exchange_epochs", "det_sublimate_epochs"}
+    assert set(history[history["split"] == "server"]["metric"]) == {
+        "det_recover_epochs",
+        "det_exchange_epochs",
+        "det_sublimate_epochs",
+    }
     assert final["selection"]["per_client"] is True and "OOD" in final["ood"]
 
 
 @pytest.mark.parametrize(
     "run, params",
-    [("prrfl", {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}), ("prrfl", {"reset_stage_each_round": False}), ("prrfl", {"det": False}), ("silobn", {}), ("ida", {}), ("fml", {})],
+    [
+        ("prrfl", {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}),
+        ("prrfl", {"reset_stage_each_round": False}),
+        ("prrfl", {"det": False}),
+        ("silobn", {}),
+        ("ida", {}),
+        ("fml", {}),
+    ],
 )
 def test_resume_gives_the_same_run(tmp_path, skin_task, monkeypatch, run, params):
     store, split = skin_task
-    cfg = skin_config(store, split, run, clients=("A", "B"), local_epochs=2 if params.get("det", run == "prrfl") else 1, batch_size=8, method_params=params, ood_clients=["OOD"])
+    cfg = skin_config(
+        store,
+        split,
+        run,
+        clients=("A", "B"),
+        local_epochs=2 if params.get("det", run == "prrfl") else 1,
+        batch_size=8,
+        method_params=params,
+        ood_clients=["OOD"],
+    )
     straight = run_training(cfg, tmp_path / "straight", progress=False)
     interrupt_after_round(cfg, tmp_path / "resumed", monkeypatch)
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
@@ -407,15 +502,32 @@ def test_ood_summary_and_retrogress_curve():
 
     def final(run, seed, f1, auc):
         scores = {"f1_macro": f1, "auc_macro": auc}
-        return {"run": run, "method": run, "seed": seed, "ood": {"OOD": {"mean": scores, "ensemble": {"f1_macro": 0.5, "auc_macro": 0.6}}}}
+        return {
+            "run": run,
+            "method": run,
+            "seed": seed,
+            "ood": {"OOD": {"mean": scores, "ensemble": {"f1_macro": 0.5, "auc_macro": 0.6}}},
+        }
 
     summary = ood_summary([final("fedavg", 0, 0.3, 0.6), final("fedavg", 1, 0.5, 0.8)], "OOD")
     cells = summary.set_index("client_label")
     assert list(cells.index) == ood_columns() == ["F1", "AUC", "F1 (ensemble)", "AUC (ensemble)"]
-    assert cells.loc["F1", "mean"] == pytest.approx(40.0) and cells.loc["F1", "std"] == pytest.approx(np.std([30, 50], ddof=1))
+    assert cells.loc["F1", "mean"] == pytest.approx(40.0) and cells.loc["F1", "std"] == pytest.approx(
+        np.std([30, 50], ddof=1)
+    )
     assert list(ood_comparison_summary(summary, "AUC")["client_label"]) == ["OOD"]
     history = pd.DataFrame(
-        [{"round": r, "client": "C", "split": "test_local", "metric": "accuracy", "value": v, "epoch": e} for r, e, v in [(1, 0, 0.3), (1, 1, 0.5), (1, 2, 0.7), (2, 0, 0.4), (2, 1, 0.8), (2, 2, 0.9)]]
+        [
+            {"round": r, "client": "C", "split": "test_local", "metric": "accuracy", "value": v, "epoch": e}
+            for r, e, v in [(1, 0, 0.3), (1, 1, 0.5), (1, 2, 0.7), (2, 0, 0.4), (2, 1, 0.8), (2, 2, 0.9)]
+        ]
     )
     curve = local_epoch_curve(history, "C", "accuracy")
-    assert list(curve.index) == [0, 1, 2, 2, 3, 4] and list(curve) == [0.3, 0.5, 0.7, 0.4, 0.8, 0.9]  # the drop at x = 2
+    assert list(curve.index) == [0, 1, 2, 2, 3, 4] and list(curve) == [
+        0.3,
+        0.5,
+        0.7,
+        0.4,
+        0.8,
+        0.9,
+    ]  # the drop at x = 2

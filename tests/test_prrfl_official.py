@@ -57,7 +57,9 @@ def macro_f1_percent(model, x, y):
 
 
 def kl(teacher_logits, student_logits):
-    return F.kl_div(F.log_softmax(student_logits, dim=1), F.softmax(teacher_logits.detach(), dim=1), reduction="batchmean")
+    return F.kl_div(
+        F.log_softmax(student_logits, dim=1), F.softmax(teacher_logits.detach(), dim=1), reduction="batchmean"
+    )
 
 
 def official_det_round(p, d, epochs, x_train, y_train, a_iter):
@@ -145,7 +147,9 @@ def test_official_variant_equals_the_transcription_of_the_official_code(tmp_path
     interrupt_after_round(cfg, tmp_path / "ours", monkeypatch, round_index=2)  # rounds 1-2 of 3
     checkpoint_file = tmp_path / "ours" / "checkpoint.pt"
     ours = {1: checkpoint.load(checkpoint.previous(checkpoint_file)), 2: checkpoint.load(checkpoint_file)}
-    history = checkpoint.HistoryLog(checkpoint_file.parent / "checkpoint-history.jsonl")  # the rows outside the checkpoint
+    history = checkpoint.HistoryLog(
+        checkpoint_file.parent / "checkpoint-history.jsonl"
+    )  # the rows outside the checkpoint
     for saved in ours.values():
         saved["history"] = history.read(saved["history_log"])
     assert [ours[r]["round"] for r in (1, 2)] == [1, 2]
@@ -158,14 +162,26 @@ def test_official_variant_equals_the_transcription_of_the_official_code(tmp_path
     train_xy = []
     for d in data:
         images = torch.from_numpy(np.asarray(d.train.images[d.train.rows])).permute(0, 3, 1, 2)
-        train_xy.append((images.float() * cfg["intensity_scale"], torch.from_numpy(np.asarray(d.train.labels[d.train.rows]).astype(np.int64))))
+        train_xy.append(
+            (
+                images.float() * cfg["intensity_scale"],
+                torch.from_numpy(np.asarray(d.train.labels[d.train.rows]).astype(np.int64)),
+            )
+        )
     stage_names = {1: "recover", 2: "exchange", 3: "sublimate"}
     round1_stages: list = []  # round 1's stages, carried into round 2
     for a_iter in (0, 1):
         round_index = a_iter + 1
         stages = []
         for k in range(len(CLIENTS)):
-            epochs = [list(train_batches(data[k].train, cfg["batch_size"], generators[k], cfg["augment"], cfg["intensity_scale"])) for _ in range(cfg["local_epochs"])]
+            epochs = [
+                list(
+                    train_batches(
+                        data[k].train, cfg["batch_size"], generators[k], cfg["augment"], cfg["intensity_scale"]
+                    )
+                )
+                for _ in range(cfg["local_epochs"])
+            ]
             stages.append(official_det_round(ps[k], ds[k], epochs, *train_xy[k], a_iter))
         official_communication(ds, a_iter, cfg["rounds"])
 
@@ -175,9 +191,21 @@ def test_official_variant_equals_the_transcription_of_the_official_code(tmp_path
             for which, reference in (("model", ps[k]), ("deputy", ds[k])):
                 mine = saved["clients"][k][which]
                 for key, value in reference.state_dict().items():
-                    assert torch.allclose(mine[key].double(), value.double(), atol=1e-5, rtol=0), (round_index, name, which, key)
-            logged = {row["metric"]: row["value"] for row in saved["history"] if row["round"] == round_index and row["client"] == name and row["split"] == "server"}
-            assert logged == {f"det_{n}_epochs": stages[k].count(s) for s, n in stage_names.items()}, (round_index, name)
+                    assert torch.allclose(mine[key].double(), value.double(), atol=1e-5, rtol=0), (
+                        round_index,
+                        name,
+                        which,
+                        key,
+                    )
+            logged = {
+                row["metric"]: row["value"]
+                for row in saved["history"]
+                if row["round"] == round_index and row["client"] == name and row["split"] == "server"
+            }
+            assert logged == {f"det_{n}_epochs": stages[k].count(s) for s, n in stage_names.items()}, (
+                round_index,
+                name,
+            )
         if round_index == 2:
             # The round compared is not a trivial one: p and d differ, and the carried-over stage
             # (round 1's last) was not Recover for some client, so a reset is what made it Recover.

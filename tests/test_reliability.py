@@ -38,7 +38,18 @@ def train_cli(cfg, out, kill_at=None):
         env[faults.KILL_AT_ENV] = kill_at
     # The test process's thread count: float sums depend on it, and resumes are compared bit for bit.
     threads = str(torch.get_num_threads())
-    cmd = [sys.executable, "-m", "fedmedbench", "train", "--run-config", json.dumps(cfg), "--out", str(out), "--threads", threads]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedmedbench",
+        "train",
+        "--run-config",
+        json.dumps(cfg),
+        "--out",
+        str(out),
+        "--threads",
+        threads,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 
@@ -73,7 +84,11 @@ def test_the_cli_reports_divergence_in_one_line(tmp_path, tiny_task):
 
 
 def test_check_finite_names_the_tensor():
-    state = {"a.weight": torch.ones(3), "a.num_batches_tracked": torch.tensor(3), "b.running_var": torch.tensor([1.0, float("inf")])}
+    state = {
+        "a.weight": torch.ones(3),
+        "a.num_batches_tracked": torch.tensor(3),
+        "b.running_var": torch.tensor([1.0, float("inf")]),
+    }
     with pytest.raises(DivergenceError, match=r"round 7, client X: evaluated model tensor 'b.running_var'"):
         check_finite(7, "X", "evaluated model", 0.5, state)
     check_finite(7, "X", "evaluated model", 0.5, {"a.weight": torch.ones(3)})  # finite: no error
@@ -100,12 +115,16 @@ def test_a_checkpoint_restores_onto_a_non_cpu_device(tmp_path, tiny_task, monkey
     data = load_clients(store, split, list(run_cfg.clients), False)
     model = build_model(run_cfg.model)
     meta = torch.device("meta")
-    clients = [fedprox.Client(run_cfg, i, d, copy.deepcopy(model), client_generator(99, i), meta) for i, d in enumerate(data)]
+    clients = [
+        fedprox.Client(run_cfg, i, d, copy.deepcopy(model), client_generator(99, i), meta) for i, d in enumerate(data)
+    ]
     server = fedprox.Server(run_cfg, model, len(data))
     selection = Selection(list(run_cfg.clients), run_cfg.selection_metric, per_client=False)
     with pytest.warns(UserWarning, match="meta"):  # torch: copying into a meta parameter is a no-op
         digest = data_digest(store, split, list(run_cfg.clients))
-        last_round, history = restore(tmp_path / "run" / "checkpoint.pt", run_cfg.fingerprint(), digest, server, clients, selection)
+        last_round, history = restore(
+            tmp_path / "run" / "checkpoint.pt", run_cfg.fingerprint(), digest, server, clients, selection
+        )
     assert last_round == 1 and history
     for client, state in zip(clients, saved["clients"]):
         assert all(anchor.device == meta for anchor in client.anchor)
@@ -118,7 +137,9 @@ def kill_moments(seed=8, count=5):
     """Five random moments of a 3-round run on the tiny task (5 train steps, 6 evaluation batches and
     one checkpoint per round), always including mid-round, mid-evaluation and mid-checkpoint-write."""
     rng = random.Random(seed)
-    kinds = ["train_step", "eval_batch", "checkpoint_write"] + rng.choices(["train_step", "eval_batch", "checkpoint_write"], k=count - 3)
+    kinds = ["train_step", "eval_batch", "checkpoint_write"] + rng.choices(
+        ["train_step", "eval_batch", "checkpoint_write"], k=count - 3
+    )
     limits = {"train_step": 15, "eval_batch": 18, "checkpoint_write": 3}
     return [f"{kind}:{rng.randint(1, limits[kind])}" for kind in kinds]
 
@@ -178,12 +199,30 @@ def config_with(tmp_path, edit):
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda c: c["tasks"]["prostate"].update(batch_sise=4), r"tasks\.prostate: unknown key 'batch_sise' \(did you mean 'batch_size'\?\)"),
-        (lambda c: c["tasks"]["prostate"]["optimizer"].update(beta=[0.9, 0.9]), r"tasks\.prostate\.optimizer: unknown key 'beta' \(did you mean 'betas'\?\)"),
-        (lambda c: c["tasks"]["prostate"]["model"].update(init_feature=8), r"tasks\.prostate\.model: unknown key 'init_feature' \(did you mean 'init_features'\?\)"),
-        (lambda c: c["methods"]["fedprox"].update(muu=0.1), r"methods\.fedprox: unknown key 'muu' \(did you mean 'mu'\?\)"),
-        (lambda c: c["methods"]["harmofl"]["variants"]["e2"].update(local_epoch=2), r"methods\.harmofl\.variants\.e2 \(run harmofl-e2\): unknown key 'local_epoch' \(did you mean 'local_epochs'\?\)"),
-        (lambda c: c["experiments"]["harmofl_table1_prostate"].update(seed=[0]), r"experiments\.harmofl_table1_prostate: unknown key 'seed' \(did you mean 'seeds'\?\)"),
+        (
+            lambda c: c["tasks"]["prostate"].update(batch_sise=4),
+            r"tasks\.prostate: unknown key 'batch_sise' \(did you mean 'batch_size'\?\)",
+        ),
+        (
+            lambda c: c["tasks"]["prostate"]["optimizer"].update(beta=[0.9, 0.9]),
+            r"tasks\.prostate\.optimizer: unknown key 'beta' \(did you mean 'betas'\?\)",
+        ),
+        (
+            lambda c: c["tasks"]["prostate"]["model"].update(init_feature=8),
+            r"tasks\.prostate\.model: unknown key 'init_feature' \(did you mean 'init_features'\?\)",
+        ),
+        (
+            lambda c: c["methods"]["fedprox"].update(muu=0.1),
+            r"methods\.fedprox: unknown key 'muu' \(did you mean 'mu'\?\)",
+        ),
+        (
+            lambda c: c["methods"]["harmofl"]["variants"]["e2"].update(local_epoch=2),
+            r"methods\.harmofl\.variants\.e2 \(run harmofl-e2\): unknown key 'local_epoch' \(did you mean 'local_epochs'\?\)",
+        ),
+        (
+            lambda c: c["experiments"]["harmofl_table1_prostate"].update(seed=[0]),
+            r"experiments\.harmofl_table1_prostate: unknown key 'seed' \(did you mean 'seeds'\?\)",
+        ),
     ],
 )
 def test_an_unknown_config_key_is_named_with_its_closest_spelling(tmp_path, edit, message):
@@ -193,7 +232,9 @@ def test_an_unknown_config_key_is_named_with_its_closest_spelling(tmp_path, edit
 
 def test_the_run_config_json_is_read_strictly(tmp_path, tiny_task):
     store, split = tiny_task
-    with pytest.raises(ConfigError, match=r"run config\.optimizer: unknown key 'weight_decy' \(did you mean 'weight_decay'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"run config\.optimizer: unknown key 'weight_decy' \(did you mean 'weight_decay'\?\)"
+    ):
         RunConfig.from_dict(tiny_run_config(store, split, optimizer={"name": "sgd", "lr": 0.1, "weight_decy": 0.1}))
     bad = tiny_run_config(store, split, "fedprox", method_params={"muu": 0.1})
     result = train_cli(bad, tmp_path / "run")

@@ -27,11 +27,15 @@ CLIENTS = ["BIDMC", "HK", "I2CVB"]
 LABELS = ["A", "B", "C"]
 
 
-def make_final(run, seed, values, metric="dice_paper", method=None, clients=CLIENTS,
-               labels=LABELS, split="test"):
+def make_final(run, seed, values, metric="dice_paper", method=None, clients=CLIENTS, labels=LABELS, split="test"):
     return {
-        "task": "prostate", "method": method or run.split("-")[0], "run": run, "seed": seed,
-        "clients": list(clients), "client_labels": list(labels), "synthetic": True,
+        "task": "prostate",
+        "method": method or run.split("-")[0],
+        "run": run,
+        "seed": seed,
+        "clients": list(clients),
+        "client_labels": list(labels),
+        "synthetic": True,
         "primary_metric": metric,
         split: {c: {metric: v, "loss": 0.1} for c, v in zip(clients, values)},
     }
@@ -112,8 +116,7 @@ def test_one_seed_std_is_nan_and_shown_as_dash(tmp_path):
 def test_mismatched_clients_raise_with_source(finals):
     bad = make_final("fedavg", 2, [0.9, 0.8, 0.7], clients=["BIDMC", "HK", "UCL"])
     with pytest.raises(ReportInputError, match=r"disagree on clients.*seed 2.*runs/fedavg/2"):
-        seed_summary(finals + [bad], "dice_paper",
-                     sources=[f"f{i}" for i in range(4)] + ["runs/fedavg/2/final.json"])
+        seed_summary(finals + [bad], "dice_paper", sources=[f"f{i}" for i in range(4)] + ["runs/fedavg/2/final.json"])
 
 
 def test_missing_metric_and_duplicate_seed_raise(finals):
@@ -131,7 +134,8 @@ def test_missing_metric_and_duplicate_seed_raise(finals):
 def test_write_table_layout_bold_and_escapes(tmp_path, finals):
     s = seed_summary(finals, "dice_paper")
     paths = write_table(
-        s, tmp_path / "tab",
+        s,
+        tmp_path / "tab",
         [("fedavg", "FedAvg"), ("harmofl", "Harmo_FL 100%"), ("fedbn", "FedBN")],
         caption="Dice_paper (%) on prostate",
     )
@@ -161,10 +165,12 @@ def test_write_table_layout_bold_and_escapes(tmp_path, finals):
 
 def test_paper_cell_format(tmp_path):
     s = pd.DataFrame(
-        [dict(run="fedavg", method="fedavg", client="BIDMC", client_label="A",
-              mean=90.04, std=1.27, n_seeds=3),
-         dict(run="fedavg", method="fedavg", client="Avg", client_label="Avg",
-              mean=90.04, std=float("nan"), n_seeds=3)]
+        [
+            dict(run="fedavg", method="fedavg", client="BIDMC", client_label="A", mean=90.04, std=1.27, n_seeds=3),
+            dict(
+                run="fedavg", method="fedavg", client="Avg", client_label="Avg", mean=90.04, std=float("nan"), n_seeds=3
+            ),
+        ]
     )
     write_table(s, tmp_path / "t", [("fedavg", "FedAvg")], "x")
     assert "| FedAvg | 90.04 (1.27) | **90.04 (–)** |" in (tmp_path / "t.md").read_text()
@@ -174,9 +180,7 @@ def test_paper_cell_format(tmp_path):
 
 
 def test_latex_escape():
-    assert latex_escape("fed_prox 10% a&b #1 $x$ {y}") == (
-        r"fed\_prox 10\% a\&b \#1 \$x\$ \{y\}"
-    )
+    assert latex_escape("fed_prox 10% a&b #1 $x$ {y}") == (r"fed\_prox 10\% a\&b \#1 \$x\$ \{y\}")
     assert latex_escape(r"a\b~c^d") == r"a\textbackslash{}b\textasciitilde{}c\textasciicircum{}d"
 
 
@@ -208,13 +212,22 @@ def test_compare_diff(tmp_path, finals):
     s = seed_summary(finals, "dice_paper")
     paper = load_paper_table(write_paper_csv(tmp_path / "paper.csv"))
     c = compare(s, paper, {"fedavg": "fedavg", "harmofl": "harmofl", "solo": "solo"})
-    assert list(c.columns) == ["run", "method_id", "client", "ours_mean", "ours_std", "n_seeds",
-                               "paper_mean", "paper_std", "diff"]
+    assert list(c.columns) == [
+        "run",
+        "method_id",
+        "client",
+        "ours_mean",
+        "ours_std",
+        "n_seeds",
+        "paper_mean",
+        "paper_std",
+        "diff",
+    ]
     fa = c[c["run"] == "fedavg"].set_index("client")
     assert list(fa.index) == ["A", "B", "C", "Avg"]
-    assert fa.loc["A", "diff"] == pytest.approx(1.0)     # 91 - 90
-    assert fa.loc["B", "diff"] == pytest.approx(-1.5)    # 82 - 83.5
-    assert fa.loc["C", "diff"] == pytest.approx(0.0)     # 70 - 70
+    assert fa.loc["A", "diff"] == pytest.approx(1.0)  # 91 - 90
+    assert fa.loc["B", "diff"] == pytest.approx(-1.5)  # 82 - 83.5
+    assert fa.loc["C", "diff"] == pytest.approx(0.0)  # 70 - 70
     assert fa.loc["Avg", "diff"] == pytest.approx(-0.17)  # 81 - 81.17
     assert fa.loc["A", "paper_std"] == 1.0 and math.isnan(fa.loc["C", "paper_std"])
     hf = c[c["run"] == "harmofl"].set_index("client")
@@ -249,8 +262,7 @@ def test_fedlwr_std_row_and_client_map():
     sites = [f"Site{i}" for i in range(1, 7)]
     letters = ["A", "B", "C", "D", "E", "F"]
     sub = paper[paper["method_id"] == "fedlwr"].set_index("client")
-    final = make_final("fedlwr", 0, sub.loc[sites, "mean"].to_numpy() / 100,
-                       clients=sites, labels=letters)
+    final = make_final("fedlwr", 0, sub.loc[sites, "mean"].to_numpy() / 100, clients=sites, labels=letters)
     s = seed_summary([final], "dice_paper")
     with pytest.raises(ValueError, match="client_map"):
         compare(s, paper, {"fedlwr": "fedlwr"})
@@ -261,8 +273,7 @@ def test_fedlwr_std_row_and_client_map():
 
 def test_compare_needs_one_metric():
     paper = load_paper_table(PAPER_TABLES / "prrfl_table2.csv")
-    s = seed_summary([make_final("fedavg", 0, [0.5] * 4, metric="f1",
-                                 clients=list("ABCD"), labels=list("ABCD"))], "f1")
+    s = seed_summary([make_final("fedavg", 0, [0.5] * 4, metric="f1", clients=list("ABCD"), labels=list("ABCD"))], "f1")
     with pytest.raises(ValueError, match="several metrics"):
         compare(s, paper, {"fedavg": "fedavg"})
     c = compare(s, paper, {"fedavg": "fedavg"}, metric="f1")
@@ -276,8 +287,7 @@ def make_history(offset):
     rows = []
     for r in (1, 2, 3):
         for client, base in (("BIDMC", 0.5), ("HK", 0.7)):
-            rows.append(dict(round=r, client=client, split="test", metric="dice_paper",
-                             value=base + 0.1 * r + offset))
+            rows.append(dict(round=r, client=client, split="test", metric="dice_paper", value=base + 0.1 * r + offset))
             rows.append(dict(round=r, client=client, split="val", metric="dice_paper", value=0.0))
     return pd.DataFrame(rows)
 
@@ -292,8 +302,9 @@ def test_seed_band_numbers():
 
 def test_convergence_writes_png_and_pdf(tmp_path):
     hists = {"fedavg": [make_history(0.0), make_history(0.02)], "harmofl": [make_history(0.05)]}
-    paths = convergence(hists, "dice_paper", tmp_path / "figs" / "conv", "Prostate",
-                        labels={"fedavg": "FedAvg", "harmofl": "HarmoFL"})
+    paths = convergence(
+        hists, "dice_paper", tmp_path / "figs" / "conv", "Prostate", labels={"fedavg": "FedAvg", "harmofl": "HarmoFL"}
+    )
     png, pdf, csv = (tmp_path / "figs" / f"conv.{ext}" for ext in ("png", "pdf", "csv"))
     assert paths == [png, pdf, csv]
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -323,9 +334,13 @@ def test_write_report_synthetic_warning(tmp_path, finals):
     fig = tmp_path / "figures" / "conv.png"
     fig.parent.mkdir()
     fig.write_bytes(b"png")
-    section = dict(title="Prostate (HarmoFL Table 1)", comparison=comp,
-                   metric_note="Dice as in the papers' code (dice_paper)",
-                   figure=fig, labels={"fedavg": "FedAvg", "harmofl": "HarmoFL"})
+    section = dict(
+        title="Prostate (HarmoFL Table 1)",
+        comparison=comp,
+        metric_note="Dice as in the papers' code (dice_paper)",
+        figure=fig,
+        labels={"fedavg": "FedAvg", "harmofl": "HarmoFL"},
+    )
     info = {"seeds": [0, 1], "rounds": 20}
     out = write_report([section], tmp_path / "reports" / "report.md", True, info)
     text = out.read_text()

@@ -11,7 +11,12 @@ def final(run, seed, scores):
     return {"run": run, "seed": seed, "clients": ["A", "B"], "test": {c: {"accuracy": s} for c, s in zip("AB", scores)}}
 
 
-FINALS = [final("fedavg", 0, [0.8, 0.6]), final("fedavg", 1, [0.9, 0.7]), final("fedavg-e2", 0, [0.5, 0.5]), final("fedavg-e2", 1, [0.7, 0.5])]
+FINALS = [
+    final("fedavg", 0, [0.8, 0.6]),
+    final("fedavg", 1, [0.9, 0.7]),
+    final("fedavg-e2", 0, [0.5, 0.5]),
+    final("fedavg-e2", 1, [0.7, 0.5]),
+]
 
 
 def test_sweep_points_mean_and_errors_by_hand():
@@ -47,7 +52,11 @@ def test_overlay_tints_only_the_mask():
 def test_qualitative_rows_and_figure(tmp_path):
     files = {}
     for run, value in (("fedavg", 0), ("harmofl", 1)):
-        arrays = {f"{c}|{k}": np.full((2, 8, 8) + ((3,) if k == "image" else ()), value if k == "pred" else 1, np.uint8) for c in ("X", "Y") for k in ("image", "label", "pred")}
+        arrays = {
+            f"{c}|{k}": np.full((2, 8, 8) + ((3,) if k == "image" else ()), value if k == "pred" else 1, np.uint8)
+            for c in ("X", "Y")
+            for k in ("image", "label", "pred")
+        }
         files[run] = tmp_path / f"{run}.npz"
         np.savez(files[run], **arrays)
     rows = load_rows(files, "prostate", ["Y"], per_client=2)

@@ -30,8 +30,15 @@ def history_rows(rounds, curve_every=0, local_epoch_curve=False, local_epochs=2)
     for r in range(1, rounds + 1):
         value = lambda i, r=r: round(0.5 + 0.04 * r + 0.1 * i, 4)  # noqa: E731
         if local_epoch_curve:
-            rows += [dict(round=r, client=c, split="test_local", metric=m, value=value(i), epoch=e) for i, c in enumerate(CLIENTS) for e in range(local_epochs + 1) for m in METRICS]
-        rows += [dict(round=r, client=c, split="server", metric="cka:enc.0", value=value(i)) for i, c in enumerate(CLIENTS)]
+            rows += [
+                dict(round=r, client=c, split="test_local", metric=m, value=value(i), epoch=e)
+                for i, c in enumerate(CLIENTS)
+                for e in range(local_epochs + 1)
+                for m in METRICS
+            ]
+        rows += [
+            dict(round=r, client=c, split="server", metric="cka:enc.0", value=value(i)) for i, c in enumerate(CLIENTS)
+        ]
         for i, c in enumerate(CLIENTS):
             rows.append(dict(round=r, client=c, split="train", metric="loss", value=1.0 / r))
             rows += [dict(round=r, client=c, split="val", metric=m, value=value(i)) for m in METRICS]
@@ -84,16 +91,29 @@ def one_line_error(capsys, *argv) -> str:
 def test_a_cut_short_history_is_refused_not_drawn(tmp_path, capsys):
     """Rounds 1-2 of a 10-round run drew a 2-round convergence figure with exit 0."""
     run = write_run(tmp_path, rounds=10, keep=lambda row: row["round"] <= 2)
-    line = one_line_error(capsys, "figure", "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "fig", run / "history.csv")
-    assert line.endswith(f"{run / 'history.csv'}: ends at round 2 but final.json says 10 rounds; rerun the training job that wrote it")
+    line = one_line_error(
+        capsys, "figure", "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "fig", run / "history.csv"
+    )
+    assert line.endswith(
+        f"{run / 'history.csv'}: ends at round 2 but final.json says 10 rounds; rerun the training job that wrote it"
+    )
     assert not list(tmp_path.glob("fig*"))
 
 
-@pytest.mark.parametrize("command", ["figure", "fairness-curves", "retrogress-figure", "layer-cka-figure", "table-select-on-test"])
+@pytest.mark.parametrize(
+    "command", ["figure", "fairness-curves", "retrogress-figure", "layer-cka-figure", "table-select-on-test"]
+)
 def test_every_command_that_reads_a_history_checks_it_against_final_json(tmp_path, capsys, command):
     run = write_run(tmp_path, rounds=6, curve_every=1, local_epoch_curve=True, keep=lambda row: row["round"] <= 4)
     if command == "table-select-on-test":  # the official Fed-LWR selection reads history.csv next to each final.json
-        argv = ["table", "--experiment", json.dumps({**EXPERIMENT, "select_on": "test"}), "--out-prefix", tmp_path / "out", run / "final.json"]
+        argv = [
+            "table",
+            "--experiment",
+            json.dumps({**EXPERIMENT, "select_on": "test"}),
+            "--out-prefix",
+            tmp_path / "out",
+            run / "final.json",
+        ]
     else:
         argv = [command, "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "out", run / "history.csv"]
     line = one_line_error(capsys, *argv)
@@ -106,20 +126,30 @@ def test_a_complete_history_is_read_as_pandas_reads_it(tmp_path):
     final = read_final(run / "final.json")
     pd.testing.assert_frame_equal(read_history(run / "history.csv", final), pd.read_csv(run / "history.csv"))
     # test rows at 3, 6 and the last round 7; train and test_local every round
-    assert expected_rounds(final) == {"train": [1, 2, 3, 4, 5, 6, 7], "test": [3, 6, 7], "test_local": [1, 2, 3, 4, 5, 6, 7]}
+    assert expected_rounds(final) == {
+        "train": [1, 2, 3, 4, 5, 6, 7],
+        "test": [3, 6, 7],
+        "test_local": [1, 2, 3, 4, 5, 6, 7],
+    }
 
 
 @pytest.mark.parametrize(
     ("keep", "message"),
     [
         # a client's test rows missing at one scheduled round (every 3: rounds 3, 6, 9, 10)
-        (lambda r: not (r["split"] == "test" and r["round"] == 6 and r["client"] == "B"), "no 'test' rows of client 'B' at round(s) 6 (final.json: 10 rounds, test rows every 3 and on the last)"),
+        (
+            lambda r: not (r["split"] == "test" and r["round"] == 6 and r["client"] == "B"),
+            "no 'test' rows of client 'B' at round(s) 6 (final.json: 10 rounds, test rows every 3 and on the last)",
+        ),
         # the last round's test rows: always written, whatever curve_every says
         (lambda r: not (r["split"] == "test" and r["round"] == 10), "no 'test' rows of client 'A' at round(s) 10"),
         # rounds missing in the middle (a history of another run glued together)
         (lambda r: r["round"] not in (4, 5), "no 'train' rows of client 'A' at round(s) 4, 5 (final.json: 10 rounds)"),
         # a local-epoch curve without some rounds
-        (lambda r: not (r["split"] == "test_local" and r["round"] > 8), "no 'test_local' rows of client 'A' at round(s) 9, 10"),
+        (
+            lambda r: not (r["split"] == "test_local" and r["round"] > 8),
+            "no 'test_local' rows of client 'A' at round(s) 9, 10",
+        ),
         # header only
         (lambda r: False, "holds no rows but final.json says 10 rounds"),
     ],
@@ -147,14 +177,19 @@ def test_the_readers_schedule_is_the_engines():
 
     for rounds in (1, 2, 49, 50, 120, 300):
         for every in (0, 1, 3, 7):
-            assert curve_every({"rounds": rounds, "curve_every": every}) == evaluation.curve_every(SimpleNamespace(rounds=rounds, curve_every=every))
+            assert curve_every({"rounds": rounds, "curve_every": every}) == evaluation.curve_every(
+                SimpleNamespace(rounds=rounds, curve_every=every)
+            )
 
 
 # --- 2. messages that name the file, line and column -----------------------------------------------
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{\n  "run": "fedavg",\n', "final.json: not valid JSON (Expecting property name enclosed in double quotes at line 3, column 1); damaged or cut short?"),
+        (
+            '{\n  "run": "fedavg",\n',
+            "final.json: not valid JSON (Expecting property name enclosed in double quotes at line 3, column 1); damaged or cut short?",
+        ),
         ("", "final.json: empty file; damaged or cut short?"),
         ("[1, 2]", "final.json: expected a JSON object, found a JSON list"),
         ('{"run": "fedavg"}', "final.json: lacks 'task', 'seed', 'clients', 'selection', 'test', 'val'"),
@@ -170,7 +205,9 @@ def test_a_damaged_final_json_is_one_line_naming_the_file(tmp_path, capsys, text
     else:
         argv = ["table", "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "table", run / "final.json"]
     line = one_line_error(capsys, *argv)
-    assert f"{run / 'final.json'}: " in line and message in line  # was "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"
+    assert (
+        f"{run / 'final.json'}: " in line and message in line
+    )  # was "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"
     assert not (tmp_path / "metrics.csv").exists() and not list(tmp_path.glob("table*"))
 
 
@@ -186,10 +223,19 @@ def test_a_final_json_without_its_rounds_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("", "history.csv: empty file, but final.json says 10 rounds"),  # was "EmptyDataError: No columns to parse from file"
+        (
+            "",
+            "history.csv: empty file, but final.json says 10 rounds",
+        ),  # was "EmptyDataError: No columns to parse from file"
         (None, "history.csv: cut short (its last line is incomplete)"),
-        ("round,client,split,metric,value\n1,A,train,loss,0.5\n1,A,val,dice_paper,0.9x\n", "history.csv: line 3, column 'value': '0.9x' is not a number"),
-        ("round,client,split,metric,value\n1,A,train,loss,0.5\n2.5,A,train,loss,0.4\n", "history.csv: line 3, column 'round': 2.5 is not a round number"),
+        (
+            "round,client,split,metric,value\n1,A,train,loss,0.5\n1,A,val,dice_paper,0.9x\n",
+            "history.csv: line 3, column 'value': '0.9x' is not a number",
+        ),
+        (
+            "round,client,split,metric,value\n1,A,train,loss,0.5\n2.5,A,train,loss,0.4\n",
+            "history.csv: line 3, column 'round': 2.5 is not a round number",
+        ),
         ("round,client,split\n1,A,train\n", "history.csv: lacks column(s) ['metric', 'value']"),
     ],
     ids=["empty", "cut-mid-line", "bad-value", "bad-round", "missing-columns"],
@@ -198,7 +244,9 @@ def test_a_damaged_history_is_one_line_naming_the_file(tmp_path, capsys, content
     run = write_run(tmp_path)
     history = run / "history.csv"
     history.write_text(history.read_text()[:-30] if content is None else content)  # None: cut mid-line
-    line = one_line_error(capsys, "figure", "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "fig", history)
+    line = one_line_error(
+        capsys, "figure", "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "fig", history
+    )
     assert f"{history}: " in line and message in line
 
 
@@ -234,12 +282,29 @@ def test_a_valid_paper_table_reads_as_before(tmp_path):
     assert paper["decimals"].tolist() == [2, 2, 2]
 
 
-@pytest.mark.parametrize(("table", "message"), [(PAPER.format(b_mean="90.04*", b_std=""), "column 'mean': '90.04*' is not a number"), ("", "empty file; expected a paper result table")], ids=["bad-cell", "empty-file"])
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (PAPER.format(b_mean="90.04*", b_std=""), "column 'mean': '90.04*' is not a number"),
+        ("", "empty file; expected a paper result table"),
+    ],
+    ids=["bad-cell", "empty-file"],
+)
 def test_the_report_command_names_the_bad_paper_table(tmp_path, capsys, table, message):
     run = write_run(tmp_path)
     (tmp_path / "paper").mkdir()
     (tmp_path / "paper" / "tiny.csv").write_text(table)
-    line = one_line_error(capsys, "report", "--experiments", json.dumps({"t": EXPERIMENT}), "--paper-tables", tmp_path / "paper", "--out", tmp_path / "report.md", run / "final.json")
+    line = one_line_error(
+        capsys,
+        "report",
+        "--experiments",
+        json.dumps({"t": EXPERIMENT}),
+        "--paper-tables",
+        tmp_path / "paper",
+        "--out",
+        tmp_path / "report.md",
+        run / "final.json",
+    )
     assert f"{tmp_path / 'paper' / 'tiny.csv'}: " in line and message in line
     assert not (tmp_path / "report.md").exists()
 
@@ -248,9 +313,21 @@ def test_valid_runs_still_give_a_figure_and_a_report(tmp_path, capsys):
     run = write_run(tmp_path, rounds=10, curve_every=3)
     (tmp_path / "paper").mkdir()
     (tmp_path / "paper" / "tiny.csv").write_text(PAPER.format(b_mean="94.31", b_std="0.28"))
-    code, lines = run_cli(capsys, "figure", "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "fig", run / "history.csv")
+    code, lines = run_cli(
+        capsys, "figure", "--experiment", json.dumps(EXPERIMENT), "--out-prefix", tmp_path / "fig", run / "history.csv"
+    )
     assert code == 0 and lines == [] and (tmp_path / "fig.png").stat().st_size > 1000
-    code, _ = run_cli(capsys, "report", "--experiments", json.dumps({"t": EXPERIMENT}), "--paper-tables", tmp_path / "paper", "--out", tmp_path / "report.md", run / "final.json")
+    code, _ = run_cli(
+        capsys,
+        "report",
+        "--experiments",
+        json.dumps({"t": EXPERIMENT}),
+        "--paper-tables",
+        tmp_path / "paper",
+        "--out",
+        tmp_path / "report.md",
+        run / "final.json",
+    )
     assert code == 0 and "| fedavg | A | 80.00 (–) | 90.04 (1.27) | -10.04 |" in (tmp_path / "report.md").read_text()
 
 
@@ -262,7 +339,9 @@ def test_what_the_engine_writes_passes_the_cross_check(tmp_path, tiny_task):
 
     store, split = tiny_task
     out = tmp_path / "run"
-    run_training(tiny_run_config(store, split, "fedavg", rounds=3, curve_every=2, local_epoch_curve=True), out, progress=False)
+    run_training(
+        tiny_run_config(store, split, "fedavg", rounds=3, curve_every=2, local_epoch_curve=True), out, progress=False
+    )
     final = read_final(out / "final.json")
     pd.testing.assert_frame_equal(read_history(out / "history.csv", final), pd.read_csv(out / "history.csv"))
     lines = (out / "history.csv").read_text().splitlines(keepends=True)

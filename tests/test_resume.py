@@ -19,7 +19,19 @@ def train_cli(cfg, out, kill_after=None):
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     if kill_after:
         env[KILL_AT_ENV] = f"round_end:{kill_after}"
-    cmd = [sys.executable, "-m", "fedmedbench", "train", "--run-config", json.dumps(cfg), "--out", str(out), "--threads", "1", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedmedbench",
+        "train",
+        "--run-config",
+        json.dumps(cfg),
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 

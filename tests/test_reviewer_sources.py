@@ -47,10 +47,14 @@ def unsourced(page: Path) -> list[str]:
 
 def test_the_parser_finds_the_rows_and_the_patterns_hold():
     index = decision_rows(GUIDE / "index.md")
-    assert [d for _, d, _, _ in index][:3] == ["aggregation weights", "BN running statistics", "optimizer state across rounds"]
+    assert [d for _, d, _, _ in index][:3] == [
+        "aggregation weights",
+        "BN running statistics",
+        "optimizer state across rounds",
+    ]
     assert len(index) == 13
     assert PAPER.search("(Eq. 1; Alg. 1 line 16)") and not PAPER.search("silent")
-    assert CODE.search("`federated/fed_train.py:233`") and not CODE.search("`fed_train.py`, \"Record best acc\"")
+    assert CODE.search("`federated/fed_train.py:233`") and not CODE.search('`fed_train.py`, "Record best acc"')
 
 
 @pytest.mark.parametrize("page", ["index.md", "harmofl.md", "prrfl.md", "fedlwr.md"])
@@ -67,5 +71,10 @@ def test_no_reader_page_points_at_the_maintainers_shared_folder():
     # (docs/architecture.md, for developers, names it as the test-data folder the `shared` tests need)
     root = GUIDE.parents[1]
     pages = [root / "README.md", *sorted(GUIDE.glob("*.md"))]
-    offenders = [f"{p.relative_to(root)}:{n}" for p in pages for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "../shared" in line]
+    offenders = [
+        f"{p.relative_to(root)}:{n}"
+        for p in pages
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "../shared" in line
+    ]
     assert not offenders, f"pages that send a reader to ../shared, which a user does not have: {offenders}"

@@ -51,7 +51,12 @@ def test_the_clock_charges_each_phase_its_own_time(monkeypatch):
             now[0] += 0.5  # the consumer's work, inside "outer"
     now[0] += 0.25
     clock.new_period("after")
-    assert dict(clock.seconds["round 1"]) == {"outer": 2.0, "outer/inner": 2.0, "outer/read": 0.25, "(outside phases)": 0.25}
+    assert dict(clock.seconds["round 1"]) == {
+        "outer": 2.0,
+        "outer/inner": 2.0,
+        "outer/read": 0.25,
+        "(outside phases)": 0.25,
+    }
     assert dict(clock.calls["round 1"]) == {"outer": 1, "outer/inner": 1, "outer/read": 3}  # 2 items and the end
     assert sum(clock.seconds["round 1"].values()) == 4.5  # every second of the period, once
     bench.uninstrument(clock)
@@ -86,8 +91,16 @@ def test_a_tiny_run_has_the_phases_and_counts_of_its_rounds(tmp_path, monkeypatc
         assert calls["site evaluate/receive weights"] == 3 and calls["aggregate"] == 1
         assert calls["checkpoint/write checkpoint file"] == 1
     # Round 1 always improves the selection: 3 kept models, one qualitative batch each, one selection file.
-    assert clock.calls["round 1"]["selection keep"] == 3 and clock.calls["round 1"]["selection keep/predictions (qualitative)"] == 3
-    assert clock.calls["round 1"]["selection keep/predictions (qualitative)/eval batch (copy, float)/gather (store -> uint8 batch)"] == 3
+    assert (
+        clock.calls["round 1"]["selection keep"] == 3
+        and clock.calls["round 1"]["selection keep/predictions (qualitative)"] == 3
+    )
+    assert (
+        clock.calls["round 1"][
+            "selection keep/predictions (qualitative)/eval batch (copy, float)/gather (store -> uint8 batch)"
+        ]
+        == 3
+    )
     assert clock.calls["round 1"]["checkpoint/write selection file"] == 1
     assert clock.bytes["checkpoint file"] > 0 and clock.bytes["selection file"] > 0
     total = sum(sum(p.values()) for p in clock.seconds.values())
@@ -122,7 +135,9 @@ def test_qualitative_predictions_gather_only_the_batches_they_use(tmp_path, monk
     model = build_model(cfg.model).eval()
     gathered = []
     original = data.gather
-    monkeypatch.setattr(data, "gather", lambda split_, rows: gathered.append(split_.rows[rows].tolist()) or original(split_, rows))
+    monkeypatch.setattr(
+        data, "gather", lambda split_, rows: gathered.append(split_.rows[rows].tolist()) or original(split_, rows)
+    )
     saved = predict_samples(model, client.test, cfg, torch.device("cpu"))
     if reader is not None:
         reader.close()
@@ -135,7 +150,10 @@ def test_qualitative_predictions_gather_only_the_batches_they_use(tmp_path, monk
     assert saved["image"].shape == (3, 16, 16, 3) and saved["label"].shape == (3, 16, 16)
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -162,7 +180,11 @@ def test_a_kept_model_is_copied_to_the_host_once(device):
     assert copies.ops.count("clone") + copies.ops.count("_to_copy") == len(state) == 7  # one copy per tensor
     for key, value in state.items():
         assert kept[key].device.type == "cpu" and not kept[key].requires_grad
-        assert torch.equal(kept[key], value.cpu()) and kept[key].dtype == value.dtype and kept[key].stride() == value.stride()
+        assert (
+            torch.equal(kept[key], value.cpu())
+            and kept[key].dtype == value.dtype
+            and kept[key].stride() == value.stride()
+        )
     before = kept["0.weight"].clone()
     with torch.no_grad():
         model[0].weight.add_(1.0)  # the kept copy is the model's at keep time, not a view of it

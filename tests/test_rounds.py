@@ -43,7 +43,11 @@ def test_a_site_without_a_kept_model_has_nothing_to_test(tmp_path, tiny_task):
 
 
 # PRR-FL's two flows (the paper's, per-client selection; the official code's, one pooled round).
-PRRFL_OFFICIAL = {"method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"}, "selection_window": 0.5, "selection_scope": "pooled"}
+PRRFL_OFFICIAL = {
+    "method_params": {"fourier_mode": "official", "phi_split": "train", "upload": "deputy"},
+    "selection_window": 0.5,
+    "selection_scope": "pooled",
+}
 
 
 @pytest.mark.parametrize("overrides", [{}, PRRFL_OFFICIAL], ids=["paper", "official"])
@@ -56,7 +60,9 @@ def test_a_test_only_cohort_served_in_process_equals_the_engine_byte_for_byte(tm
     cfg = tiny_run_config(store, split, "prrfl", rounds=2, clients=["A", "B"], ood_clients=["C"], **overrides)
     run_training(cfg, tmp_path / "engine", progress=False)
     run = merged(cfg)
-    serve(run, tmp_path / "transport", InProcessTransport(in_process_sites(run), in_process_cohorts(run)), progress=False)
+    serve(
+        run, tmp_path / "transport", InProcessTransport(in_process_sites(run), in_process_cohorts(run)), progress=False
+    )
     for name in OUTPUTS:
         assert filecmp.cmp(tmp_path / "engine" / name, tmp_path / "transport" / name, shallow=False), name
     ood = json.loads((tmp_path / "transport" / "final.json").read_text())["ood"]["C"]
@@ -68,7 +74,9 @@ def test_a_test_only_cohort_served_in_process_equals_the_engine_byte_for_byte(tm
 def test_a_transport_that_does_not_serve_the_runs_cohorts_is_refused(tmp_path, tiny_task):
     store, split = tiny_task
     run = merged(tiny_run_config(store, split, "fedavg", rounds=1, clients=["A", "B"], ood_clients=["C"]))
-    with pytest.raises(SiteError, match=r"run fedavg: its test-only cohorts \(ood_clients\) are \['C'\], the transport serves \[\]"):
+    with pytest.raises(
+        SiteError, match=r"run fedavg: its test-only cohorts \(ood_clients\) are \['C'\], the transport serves \[\]"
+    ):
         serve(run, tmp_path / "x", InProcessTransport([]), progress=False)
     assert not (tmp_path / "x").exists()
 
@@ -79,7 +87,10 @@ def test_a_cohort_refuses_a_model_that_is_not_the_runs_network(tiny_task):
     cohort = in_process_cohorts(run)[0]
     state = in_process_sites(run)[0].client.model.state_dict()
     assert len(cohort.split) == 2  # C's test rows only
-    with pytest.raises(SiteError, match=r"cohort C: site B's selected model is not the run's network 'unet' \(.*amplitude.*\); a test-only cohort scores that network only; refused"):
+    with pytest.raises(
+        SiteError,
+        match=r"cohort C: site B's selected model is not the run's network 'unet' \(.*amplitude.*\); a test-only cohort scores that network only; refused",
+    ):
         cohort.score({"A": state, "B": {**state, "amplitude": torch.zeros(3)}})
 
 
@@ -100,5 +111,8 @@ def test_the_engines_sites_hand_the_kept_model_over_without_keeping_a_copy(tmp_p
 def test_in_process_sites_are_not_resumed_by_serve(tmp_path, tiny_task):
     store, split = tiny_task
     run = merged(tiny_run_config(store, split, "fedavg", rounds=1))
-    with pytest.raises(SiteError, match="round 3: in-process sites keep no snapshots of their own; resume an in-process run with the engine"):
+    with pytest.raises(
+        SiteError,
+        match="round 3: in-process sites keep no snapshots of their own; resume an in-process run with the engine",
+    ):
         InProcessTransport(in_process_sites(run)).resume(3, [])

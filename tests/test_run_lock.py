@@ -30,8 +30,22 @@ with run_folder_lock(sys.argv[1]):
 
 
 def train_cli(cfg, out, **env):
-    cmd = [sys.executable, "-m", "fedmedbench", "train", "--run-config", json.dumps(cfg), "--out", str(out), "--threads", "1", "--no-progress"]
-    return subprocess.run(cmd, env={**ENV, **env}, capture_output=True, text=True, timeout=600)  # a hang fails, never blocks the suite
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedmedbench",
+        "train",
+        "--run-config",
+        json.dumps(cfg),
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
+    return subprocess.run(
+        cmd, env={**ENV, **env}, capture_output=True, text=True, timeout=600
+    )  # a hang fails, never blocks the suite
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -43,7 +57,10 @@ def test_a_second_writer_is_refused_and_the_lock_file_goes_with_its_holder(tmp_p
     out.mkdir()
     with runlock.run_folder_lock(out) as path:
         assert path == out / runlock.LOCK_NAME and path.is_file()
-        with pytest.raises(runlock.RunFolderBusy, match=rf"^{out}: another training job is writing this run folder"), runlock.run_folder_lock(out):
+        with (
+            pytest.raises(runlock.RunFolderBusy, match=rf"^{out}: another training job is writing this run folder"),
+            runlock.run_folder_lock(out),
+        ):
             pass
         assert path.is_file()  # the refused one removed nothing
     assert sorted(p.name for p in out.iterdir()) == []  # a finished run folder holds only its own files
@@ -87,8 +104,12 @@ def test_train_by_hand_on_a_folder_a_running_job_owns_stops_in_one_line_until_th
         before = snapshot(out)
         busy = train_cli(cfg, out)
         assert busy.returncode == 1
-        errors = [line for line in busy.stderr.splitlines() if " ERROR " in line]  # (after the usual INFO line of the run config)
-        assert len(errors) == 1 and f"RunFolderBusy: {out}: another training job is writing this run folder" in errors[0], busy.stderr
+        errors = [
+            line for line in busy.stderr.splitlines() if " ERROR " in line
+        ]  # (after the usual INFO line of the run config)
+        assert (
+            len(errors) == 1 and f"RunFolderBusy: {out}: another training job is writing this run folder" in errors[0]
+        ), busy.stderr
         assert busy.stderr.strip().splitlines()[-1] == errors[0] and "Traceback" not in busy.stderr
         assert snapshot(out) == before  # nothing touched: the checkpoint, the lock file, nothing new
     finally:
@@ -100,4 +121,10 @@ def test_train_by_hand_on_a_folder_a_running_job_owns_stops_in_one_line_until_th
     resumed = train_cli(cfg, out)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stderr and json.loads((out / "final.json").read_text())["selection"]["rounds"] == 2
-    assert sorted(p.name for p in out.iterdir()) == ["final.json", "history.csv", "model_best.pt", "predictions.npz", "run_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "final.json",
+        "history.csv",
+        "model_best.pt",
+        "predictions.npz",
+        "run_config.json",
+    ]

@@ -10,8 +10,12 @@ from tests.conftest import interrupt_after_round, tiny_run_config
 
 def test_reported_test_scores_are_the_selected_models_and_curves_are_sparse(tmp_path, tiny_task):
     store, split = tiny_task
-    every_round = engine.run_training(tiny_run_config(store, split, "fedavg", rounds=5, curve_every=1), tmp_path / "dense", progress=False)
-    sparse = engine.run_training(tiny_run_config(store, split, "fedavg", rounds=5, curve_every=3), tmp_path / "sparse", progress=False)
+    every_round = engine.run_training(
+        tiny_run_config(store, split, "fedavg", rounds=5, curve_every=1), tmp_path / "dense", progress=False
+    )
+    sparse = engine.run_training(
+        tiny_run_config(store, split, "fedavg", rounds=5, curve_every=3), tmp_path / "sparse", progress=False
+    )
 
     # The same selection and the same test numbers, whether or not test was evaluated every round...
     assert sparse["selection"]["best_round"] == every_round["selection"]["best_round"]
@@ -30,7 +34,9 @@ def test_reported_test_scores_are_the_selected_models_and_curves_are_sparse(tmp_
 
 def test_per_client_selection_picks_each_clients_round(tmp_path, tiny_task):
     store, split = tiny_task
-    final = engine.run_training(tiny_run_config(store, split, "solo", rounds=4, curve_every=1), tmp_path / "solo", progress=False)
+    final = engine.run_training(
+        tiny_run_config(store, split, "solo", rounds=4, curve_every=1), tmp_path / "solo", progress=False
+    )
     history = pd.read_csv(tmp_path / "solo" / "history.csv")
     for client, best_round in final["selection"]["best_round"].items():
         val = history[(history.client == client) & (history.split == "val") & (history.metric == "dice_paper")]

@@ -30,8 +30,11 @@ def synthetic(tmp_path_factory):
     base = tmp_path_factory.mktemp("skin")
     info = S.write_synthetic(base / "raw", seed=0)
     raw = {
-        spec.filename: (safe_extract(base / "raw" / spec.filename, base / "ex" / spec.filename)
-                        if spec.filename.endswith(".zip") else base / "raw" / spec.filename)
+        spec.filename: (
+            safe_extract(base / "raw" / spec.filename, base / "ex" / spec.filename)
+            if spec.filename.endswith(".zip")
+            else base / "raw" / spec.filename
+        )
         for spec in S.DOWNLOADS
     }
     logs = []
@@ -91,7 +94,10 @@ def _real_shaped_store(store_dir: Path, real_meta) -> None:
     clients = S.raw.select_ham(real_meta)
     prrfl = S.splits.read_prrfl_split(PRRFL_DIR)
     d = prrfl[prrfl["client"] == "D"].sort_values("image_id")
-    tables = {**clients, "D": pd.DataFrame({"image_id": d["image_id"], "label": d["label"], "lesion_id": d["image_id"]})}
+    tables = {
+        **clients,
+        "D": pd.DataFrame({"image_id": d["image_id"], "label": d["label"], "lesion_id": d["image_id"]}),
+    }
     for client, df in tables.items():
         n = len(df)
         meta = pd.DataFrame({"id": df["image_id"].to_numpy(), "group": df["lesion_id"].to_numpy(), "source": "x"})
@@ -131,8 +137,13 @@ def test_real_checks_run_on_the_metadata_before_images(tmp_path):
     """Real metadata + PRR-FL's client-D ids pass the count/membership checks; then missing images stop it."""
     prrfl = S.splits.read_prrfl_split(PRRFL_DIR)
     d = prrfl[prrfl["client"] == "D"]
-    gt = pd.DataFrame({"image_id": d["image_id"], "melanoma": (d["label"] == 2).map({True: "1.0", False: "0.0"}),
-                       "seborrheic_keratosis": (d["label"] == 1).map({True: "1.0", False: "0.0"})})
+    gt = pd.DataFrame(
+        {
+            "image_id": d["image_id"],
+            "melanoma": (d["label"] == 2).map({True: "1.0", False: "0.0"}),
+            "seborrheic_keratosis": (d["label"] == 1).map({True: "1.0", False: "0.0"}),
+        }
+    )
     gt.to_csv(tmp_path / S.download.ISIC_GT, index=False)
     raw = {S.download.HAM_METADATA: HAM_META, S.download.ISIC_GT: tmp_path / S.download.ISIC_GT}
     for name in (S.download.HAM_PART1, S.download.HAM_PART2, S.download.ISIC_IMAGES):
@@ -166,8 +177,9 @@ def test_metadata_formats_and_errors(tmp_path, real_meta):
 
 def test_isic_ground_truth_label_rule(tmp_path):
     path = tmp_path / "gt.csv"
-    path.write_text("image_id,melanoma,seborrheic_keratosis\nISIC_0000002,0.0,1.0\nISIC_0000000,0.0,0.0\n"
-                    "ISIC_0000001,1.0,0.0\n")
+    path.write_text(
+        "image_id,melanoma,seborrheic_keratosis\nISIC_0000002,0.0,1.0\nISIC_0000000,0.0,0.0\nISIC_0000001,1.0,0.0\n"
+    )
     gt = S.raw.read_isic2017_ground_truth(path)
     assert list(gt["image_id"]) == ["ISIC_0000000", "ISIC_0000001", "ISIC_0000002"]
     assert list(gt["label"]) == [0, 2, 1]
@@ -192,8 +204,13 @@ def test_centre_crop_and_resize(tmp_path):
 
 
 def test_find_images_ignores_junk_and_refuses_duplicates(tmp_path):
-    for rel in ["a/ISIC_0000001.jpg", "a/ISIC_0000001_superpixels.png", "a/meta.csv", "__MACOSX/ISIC_0000002.jpg",
-                "a/._ISIC_0000003.jpg"]:
+    for rel in [
+        "a/ISIC_0000001.jpg",
+        "a/ISIC_0000001_superpixels.png",
+        "a/meta.csv",
+        "__MACOSX/ISIC_0000002.jpg",
+        "a/._ISIC_0000003.jpg",
+    ]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"")
     found = S.raw.find_images({"x.zip": tmp_path})
@@ -256,7 +273,7 @@ def test_synthetic_round_trip(synthetic, tmp_path):
     assert open_client(base / "store", "D").meta["source"].iloc[0].startswith("ISIC-2017_Training_Data.zip/")
     # appearance differs per source; the class is visible (melanoma darker than nevus in the centre)
     means = [open_client(base / "store", c).images.reshape(-1, 3).mean(0) for c in S.sites.STORE_CLIENTS]
-    assert min(np.abs(a - b).max() for i, a in enumerate(means) for b in means[i + 1:]) > 3
+    assert min(np.abs(a - b).max() for i, a in enumerate(means) for b in means[i + 1 :]) > 3
     for client in S.sites.STORE_CLIENTS:
         data = open_client(base / "store", client)
         centre = np.asarray(data.images[:, 12:20, 12:20]).mean(axis=(1, 2, 3))

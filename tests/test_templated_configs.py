@@ -17,9 +17,14 @@ def test_every_yaml_file_and_profile_folder_named_is_read_first(tmp_path, monkey
     (tmp_path / "wp").mkdir()
     (tmp_path / "wp" / "config.yaml").write_text("configfile: [plain.yaml, overlay.yaml]\n")
     (tmp_path / "plain.yaml").write_text("run_name: x\n")
-    for command in (["snakemake", "--configfile=overlay.yaml"], ["snakemake", "--configfiles", "plain.yaml", "overlay.yaml"],
-                    ["python", "-m", "snakemake", "--workflow-profile", "wp"]):  # the profile lists it
+    for command in (
+        ["snakemake", "--configfile=overlay.yaml"],
+        ["snakemake", "--configfiles", "plain.yaml", "overlay.yaml"],
+        ["python", "-m", "snakemake", "--workflow-profile", "wp"],
+    ):  # the profile lists it
         with pytest.raises(ConfigError, match=r"^overlay\.yaml: __use_yte__: asks Snakemake to run the Python"):
             fmb.refuse_templated_configs(command)
     # Plain files, other arguments, an option without a value, a script too long to be a path: nothing to refuse.
-    fmb.refuse_templated_configs(["snakemake", "--cores", "1", "--configfile", "plain.yaml", "--forceall", "-c", "x" * 5000])
+    fmb.refuse_templated_configs(
+        ["snakemake", "--cores", "1", "--configfile", "plain.yaml", "--forceall", "-c", "x" * 5000]
+    )

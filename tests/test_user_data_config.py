@@ -15,9 +15,19 @@ BASE = cfgmod.load_config(ROOT / "config" / "config.yaml")
 
 def user_config(root, task=None, data=None):
     change = {
-        "data": {"mysites": {"family": "folders", "root": str(root), "kind": "segmentation", "mask_values": {0: 0, 128: 1, 255: 2}, **(data or {})}},
+        "data": {
+            "mysites": {
+                "family": "folders",
+                "root": str(root),
+                "kind": "segmentation",
+                "mask_values": {0: 0, 128: 1, 255: 2},
+                **(data or {}),
+            }
+        },
         "tasks": {"mysites": {"dataset": "mysites", "kind": "segmentation", **(task or {})}},
-        "experiments": {"mine": {"title": "mine", "task": "mysites", "runs": ["fedavg"], "seeds": [0], "metric": "dice_paper"}},
+        "experiments": {
+            "mine": {"title": "mine", "task": "mysites", "runs": ["fedavg"], "seeds": [0], "metric": "dice_paper"}
+        },
         "selected_experiments": ["mine"],
     }
     return cfgmod.deep_merge(BASE, change)
@@ -32,8 +42,15 @@ def test_a_task_on_user_data_gets_the_kind_defaults_and_the_sites_found(tmp_path
     assert task["clients"] == task["client_labels"] == ["north", "south", "west"]
     assert task["protocol"] == "default" and config["data"]["mysites"]["protocols"] == {"default": {}}
     assert task["model"] == {"name": "unet", "init_features": 32, "in_channels": 3, "num_classes": 3}
-    assert task["rounds"] == 7 and task["optimizer"] == {"name": "adam", "lr": 0.5, "betas": [0.9, 0.99], "weight_decay": 1.0e-4}
-    assert task["loss"] == "dice_ce" and task["selection_metric"] == "dice_fg"  # foreground Dice: background would flatter a small structure
+    assert task["rounds"] == 7 and task["optimizer"] == {
+        "name": "adam",
+        "lr": 0.5,
+        "betas": [0.9, 0.99],
+        "weight_decay": 1.0e-4,
+    }
+    assert (
+        task["loss"] == "dice_ce" and task["selection_metric"] == "dice_fg"
+    )  # foreground Dice: background would flatter a small structure
     run = cfgmod.resolve_run(config, "mysites", "fedavg", 0)
     assert run["data"]["store"].endswith("data/mysites/default/store")
 
@@ -48,14 +65,19 @@ def test_classification_defaults(tmp_path):
     cfgmod.validate(config)
     task = config["tasks"]["cls"]
     assert task["model"]["name"] == "densenet" and task["model"]["num_classes"] == len(made["options"]["classes"])
-    assert task["loss"] == "ce" and task["optimizer"]["name"] == "sgd" and task["clients"] == ["siteA", "siteB", "siteC"]
+    assert (
+        task["loss"] == "ce" and task["optimizer"]["name"] == "sgd" and task["clients"] == ["siteA", "siteB", "siteC"]
+    )
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"data": {"root": "/no/such/folder"}}, "/no/such/folder: the data root does not exist"),
-        ({"task": {"kind": "classification"}}, "tasks.mysites.kind: 'classification', but data.mysites holds segmentation data"),
+        (
+            {"task": {"kind": "classification"}},
+            "tasks.mysites.kind: 'classification', but data.mysites holds segmentation data",
+        ),
         ({"data": {"mask_value": {0: 0}}}, "unknown key 'mask_value' (did you mean 'mask_values'?)"),
     ],
 )

@@ -79,18 +79,28 @@ def test_a_run_name_with_a_separator_is_refused_by_the_schema(value):
 def test_a_results_dir_that_is_the_checkout_or_above_it_is_refused(value, monkeypatch):
     monkeypatch.chdir(ROOT)
     message = refused({"results_dir": value})
-    assert message.startswith(f"config: results_dir: {value!r} is the working directory") or f"is the fedmedbench checkout ({ROOT})" in message
+    assert (
+        message.startswith(f"config: results_dir: {value!r} is the working directory")
+        or f"is the fedmedbench checkout ({ROOT})" in message
+    )
 
 
 def test_a_results_dir_elsewhere_is_the_root_of_every_output_path(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert refused({"results_dir": "res{x}"}) == "config: results_dir: 'res{x}' holds a brace, which Snakemake reads as a wildcard in every output path"
+    assert (
+        refused({"results_dir": "res{x}"})
+        == "config: results_dir: 'res{x}' holds a brace, which Snakemake reads as a wildcard in every output path"
+    )
     config = fmb.deep_merge(BASE, {"results_dir": str(tmp_path / "scratch"), "run_name": "v1.0..b"})
     fmb.validate(config, "config")  # a dot inside a name is a plain name
     root = fmb.results_root(config)
     assert root == tmp_path / "scratch" / "v1.0..b"
     paths = [fmb.task_data_dir(config, task) for task in config["tasks"]]
-    paths += [fmb.train_dir(config, task, run, seed) for exp in config["experiments"] for task, run, seed in fmb.experiment_runs(config, exp)]
+    paths += [
+        fmb.train_dir(config, task, run, seed)
+        for exp in config["experiments"]
+        for task, run, seed in fmb.experiment_runs(config, exp)
+    ]
     assert len(paths) > 100
     assert all(Path(os.path.normpath(p)).is_relative_to(root) for p in paths)
 
@@ -117,24 +127,46 @@ def test_a_section_name_that_is_not_one_folder_name_is_refused(section, old, new
 def test_a_site_of_a_task_that_is_not_one_folder_of_the_store_is_refused(site):
     clients = ["BIDMC", site, "I2CVB", "UCL", "RUNMC", "BMC"]
     message = refused({"tasks": {"prostate": {"clients": clients}}})
-    assert message == f"config: tasks.prostate.clients: the site {site!r} is not one folder name of the store (no '/', not starting with '.')"
+    assert (
+        message
+        == f"config: tasks.prostate.clients: the site {site!r} is not one folder name of the store (no '/', not starting with '.')"
+    )
 
 
 def test_a_paper_table_and_a_series_run_that_lead_elsewhere_are_refused():
     message = refused({"experiments": {"harmofl_table1_prostate": {"paper_table": "../../config.yaml"}}})
-    assert message.startswith("config: experiments.harmofl_table1_prostate.paper_table: the paper table '../../config.yaml' must be a plain name")
+    assert message.startswith(
+        "config: experiments.harmofl_table1_prostate.paper_table: the paper table '../../config.yaml' must be a plain name"
+    )
     assert "under resources/paper_tables/" in message
 
     def edit(config):
         config["experiments"]["harmofl_fig5b_local_epochs"]["series"]["FedAvg"]["1"] = "../fedavg"
 
-    assert refused(edit=edit).startswith("config: experiments.harmofl_fig5b_local_epochs.series.FedAvg: the run '../fedavg' must be a plain name")
+    assert refused(edit=edit).startswith(
+        "config: experiments.harmofl_fig5b_local_epochs.series.FedAvg: the run '../fedavg' must be a plain name"
+    )
 
 
 def test_train_by_hand_refuses_the_run_name_in_one_line(tmp_path, capsys):
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text("run_name: '..'\n")
-    code = cli.main(["train", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")])
+    code = cli.main(
+        [
+            "train",
+            "--config",
+            str(ROOT / "config" / "config.yaml"),
+            str(overlay),
+            "--task",
+            "prostate",
+            "--run",
+            "fedavg",
+            "--seed",
+            "0",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(lines) == 1 and "ConfigError: " in lines[0] and "run_name: the run name '..'" in lines[0]
     assert not (tmp_path / "run").exists()
@@ -143,14 +175,26 @@ def test_train_by_hand_refuses_the_run_name_in_one_line(tmp_path, capsys):
 # --- 1. HTML in a site or run name ---------------------------------------------------------------
 def test_the_escapes_by_hand():
     assert escape.markdown(XSS) == "&lt;img src=x onerror=alert(1)&gt;"
-    assert escape.markdown("a|b *c* [d](e) `f` \\ & site_A\nx") == "a\\|b \\*c\\* \\[d\\](e) \\`f\\` \\\\ &amp; site_A x"
+    assert (
+        escape.markdown("a|b *c* [d](e) `f` \\ & site_A\nx") == "a\\|b \\*c\\* \\[d\\](e) \\`f\\` \\\\ &amp; site_A x"
+    )
     assert escape.latex(XSS) == r"\textless{}img src=x onerror=alert(1)\textgreater{}"
     assert escape.latex("a|b_c 10%") == r"a\textbar{}b\_c 10\%"
 
 
 def finals_with(sites: list[str], run: str = "fedavg") -> list[dict]:
     scores = {site: {"dice_paper": 0.5 + 0.1 * i} for i, site in enumerate(sites)}
-    return [{"task": "t", "method": run.split("-")[0], "run": run, "seed": 0, "clients": sites, "client_labels": sites, "test": scores}]
+    return [
+        {
+            "task": "t",
+            "method": run.split("-")[0],
+            "run": run,
+            "seed": 0,
+            "clients": sites,
+            "client_labels": sites,
+            "test": scores,
+        }
+    ]
 
 
 def test_html_in_a_site_name_is_text_in_the_tables(tmp_path):
@@ -193,7 +237,19 @@ def test_a_site_folder_named_with_html_reaches_the_table_as_text(tmp_path, capsy
                  selection={"split": "val", "metric": "dice_paper", "per_client": False, "best_round": 2, "rounds": 2})  # fmt: skip
     write_final(run / "final.json", final)
     experiment = {"title": "T", "seeds": [0], "task": "t", "runs": ["fedavg"], "metric": "dice_paper"}
-    assert cli.main(["table", "--experiment", json.dumps(experiment), "--out-prefix", str(tmp_path / "tab"), str(run / "final.json")]) == 0
+    assert (
+        cli.main(
+            [
+                "table",
+                "--experiment",
+                json.dumps(experiment),
+                "--out-prefix",
+                str(tmp_path / "tab"),
+                str(run / "final.json"),
+            ]
+        )
+        == 0
+    )
     md = (tmp_path / "tab.md").read_text()
     assert "<img" not in md and "| Method | &lt;img src=x onerror=alert(1)&gt; | siteB | Avg |" in md
 
@@ -218,10 +274,27 @@ def test_read_yaml_and_load_config_refuse_a_yte_template(tmp_path, capsys):
         fmb.read_yaml(overlay)
     with pytest.raises(ConfigError, match=re.escape(expected)):
         fmb.load_config(ROOT / "config" / "config.yaml", overlay)
-    code = cli.main(["train", "--config", str(ROOT / "config" / "config.yaml"), str(overlay), "--task", "prostate", "--run", "fedavg", "--seed", "0", "--out", str(tmp_path / "run")])
+    code = cli.main(
+        [
+            "train",
+            "--config",
+            str(ROOT / "config" / "config.yaml"),
+            str(overlay),
+            "--task",
+            "prostate",
+            "--run",
+            "fedavg",
+            "--seed",
+            "0",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(lines) == 1 and expected in lines[0]
-    (tmp_path / "off.yaml").write_text("__use_yte__: false\nrun_name: x\n")  # present at all: refused, whatever its value
+    (tmp_path / "off.yaml").write_text(
+        "__use_yte__: false\nrun_name: x\n"
+    )  # present at all: refused, whatever its value
     with pytest.raises(ConfigError, match="__use_yte__"):
         fmb.read_yaml(tmp_path / "off.yaml")
     assert not marker.exists()
@@ -247,8 +320,21 @@ def test_plain_snakemake_runs_a_yte_overlay_before_the_snakefile_which_then_stop
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text((ROOT / "config" / "config.yaml").read_text())
     overlay, marker = yte_overlay(tmp_path)
-    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "--cores", "1", "--configfile", str(overlay)]
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    cmd = [
+        str(BIN / "snakemake"),
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "-n",
+        "--cores",
+        "1",
+        "--configfile",
+        str(overlay),
+    ]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    )
     assert result.returncode != 0
     assert f"{overlay}: __use_yte__: asks Snakemake to run the Python in this file" in result.stdout + result.stderr
     assert marker.read_text() == "ran"  # Snakemake ran it first: only our entry points can refuse in time
@@ -258,9 +344,25 @@ def test_plain_snakemake_runs_a_yte_overlay_before_the_snakefile_which_then_stop
 def test_the_snakefile_refuses_a_yte_config_yaml_before_snakemake_reads_it(tmp_path):
     marker = tmp_path / "MARKER"
     (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "config.yaml").write_text(YTE.format(marker=str(marker)) + (ROOT / "config" / "config.yaml").read_text().replace("run_name:", "old_run_name:", 1))
-    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "--cores", "1", "--workflow-profile", "none"]
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    (tmp_path / "config" / "config.yaml").write_text(
+        YTE.format(marker=str(marker))
+        + (ROOT / "config" / "config.yaml").read_text().replace("run_name:", "old_run_name:", 1)
+    )
+    cmd = [
+        str(BIN / "snakemake"),
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "-n",
+        "--cores",
+        "1",
+        "--workflow-profile",
+        "none",
+    ]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    )
     assert result.returncode != 0 and "config.yaml: __use_yte__" in result.stdout + result.stderr
     assert not marker.exists()  # `configfile:` never read it
 
@@ -299,9 +401,15 @@ def test_new_method_refuses_an_installed_plugin_distribution_and_its_method_name
     monkeypatch.syspath_prepend(str(site))
     forget()
     try:
-        code = cli.main(["new-method", "lab_methods", "--out", str(tmp_path / "a")])  # pip compares lab-methods == lab_methods
+        code = cli.main(
+            ["new-method", "lab_methods", "--out", str(tmp_path / "a")]
+        )  # pip compares lab-methods == lab_methods
         lines = capsys.readouterr().err.strip().splitlines()
-        assert code == 1 and len(lines) == 1 and "'lab_methods' is the name of the installed distribution lab-methods 0.1" in lines[0]
+        assert (
+            code == 1
+            and len(lines) == 1
+            and "'lab_methods' is the name of the installed distribution lab-methods 0.1" in lines[0]
+        )
         assert cli.main(["new-method", "labpkg", "--out", str(tmp_path / "b")]) == 1
         assert f"'labpkg' is an importable module ({site / 'labpkg' / '__init__.py'})" in capsys.readouterr().err
         assert cli.main(["new-method", "fedlab", "--out", str(tmp_path / "c")]) == 1
@@ -326,7 +434,9 @@ def test_the_generated_test_passes_after_the_template_parameter_is_renamed(tmp_p
     method = out / "src" / "renamedfed" / "method.py"
     source = method.read_text()
     assert source.count('"mu"') == 3  # DEFAULTS, PARAM_SCHEMA and its use in after_backward
-    method.write_text(source.replace('"mu"', '"strength"').replace('{"strength": 0.0}', '{"strength": 0.01, "warmup": 1}'))
+    method.write_text(
+        source.replace('"mu"', '"strength"').replace('{"strength": 0.0}', '{"strength": 0.01, "warmup": 1}')
+    )
     monkeypatch.syspath_prepend(str(out / "src"))
     forget()
     try:
@@ -353,7 +463,9 @@ def test_tiny_run_config_takes_the_methods_defaults_and_checks_params(tmp_path, 
         assert cfg["method_params"] == {"mu": 0.0} and cfg["rounds"] == 3 and cfg["model"]["init_features"] == 4
         assert cfg["model"]["name"] == "unet" and cfg["clients"] == ["siteA", "siteB", "siteC"]
         split = pd.read_csv(cfg["data"]["split"])
-        assert split.groupby(["client", "split"]).size().to_dict() == {(s, p): n for s in cfg["clients"] for p, n in (("test", 2), ("train", 6), ("val", 2))}
+        assert split.groupby(["client", "split"]).size().to_dict() == {
+            (s, p): n for s in cfg["clients"] for p, n in (("test", 2), ("train", 6), ("val", 2))
+        }
         assert tiny_run_config("tinyfed.method", tmp_path / "data", params={"mu": 0.5})["method_params"] == {"mu": 0.5}
         with pytest.raises(ConfigError, match="mu"):
             tiny_run_config("tinyfed.method", tmp_path / "data", params={"mu": -1.0})  # PARAM_SCHEMA: minimum 0
@@ -387,7 +499,11 @@ def test_the_generated_readme_runs_the_method_on_a_folders_task(tmp_path, monkey
     forget()
     try:
         config = fmb.load_config(ROOT / "config" / "config.yaml", tmp_path / "readmefed.yaml")
-        assert config["data"]["mydata"]["family"] == "folders" and config["tasks"]["mydata"]["clients"] == ["siteA", "siteB", "siteC"]
+        assert config["data"]["mydata"]["family"] == "folders" and config["tasks"]["mydata"]["clients"] == [
+            "siteA",
+            "siteB",
+            "siteC",
+        ]
         jobs = fmb.experiment_runs(config, "mydata_table")
         assert [run for _, run, _ in jobs] == ["fedavg", "fedprox", "readmefed"]
         resolved = fmb.resolve_run(config, "mydata", "readmefed", 0)
@@ -395,4 +511,3 @@ def test_the_generated_readme_runs_the_method_on_a_folders_task(tmp_path, monkey
         assert str(fmb.results_root(config)) == "results/readmefed"
     finally:
         forget()
-

@@ -21,9 +21,22 @@ BIN = Path(sys.executable).parent
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     configs = [*map(str, CONFIGFILES), *[str(workdir / a) for a in args if a.endswith(".yaml")]]
     flags = [a for a in args if not a.endswith(".yaml")]
-    snakemake_cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(workdir), "--cores", "2", *flags, "--configfile", *configs]
+    snakemake_cmd = [
+        str(BIN / "snakemake"),
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "2",
+        *flags,
+        "--configfile",
+        *configs,
+    ]
     dry = {"-n", "--dry-run"} & set(flags)
-    cmd = snakemake_cmd if dry else [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *snakemake_cmd]  # as `make demo`
+    cmd = (
+        snakemake_cmd if dry else [str(BIN / "python"), "-m", "fedmedbench", "with-jobserver", *snakemake_cmd]
+    )  # as `make demo`
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir)
 
@@ -50,7 +63,11 @@ def make_demo(workdir: Path, *targets: str) -> subprocess.CompletedProcess:
 def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
     """Parse the 'Job stats' table of a dry run."""
     table = result.stdout.split("Job stats:")[-1]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE) if m.group(1) != "total"}
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)
+        if m.group(1) != "total"
+    }
 
 
 # `make test`'s one end-to-end Snakemake run (not marked slow on purpose), started as the README's `make demo`.
@@ -59,11 +76,20 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
     tmp_path = tmp_path / "with space"
     tmp_path.mkdir()
     (tmp_path / "config").mkdir()
-    shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")  # the Snakefile's default configfile
+    shutil.copy(
+        ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml"
+    )  # the Snakefile's default configfile
 
     # `all` builds the data the selected experiments read; every family's split is asked for too, so
     # that each synthetic twin goes through download, extraction, parsing and splitting.
-    families = (("prostate", "harmofl"), ("prostate", "fedlwr"), ("camelyon17", "harmofl"), ("nuclei", "harmofl"), ("skin", "prrfl"), ("fundus", "fedlwr"))
+    families = (
+        ("prostate", "harmofl"),
+        ("prostate", "fedlwr"),
+        ("camelyon17", "harmofl"),
+        ("nuclei", "harmofl"),
+        ("skin", "prrfl"),
+        ("fundus", "fedlwr"),
+    )
     splits = [f"results/e2e/data/{dataset}/{protocol}/split.csv" for dataset, protocol in families]
     run = make_demo(tmp_path, "all", *splits)  # the README's quick start, on tiny settings
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
@@ -104,8 +130,20 @@ def test_tiny_pipeline_runs_then_has_nothing_to_do_and_reruns_only_what_changed(
 def test_real_config_plans_every_download_and_preprocessing(tmp_path):
     (tmp_path / "config").mkdir()
     shutil.copy(ROOT / "config" / "config.yaml", tmp_path / "config" / "config.yaml")
-    cmd = [str(BIN / "snakemake"), "-s", str(ROOT / "workflow" / "Snakefile"), "--directory", str(tmp_path), "-n", "-p", "--cores", "1"]
-    dry = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    cmd = [
+        str(BIN / "snakemake"),
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "-n",
+        "-p",
+        "--cores",
+        "1",
+    ]
+    dry = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    )
     assert dry.returncode == 0, dry.stderr[-2000:]
     jobs = planned_jobs(dry)
     # prostate 1 + camelyon17 1 + nuclei 5 + skin 5 + fundus 1 raw files; 6 (dataset, protocol) pairs.

@@ -41,10 +41,17 @@ def test_a_key_given_twice_is_refused_naming_file_key_and_both_lines(tmp_path, t
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as err:
         cfgmod.read_yaml(path)
-    assert str(err.value).startswith(f"{path}: key {key!r} is given twice in the same mapping, on lines {lines[0]} and {lines[1]}"), err.value
+    assert str(err.value).startswith(
+        f"{path}: key {key!r} is given twice in the same mapping, on lines {lines[0]} and {lines[1]}"
+    ), err.value
     # not a duplicate: the same key in two mappings, and a key after a merge key (`<<`) that overrides the merged one
     path = write(tmp_path, "a: {x: 1}\nb: {x: 2}\nbase: &base {lr: 1, rounds: 2}\nc:\n  <<: *base\n  lr: 3\n")
-    assert cfgmod.read_yaml(path) == {"a": {"x": 1}, "b": {"x": 2}, "base": {"lr": 1, "rounds": 2}, "c": {"lr": 3, "rounds": 2}}
+    assert cfgmod.read_yaml(path) == {
+        "a": {"x": 1},
+        "b": {"x": 2},
+        "base": {"lr": 1, "rounds": 2},
+        "c": {"lr": 3, "rounds": 2},
+    }
 
 
 def test_a_duplicate_key_stops_load_config_and_the_cli(tmp_path, capsys):
@@ -66,7 +73,9 @@ def test_an_alias_bomb_is_refused_within_a_second_naming_the_file_and_key(tmp_pa
     assert time.perf_counter() - started < 1.0
     prefix = f"{path}: tasks.prostate.clients: its aliases (*name) expand to "
     assert str(err.value).startswith(prefix), err.value
-    assert int(str(err.value)[len(prefix):].split()[0].replace(",", "")) > 9**9  # every "lol", and the lists holding them
+    assert (
+        int(str(err.value)[len(prefix) :].split()[0].replace(",", "")) > 9**9
+    )  # every "lol", and the lists holding them
     assert f"more than the {cfgmod.MAX_YAML_VALUES:,} a config file may hold" in str(err.value)
 
 

@@ -28,14 +28,27 @@ TIMED = {
     "flwr.supernode.runtime.run_clientapp": ("run_clientapp", "pull_task_input", "install_from_fab", "push_message"),
     "flwr.clientapp.client_app": ("ClientApp.__call__",),
     # Ours, inside the app: the site's state read and written, a step's work, the reply packed.
-    "fedmedbench.federation.clientapp": ("load_site", "save_site", "build_site", "take_snapshot", "handle", "reply", "unpack"),
+    "fedmedbench.federation.clientapp": (
+        "load_site",
+        "save_site",
+        "build_site",
+        "take_snapshot",
+        "handle",
+        "reply",
+        "unpack",
+    ),
     # The ServerApp: one step, from pushing its messages to the last reply.
     "fedmedbench.federation.serverapp": ("send_and_receive",),
 }
 
 
 def record(what, t0, t1, **more) -> None:
-    line = json.dumps({"pid": os.getpid(), "where": os.path.basename(os.getcwd()), "what": what, "t0": t0, "t1": t1, **more}) + "\n"
+    line = (
+        json.dumps(
+            {"pid": os.getpid(), "where": os.path.basename(os.getcwd()), "what": what, "t0": t0, "t1": t1, **more}
+        )
+        + "\n"
+    )
     with open(LOG, "a") as log:  # one append per line: whole lines from concurrent processes
         log.write(line)
 
@@ -50,7 +63,9 @@ def timed(function, what: str):
         finally:  # also when it ends the process (run_clientapp exits through SystemExit)
             if not (what.endswith("_pull_and_store_message") and result is None):
                 more = {}
-                if what.endswith("ClientApp.__call__"):  # which step of the protocol (train, evaluate, query.hello, ...)
+                if what.endswith(
+                    "ClientApp.__call__"
+                ):  # which step of the protocol (train, evaluate, query.hello, ...)
                     message = kwargs.get("message", args[1] if len(args) > 1 else None)
                     more["kind"] = getattr(getattr(message, "metadata", None), "message_type", None)
                 record(what, t0, time.time(), **more)

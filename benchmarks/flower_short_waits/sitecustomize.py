@@ -48,11 +48,20 @@ import time
 # (module, function) of each hard-coded wait -> what it is (for the log line)
 WAITS = {
     ("flwr.supernode.start_client_internal", "start_client_internal"): "SuperNode: wait after an empty pull (3 s)",
-    ("flwr.supernode.start_client_internal", "_push_messages"): "SuperNode: wait for the ClientApp's reply (0.5 s steps)",
-    ("flwr.supernode.start_client_internal", "yield_object_contents"): "SuperNode: wait for a reply object (0.5 s steps)",
+    (
+        "flwr.supernode.start_client_internal",
+        "_push_messages",
+    ): "SuperNode: wait for the ClientApp's reply (0.5 s steps)",
+    (
+        "flwr.supernode.start_client_internal",
+        "yield_object_contents",
+    ): "SuperNode: wait for a reply object (0.5 s steps)",
     ("flwr.supercore.superexec.run_superexec", "run_superexec"): "SuperExec: task poll interval",
     ("flwr.superlink.grid.http_grid", "send_and_receive"): "Grid.send_and_receive: wait between pulls (3 s)",
-    ("flwr.supercore.inflatable.inflatable_utils", "pull_with_retries"): "object pull: backoff when not yet stored (1 s, doubling)",
+    (
+        "flwr.supercore.inflatable.inflatable_utils",
+        "pull_with_retries",
+    ): "object pull: backoff when not yet stored (1 s, doubling)",
 }
 
 _real_sleep = time.sleep
@@ -77,7 +86,10 @@ def short_event_wait(self, timeout=None):
     """``threading.Event.wait`` likewise (Flower's object-pull backoff); with ``--profile`` each such
     backoff is logged (stock or short): how often a message's object was asked for too early."""
     frame = sys._getframe(1)
-    if frame.f_code.co_name != "pull_with_retries" or frame.f_globals.get("__name__") != "flwr.supercore.inflatable.inflatable_utils":
+    if (
+        frame.f_code.co_name != "pull_with_retries"
+        or frame.f_globals.get("__name__") != "flwr.supercore.inflatable.inflatable_utils"
+    ):
         return _real_event_wait(self, timeout)
     t0 = time.time()
     try:
@@ -86,7 +98,9 @@ def short_event_wait(self, timeout=None):
         if _PROFILE:
             import fmb_flower_profile
 
-            fmb_flower_profile.record("flwr.supercore.inflatable.inflatable_utils:pull_with_retries(backoff)", t0, time.time())
+            fmb_flower_profile.record(
+                "flwr.supercore.inflatable.inflatable_utils:pull_with_retries(backoff)", t0, time.time()
+            )
 
 
 _logged: dict[int, set] = {}  # {pid: keys logged}: a fork (the warm app server's) starts afresh

@@ -35,10 +35,17 @@ def git_commit() -> str | None:
     if not (CHECKOUT / ".git").exists():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return None
-        changes = subprocess.run(["git", "-C", str(CHECKOUT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        changes = subprocess.run(
+            ["git", "-C", str(CHECKOUT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + (", with local changes" if changes.returncode == 0 and changes.stdout.strip() else "")

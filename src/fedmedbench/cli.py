@@ -62,8 +62,10 @@ def config_files(paths: list[str]) -> list[str]:
         if Path(path).is_file():
             continue
         if path == str(DEFAULT_CONFIG):
-            raise ConfigError(f"--configfile: found no {DEFAULT_CONFIG} in {Path.cwd()}: run the command in the fedmedbench checkout, "
-                              f"or pass --configfile PATH/TO/{DEFAULT_CONFIG} [overlay.yaml ...]")
+            raise ConfigError(
+                f"--configfile: found no {DEFAULT_CONFIG} in {Path.cwd()}: run the command in the fedmedbench checkout, "
+                f"or pass --configfile PATH/TO/{DEFAULT_CONFIG} [overlay.yaml ...]"
+            )
         if not os.path.exists(path):
             raise ConfigError(f"--configfile: {path}: no such file (in {Path.cwd()})")
     return paths
@@ -87,24 +89,40 @@ def cmd_train(args) -> None:
         if args.hook_timeout_s is None:
             args.hook_timeout_s = cfgmod.hook_timeout_s(config, args.task)
     if args.hook_timeout_s is not None and not 0 <= args.hook_timeout_s < float("inf"):  # NaN too
-        raise ConfigError(f"--hook-timeout-s: expected a number of seconds > 0 (0: no limit), got {args.hook_timeout_s}")
+        raise ConfigError(
+            f"--hook-timeout-s: expected a number of seconds > 0 (0: no limit), got {args.hook_timeout_s}"
+        )
     from fedmedbench.fl.data import refuse_random_pixels
 
     refuse_random_pixels(run_cfg)  # a store made to time jobs, where the real data belong: one line, before any output
     out = Path(args.out)
     logging.getLogger("fedmedbench").info("run config: %s", json.dumps(run_cfg, sort_keys=True))
-    if run_cfg.get("runtime") == "flower-simulation":  # the same round loop under Flower's simulation runtime (docs/federation.md)
+    if (
+        run_cfg.get("runtime") == "flower-simulation"
+    ):  # the same round loop under Flower's simulation runtime (docs/federation.md)
         from fedmedbench.federation.simulation import run_simulated as run_training
     from fedmedbench.fl.hookwatch import watching
 
     with watching(args.hook_timeout_s):  # SIGTERM, Ctrl-C or the timeout in a method hook: a line naming it
-        final = run_training(run_cfg, out, device=args.device, threads=args.threads, progress=not args.no_progress, checkpoint_every=args.checkpoint_every or 1, checkpoint_every_seconds=args.checkpoint_every_seconds, data_workers=args.data_workers)
+        final = run_training(
+            run_cfg,
+            out,
+            device=args.device,
+            threads=args.threads,
+            progress=not args.no_progress,
+            checkpoint_every=args.checkpoint_every or 1,
+            checkpoint_every_seconds=args.checkpoint_every_seconds,
+            data_workers=args.data_workers,
+        )
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
     from fedmedbench.report.flags import print_score_summary
 
     # a flagged score is never printed bare: its mark, and a WARNING line per run, site and seed
-    print_score_summary(final, f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})")
+    print_score_summary(
+        final,
+        f"{final['task']}/{final['run']}/seed{final['seed']}: mean test {metric} {mean:.4f} (selected on val: {final['selection']['best_round']})",
+    )
 
 
 def cmd_estimate(args) -> None:
@@ -112,12 +130,19 @@ def cmd_estimate(args) -> None:
     from fedmedbench.fl.placement import pick_device
 
     # Before any config is read or any round timed: a count that cannot be, one line each.
-    for option, value, least in (("--rounds-to-time", args.rounds_to_time, 2), ("--gpus", args.gpus, 1), ("--jobs-per-gpu", args.jobs_per_gpu, 1),
-                                 ("--threads", args.threads, 1), ("--data-workers", args.data_workers, 0)):
+    for option, value, least in (
+        ("--rounds-to-time", args.rounds_to_time, 2),
+        ("--gpus", args.gpus, 1),
+        ("--jobs-per-gpu", args.jobs_per_gpu, 1),
+        ("--threads", args.threads, 1),
+        ("--data-workers", args.data_workers, 0),
+    ):
         if value is not None and value < least:
             raise ConfigError(f"{option} must be at least {least} (got {value})")
     if not 0 < args.sharing_gain < float("inf"):  # NaN too
-        raise ConfigError(f"--sharing-gain must be above 0: the throughput of --jobs-per-gpu jobs sharing a GPU over one job's (got {args.sharing_gain})")
+        raise ConfigError(
+            f"--sharing-gain must be above 0: the throughput of --jobs-per-gpu jobs sharing a GPU over one job's (got {args.sharing_gain})"
+        )
     config = cfgmod.load_config(*args.config)
     experiments = args.experiments or config.get("selected_experiments") or list(config["experiments"])
     for name in experiments:
@@ -128,9 +153,20 @@ def cmd_estimate(args) -> None:
     if claim is not None:
         claim.release()
     evaluation: dict = {}
-    timings = estimate.measure(config, jobs, args.rounds_to_time, str(device), args.threads, args.data_workers, evaluation)
+    timings = estimate.measure(
+        config, jobs, args.rounds_to_time, str(device), args.threads, args.data_workers, evaluation
+    )
     rows = estimate.project(jobs, timings, args.gpus, args.jobs_per_gpu, args.sharing_gain)
-    print(estimate.format_table(rows, str(device) if device.type == "cpu" else torch_device_name(device), args.gpus, args.jobs_per_gpu, args.sharing_gain, args.rounds_to_time))
+    print(
+        estimate.format_table(
+            rows,
+            str(device) if device.type == "cpu" else torch_device_name(device),
+            args.gpus,
+            args.jobs_per_gpu,
+            args.sharing_gain,
+            args.rounds_to_time,
+        )
+    )
     print()
     print(estimate.format_evaluation(jobs, timings, evaluation, args.rounds_to_time))
 
@@ -183,8 +219,12 @@ def cmd_methods(args) -> None:
     configured = {}
     if args.config:
         config = cfgmod.load_config(*args.config)
-        configured = {name: section["module"] for name, section in config["methods"].items() if (section or {}).get("module")}
-    rows = [find_method(name) for name in available_methods()] + [find_method(name, module) for name, module in configured.items()]
+        configured = {
+            name: section["module"] for name, section in config["methods"].items() if (section or {}).get("module")
+        }
+    rows = [find_method(name) for name in available_methods()] + [
+        find_method(name, module) for name, module in configured.items()
+    ]
     width = max(len(ref.name) for ref in rows)
     indent = " " * (width + 2)
     for ref in rows:
@@ -214,7 +254,9 @@ def cmd_new_method(args) -> None:
     written = new_method(args.name, Path(out))
     # ./myfed rather than myfed in the hints: it reads as a folder, not as a name on the package index.
     shown = out if Path(out).is_absolute() or out.startswith(".") else f"./{out}"
-    print(f"wrote {len(written)} files into {shown}: `pip install -e {shown}` registers {args.name!r}; `pytest {shown}` trains it for two rounds")
+    print(
+        f"wrote {len(written)} files into {shown}: `pip install -e {shown}` registers {args.name!r}; `pytest {shown}` trains it for two rounds"
+    )
 
 
 def cmd_fetch(args) -> None:
@@ -223,8 +265,14 @@ def cmd_fetch(args) -> None:
 
     specs = {spec.filename: spec for spec in load_family(args.dataset).DOWNLOADS}
     spec = specs.get(Path(args.dest).name)
-    fetch(args.source, Path(args.dest), sha256=args.sha256, log=logging.getLogger("fedmedbench.fetch").info, manual_step=spec.manual_step if spec else None,
-          source_stamp=args.source_stamp)
+    fetch(
+        args.source,
+        Path(args.dest),
+        sha256=args.sha256,
+        log=logging.getLogger("fedmedbench.fetch").info,
+        manual_step=spec.manual_step if spec else None,
+        source_stamp=args.source_stamp,
+    )
 
 
 def cmd_extract(args) -> None:
@@ -239,7 +287,9 @@ def cmd_synthesize(args) -> None:
     from fedmedbench.data import load_family
 
     info = load_family(args.dataset).write_synthetic(Path(args.out), seed=args.seed, **json.loads(args.options))
-    logging.getLogger("fedmedbench.synthetic").info("wrote the synthetic %s release to %s: %s", args.dataset, args.out, info)
+    logging.getLogger("fedmedbench.synthetic").info(
+        "wrote the synthetic %s release to %s: %s", args.dataset, args.out, info
+    )
 
 
 def cmd_preprocess(args) -> None:
@@ -251,7 +301,15 @@ def cmd_preprocess(args) -> None:
     log = logging.getLogger(f"fedmedbench.{args.dataset}").info
     options = {"options": json.loads(args.options)} if args.options else {}  # a user's own data (folders)
     with cleaned_up_on_sigterm("preprocess"):
-        counts = load_family(args.dataset).preprocess(raw, Path(args.out), args.protocol, expect_real_counts=args.expect_real_counts, size=args.size, log=log, **options)
+        counts = load_family(args.dataset).preprocess(
+            raw,
+            Path(args.out),
+            args.protocol,
+            expect_real_counts=args.expect_real_counts,
+            size=args.size,
+            log=log,
+            **options,
+        )
     if args.counts:
         atomic_write_text(Path(args.counts), json.dumps(counts, indent=2) + "\n")
 
@@ -267,25 +325,39 @@ def cmd_check_data(args) -> None:
         config = cfgmod.deep_merge(config, cfgmod.read_yaml(path))
     data = config.get("data") or {}
     if args.dataset and args.dataset not in data:
-        raise ConfigError(f"--dataset: {args.dataset!r} is not a section of data{closest(args.dataset, data)}; have: {', '.join(data)}")
+        raise ConfigError(
+            f"--dataset: {args.dataset!r} is not a section of data{closest(args.dataset, data)}; have: {', '.join(data)}"
+        )
     failed = False
     for name in [args.dataset] if args.dataset else list(data):
         family = cfgmod.family_of(config, name)
         if family != "folders":
             protocols = (data[name] or {}).get("protocols") or {}
-            counts = [cfgmod.results_root(config) / "data" / name / p / "counts.json" for p in protocols] if config.get("run_name") else []
+            counts = (
+                [cfgmod.results_root(config) / "data" / name / p / "counts.json" for p in protocols]
+                if config.get("run_name")
+                else []
+            )
             print(inspect.builtin_line(name, family, counts))
             continue
         # The image size must suit the model of every task on this data (the kind's default model, as
         # complete_user_data gives it, under the task's own keys), or the kind's default model when no
         # task names the data yet.
         kind = (data[name] or {}).get("kind", "segmentation")
-        models = {task: cfgmod.deep_merge(cfgmod.KIND_DEFAULTS.get(spec.get("kind", kind), {}).get("model", {}), spec.get("model") or {})
-                  for task, spec in (config.get("tasks") or {}).items() if isinstance(spec, dict) and spec.get("dataset") == name}
+        models = {
+            task: cfgmod.deep_merge(
+                cfgmod.KIND_DEFAULTS.get(spec.get("kind", kind), {}).get("model", {}), spec.get("model") or {}
+            )
+            for task, spec in (config.get("tasks") or {}).items()
+            if isinstance(spec, dict) and spec.get("dataset") == name
+        }
         models = models or {None: cfgmod.KIND_DEFAULTS.get(kind, {}).get("model", {})}
 
         def size_problem(height: int, width: int, models=models) -> str | None:
-            return next(filter(None, (cfgmod.model_size_problem(model, height, width, task) for task, model in models.items())), None)
+            return next(
+                filter(None, (cfgmod.model_size_problem(model, height, width, task) for task, model in models.items())),
+                None,
+            )
 
         try:
             report = inspect.inspect_folders(cfgmod.folders_options(config, name), name, size_problem=size_problem)
@@ -307,12 +379,22 @@ def cmd_split(args) -> None:
         path = json.loads(args.options or "{}").get("split_csv")
         now = file_digest(path) if path else None
         if now != args.split_csv_digest:
-            raise DataError(f"{path}: split_csv changed after the workflow planned this job (content digest {now}, "
-                            f"planned {args.split_csv_digest}); run the workflow again")
+            raise DataError(
+                f"{path}: split_csv changed after the workflow planned this job (content digest {now}, "
+                f"planned {args.split_csv_digest}); run the workflow again"
+            )
     if args.options:  # a user's own data (folders): seed and fractions are its options
-        load_family(args.dataset).split(Path(args.store), Path(args.out), args.protocol, options=json.loads(args.options), log=logging.getLogger("fedmedbench.split").info)
+        load_family(args.dataset).split(
+            Path(args.store),
+            Path(args.out),
+            args.protocol,
+            options=json.loads(args.options),
+            log=logging.getLogger("fedmedbench.split").info,
+        )
     else:
-        load_family(args.dataset).split(Path(args.store), Path(args.out), args.protocol, permutation=args.permutation, seed=args.seed)
+        load_family(args.dataset).split(
+            Path(args.store), Path(args.out), args.protocol, permutation=args.permutation, seed=args.seed
+        )
 
 
 def _load_finals(paths: list[str]) -> list[dict]:
@@ -332,7 +414,17 @@ def cmd_collect(args) -> None:
         for split in ("val", "test"):
             for client, scores in final[split].items():
                 for metric, value in scores.items():
-                    rows.append({"task": final["task"], "run": final["run"], "seed": final["seed"], "client": client, "split": split, "metric": metric, "value": value})
+                    rows.append(
+                        {
+                            "task": final["task"],
+                            "run": final["run"],
+                            "seed": final["seed"],
+                            "client": client,
+                            "split": split,
+                            "metric": metric,
+                            "value": value,
+                        }
+                    )
     atomic_write_text(Path(args.out), pd.DataFrame(rows).to_csv(index=False))
 
 
@@ -344,7 +436,9 @@ def _experiment_finals(exp: Experiment, finals: list[dict], paths: list[str]) ->
     from fedmedbench.report.fedlwr import select_on_test
     from fedmedbench.report.inputs import read_history
 
-    return [select_on_test(f, read_history(Path(p).with_name("history.csv"), f), exp.metric) for f, p in zip(finals, paths)]
+    return [
+        select_on_test(f, read_history(Path(p).with_name("history.csv"), f), exp.metric) for f, p in zip(finals, paths)
+    ]
 
 
 def cmd_table(args) -> None:
@@ -357,7 +451,15 @@ def cmd_table(args) -> None:
     summary = seed_summary(finals, exp.metric, sources=args.finals, std_row=exp.std_row)
     rows = [(run, exp.label(run)) for run in exp.runs]
     flags = collect_flags(finals, dict(rows))
-    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, metric=exp.metric, flags=flags, synthetic=is_synthetic(exp.task_specs, finals))
+    write_table(
+        summary,
+        Path(args.out_prefix),
+        rows,
+        caption=exp.title,
+        metric=exp.metric,
+        flags=flags,
+        synthetic=is_synthetic(exp.task_specs, finals),
+    )
 
 
 def cmd_figure(args) -> None:
@@ -367,9 +469,19 @@ def cmd_figure(args) -> None:
     exp = Experiment.from_dict(json.loads(args.experiment))
     histories = histories_by_run(args.histories, exp.runs)
     # The finals as the table reads them: each run's selected round is marked at the table's Avg.
-    finals = _experiment_finals(exp, finals_beside(args.histories), [str(Path(p).with_name("final.json")) for p in args.histories])
+    finals = _experiment_finals(
+        exp, finals_beside(args.histories), [str(Path(p).with_name("final.json")) for p in args.histories]
+    )
     by_run = {run: [f for f in finals if f["run"] == run] for run in exp.runs}
-    convergence(histories, exp.metric, Path(args.out_prefix), title=exp.title.split(":")[0] + ": convergence", labels=exp.labels, finals=by_run, synthetic=is_synthetic(exp.task_specs, finals))
+    convergence(
+        histories,
+        exp.metric,
+        Path(args.out_prefix),
+        title=exp.title.split(":")[0] + ": convergence",
+        labels=exp.labels,
+        finals=by_run,
+        synthetic=is_synthetic(exp.task_specs, finals),
+    )
 
 
 def cmd_sweep_figure(args) -> None:
@@ -380,8 +492,20 @@ def cmd_sweep_figure(args) -> None:
     finals = _load_finals(args.finals)
     points = sweep_points(finals, exp.sweep_series(), exp.metric, exp.error)
     y_label = sweep_y_label(exp.metric, points)  # "1 seed" with one seed, not "mean over seeds"
-    collapsed = sweep_flags(finals, exp.sweep_series(), exp.labels)  # a point of a collapsed model carries the tables' mark
-    sweep_figure(points, Path(args.out_prefix), exp.title, exp.x_label, y_label, log_x=exp.log_x, error=exp.error, synthetic=is_synthetic(exp.task_specs, finals), collapsed=collapsed)
+    collapsed = sweep_flags(
+        finals, exp.sweep_series(), exp.labels
+    )  # a point of a collapsed model carries the tables' mark
+    sweep_figure(
+        points,
+        Path(args.out_prefix),
+        exp.title,
+        exp.x_label,
+        y_label,
+        log_x=exp.log_x,
+        error=exp.error,
+        synthetic=is_synthetic(exp.task_specs, finals),
+        collapsed=collapsed,
+    )
 
 
 def cmd_qualitative_figure(args) -> None:
@@ -397,11 +521,19 @@ def cmd_qualitative_figure(args) -> None:
         spec = exp.task_specs[task]
         clients = exp.clients.get(task, spec["clients"])
         files = {run: by_task[task][run] for run in exp.runs}
-        rows += load_rows(files, task, clients, per_client=exp.per_client, centre_slice=spec.get("channels") == "slices")
+        rows += load_rows(
+            files, task, clients, per_client=exp.per_client, centre_slice=spec.get("channels") == "slices"
+        )
     columns = [(run, exp.label(run)) for run in exp.runs]
     from fedmedbench.report.inputs import finals_beside, is_synthetic
 
-    qualitative_figure(rows, columns, Path(args.out_prefix), exp.title, synthetic=is_synthetic(exp.task_specs, finals_beside(args.predictions)))
+    qualitative_figure(
+        rows,
+        columns,
+        Path(args.out_prefix),
+        exp.title,
+        synthetic=is_synthetic(exp.task_specs, finals_beside(args.predictions)),
+    )
 
 
 def cmd_ampnorm_figure(args) -> None:
@@ -416,7 +548,9 @@ def cmd_ampnorm_figure(args) -> None:
 
     # 2.5D MRI (channels = adjacent slices) shows its middle slice in grey, not as false colour
     slices = {task for task in exp.tasks if exp.task_specs[task].get("channels") == "slices"}
-    ampnorm_figure(panels, Path(args.out_prefix), exp.title, centre_slice=slices, synthetic=is_synthetic(exp.task_specs))
+    ampnorm_figure(
+        panels, Path(args.out_prefix), exp.title, centre_slice=slices, synthetic=is_synthetic(exp.task_specs)
+    )
 
 
 def cmd_layer_cka_figure(args) -> None:
@@ -427,7 +561,9 @@ def cmd_layer_cka_figure(args) -> None:
     spec = exp.task_specs[exp.task]
     labels = dict(zip(spec["clients"], spec.get("client_labels") or spec["clients"]))
     final, history = read_run_history(args.histories[0])
-    layer_cka_figure(history, Path(args.out_prefix), exp.title, labels=labels, synthetic=is_synthetic(exp.task_specs, [final]))
+    layer_cka_figure(
+        history, Path(args.out_prefix), exp.title, labels=labels, synthetic=is_synthetic(exp.task_specs, [final])
+    )
 
 
 def cmd_fairness_curves(args) -> None:
@@ -436,7 +572,14 @@ def cmd_fairness_curves(args) -> None:
 
     exp = Experiment.from_dict(json.loads(args.experiment))
     histories = histories_by_run(args.histories, exp.runs)
-    fairness_curves(histories, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels, synthetic=is_synthetic(exp.task_specs, finals_beside(args.histories)))
+    fairness_curves(
+        histories,
+        exp.metric,
+        Path(args.out_prefix),
+        exp.title,
+        labels=exp.labels,
+        synthetic=is_synthetic(exp.task_specs, finals_beside(args.histories)),
+    )
 
 
 def cmd_fairness_bars(args) -> None:
@@ -449,7 +592,16 @@ def cmd_fairness_bars(args) -> None:
     finals = _experiment_finals(exp, _load_finals(args.finals), args.finals)
     summary = seed_summary(finals, exp.metric, sources=args.finals, std_row=True)
     flags = collect_flags(finals, exp.labels)  # a collapsed model's bars carry the tables' mark
-    fairness_bars(summary, exp.runs, Path(args.out_prefix), exp.title, exp.metric, labels=exp.labels, flags=flags, synthetic=is_synthetic(exp.task_specs, finals))
+    fairness_bars(
+        summary,
+        exp.runs,
+        Path(args.out_prefix),
+        exp.title,
+        exp.metric,
+        labels=exp.labels,
+        flags=flags,
+        synthetic=is_synthetic(exp.task_specs, finals),
+    )
 
 
 def cmd_ood_table(args) -> None:
@@ -464,8 +616,12 @@ def cmd_ood_table(args) -> None:
     rows = [(run, exp.label(run)) for run in exp.runs]
     synthetic = is_synthetic(exp.task_specs, finals)
     flags = ood_flags(finals, exp.cohort, dict(rows))  # a collapsed ensemble or model is marked as in every table
-    write_table(summary, Path(args.out_prefix), rows, caption=exp.title, columns=ood_columns(), synthetic=synthetic, flags=flags)
-    ood_figure(summary, exp.runs, Path(args.figure_prefix), exp.title, labels=exp.labels, synthetic=synthetic, flags=flags)
+    write_table(
+        summary, Path(args.out_prefix), rows, caption=exp.title, columns=ood_columns(), synthetic=synthetic, flags=flags
+    )
+    ood_figure(
+        summary, exp.runs, Path(args.figure_prefix), exp.title, labels=exp.labels, synthetic=synthetic, flags=flags
+    )
 
 
 def cmd_retrogress_figure(args) -> None:
@@ -475,7 +631,16 @@ def cmd_retrogress_figure(args) -> None:
     exp = Experiment.from_dict(json.loads(args.experiment))
     histories = histories_by_run(args.histories, exp.runs)
     finals = finals_beside(args.histories)  # n: the client's test images, which the figure states
-    retrogress_figure(histories, exp.client, exp.metric, Path(args.out_prefix), exp.title, labels=exp.labels, n_test=count_test_items(finals, exp.client), synthetic=is_synthetic(exp.task_specs, finals))
+    retrogress_figure(
+        histories,
+        exp.client,
+        exp.metric,
+        Path(args.out_prefix),
+        exp.title,
+        labels=exp.labels,
+        n_test=count_test_items(finals, exp.client),
+        synthetic=is_synthetic(exp.task_specs, finals),
+    )
 
 
 def _ood_comparison(exp: Experiment, finals: list[dict], paper_tables: str):
@@ -522,23 +687,39 @@ def cmd_report(args) -> None:
     from fedmedbench.report.metric_names import metric_label
     from fedmedbench.report.tables import seed_summary, table_layout
 
-    experiments = {name: Experiment.from_dict(spec, f"experiments.{name}") for name, spec in json.loads(args.experiments).items()}
+    experiments = {
+        name: Experiment.from_dict(spec, f"experiments.{name}") for name, spec in json.loads(args.experiments).items()
+    }
     finals = _load_finals(args.finals)
     sections, seeds, rounds = [], set(), set()
     for exp in experiments.values():
         section = {"title": exp.title, "labels": exp.labels, "figure": exp.figure, "notes": exp.notes}
         if exp.kind == "table":
             runs = set(exp.runs)
-            picked = [(f, p) for f, p in zip(finals, args.finals) if f["task"] == exp.task and f["run"] in runs and f["seed"] in exp.seeds]
-            picked = list(zip(_experiment_finals(exp, [f for f, _ in picked], [p for _, p in picked]), [p for _, p in picked]))
-            summary = seed_summary([f for f, _ in picked], exp.metric, sources=[p for _, p in picked], std_row=exp.std_row)
+            picked = [
+                (f, p)
+                for f, p in zip(finals, args.finals)
+                if f["task"] == exp.task and f["run"] in runs and f["seed"] in exp.seeds
+            ]
+            picked = list(
+                zip(_experiment_finals(exp, [f for f, _ in picked], [p for _, p in picked]), [p for _, p in picked])
+            )
+            summary = seed_summary(
+                [f for f, _ in picked], exp.metric, sources=[p for _, p in picked], std_row=exp.std_row
+            )
             seeds.update(f["seed"] for f, _ in picked)
             rounds.update(f["selection"]["rounds"] for f, _ in picked)
             description = picked[0][0]["metric_descriptions"].get(exp.metric)
             # The metric in words, never its key (report.metric_names), then how it is computed.
-            section["metric_note"] = f"{metric_label(exp.metric)}, in %." + (f" {description[0].upper()}{description[1:]}." if description else "")
+            section["metric_note"] = f"{metric_label(exp.metric)}, in %." + (
+                f" {description[0].upper()}{description[1:]}." if description else ""
+            )
             # Rows that are one computation say why (FedNova = FedAvg with equal local steps), computed from the finals.
-            section["notes"] = (*exp.notes, *fednova_fedavg_note([f for f, _ in picked], exp.labels), *split_counts(picked[0][0]))
+            section["notes"] = (
+                *exp.notes,
+                *fednova_fedavg_note([f for f, _ in picked], exp.labels),
+                *split_counts(picked[0][0]),
+            )
             rows = [(run, exp.label(run)) for run in exp.runs]
             section["flags"] = collect_flags([f for f, _ in picked], dict(rows))
             if exp.paper_table:
@@ -549,7 +730,9 @@ def cmd_report(args) -> None:
                 # empty paper and Δ columns), as in tables/<experiment>.md.
                 section["table"] = table_layout(summary, rows, flags=section["flags"])
         if exp.kind == "ood_table":
-            picked = [f for f in finals if f["task"] == exp.task and f["run"] in set(exp.runs) and f["seed"] in exp.seeds]
+            picked = [
+                f for f in finals if f["task"] == exp.task and f["run"] in set(exp.runs) and f["seed"] in exp.seeds
+            ]
             seeds.update(f["seed"] for f in picked)
             rounds.update(f["selection"]["rounds"] for f in picked)
             section["metric_note"] = (
@@ -561,10 +744,14 @@ def cmd_report(args) -> None:
                 from fedmedbench.report.prrfl import ood_flags
 
                 section["comparison"] = _ood_comparison(exp, picked, args.paper_tables)
-                section["flags"] = ood_flags(picked, exp.cohort, {run: exp.label(run) for run in exp.runs}, prefix=f"{exp.cohort} ")
+                section["flags"] = ood_flags(
+                    picked, exp.cohort, {run: exp.label(run) for run in exp.runs}, prefix=f"{exp.cohort} "
+                )
         sections.append(section)
     synthetic = any(f.get("synthetic", False) for f in finals)
-    write_report(sections, Path(args.out), synthetic=synthetic, run_info={"seeds": sorted(seeds), "rounds": sorted(rounds)})
+    write_report(
+        sections, Path(args.out), synthetic=synthetic, run_info={"seeds": sorted(seeds), "rounds": sorted(rounds)}
+    )
 
 
 DESCRIPTION = (
@@ -592,8 +779,14 @@ def _steps_text(steps: list[tuple[str, str]], width: int) -> str:
     column = max(len(name) for name, _ in steps) + 4
     lines = ["pipeline steps (Snakemake runs them; fedmedbench STEP --help: its options):"]
     for name, text in steps:
-        lines += textwrap.wrap(text, max(width, column + 30), initial_indent=f"  {name:<{column - 2}}", subsequent_indent=" " * column,
-                               break_long_words=False, break_on_hyphens=False)
+        lines += textwrap.wrap(
+            text,
+            max(width, column + 30),
+            initial_indent=f"  {name:<{column - 2}}",
+            subsequent_indent=" " * column,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return "\n".join(lines)
 
 
@@ -628,15 +821,29 @@ def add_config_option(parser: argparse.ArgumentParser, help_text: str, required_
     """--configfile FILE... (Snakemake's name for the same files), also spelt --config as before."""
     default = [str(DEFAULT_CONFIG)] if required_default else kwargs.pop("default", None)
     suffix = f" (default: {DEFAULT_CONFIG})" if required_default else ""
-    parser.add_argument("--configfile", "--config", dest="config", metavar="FILE", default=default, help=help_text + suffix, **kwargs)
+    parser.add_argument(
+        "--configfile", "--config", dest="config", metavar="FILE", default=default, help=help_text + suffix, **kwargs
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     width = shutil.get_terminal_size().columns - 2  # as argparse wraps its own text
-    parser = Parser(prog="fedmedbench", description=_fill(DESCRIPTION, width), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages too, and show the traceback of an error")
-    parser.add_argument("--version", action=VersionAction, help="print the version and the git commit of the code, and exit")
-    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND", help="one of the commands below (fedmedbench COMMAND --help: its options)")
+    parser = Parser(
+        prog="fedmedbench", description=_fill(DESCRIPTION, width), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log debug messages too, and show the traceback of an error"
+    )
+    parser.add_argument(
+        "--version", action=VersionAction, help="print the version and the git commit of the code, and exit"
+    )
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        title="commands",
+        metavar="COMMAND",
+        help="one of the commands below (fedmedbench COMMAND --help: its options)",
+    )
     steps: list[tuple[str, str]] = []
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
@@ -662,7 +869,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_data)
 
     p = command("methods", "list every method (built in and plug-ins), its origin and parameters")
-    add_config_option(p, "config/config.yaml [overlay.yaml ...]: also list the plug-ins its methods name with module:", required_default=False, nargs="*", default=[])
+    add_config_option(
+        p,
+        "config/config.yaml [overlay.yaml ...]: also list the plug-ins its methods name with module:",
+        required_default=False,
+        nargs="*",
+        default=[],
+    )
     p.set_defaults(func=cmd_methods)
 
     p = command("new-method", "write a pip-installable package with a method of your own (and its test)")
@@ -670,37 +883,94 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="the package folder to create (default: ./NAME)")
     p.set_defaults(func=cmd_new_method)
 
-    p = command("estimate", "time a few rounds per kind of job and project the cost of the experiments (jobs, GPU-hours, wall-hours)")
+    p = command(
+        "estimate",
+        "time a few rounds per kind of job and project the cost of the experiments (jobs, GPU-hours, wall-hours)",
+    )
     add_config_option(p, "config/config.yaml [overlay.yaml ...]", nargs="+")
-    p.add_argument("--experiments", nargs="+", help="the experiments to project (default: the config's selected_experiments, else all)")
-    p.add_argument("--rounds-to-time", type=int, default=2, help="k: each kind of job is timed for 1 and k rounds (default: %(default)s)")
+    p.add_argument(
+        "--experiments",
+        nargs="+",
+        help="the experiments to project (default: the config's selected_experiments, else all)",
+    )
+    p.add_argument(
+        "--rounds-to-time",
+        type=int,
+        default=2,
+        help="k: each kind of job is timed for 1 and k rounds (default: %(default)s)",
+    )
     p.add_argument("--gpus", type=int, default=1, help="GPUs the real run will have (default: %(default)s)")
-    p.add_argument("--jobs-per-gpu", type=int, default=1, help="training jobs that share one GPU at a time (default: %(default)s)")
-    p.add_argument("--sharing-gain", type=float, default=1.0, help="throughput of jobs-per-gpu concurrent jobs / one job (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="the device to time on: auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of the timed jobs (default: torch's own choice)")
-    p.add_argument("--data-workers", type=int, default=0, help="reader threads of the timed jobs (as train --data-workers; default: %(default)s)")
+    p.add_argument(
+        "--jobs-per-gpu", type=int, default=1, help="training jobs that share one GPU at a time (default: %(default)s)"
+    )
+    p.add_argument(
+        "--sharing-gain",
+        type=float,
+        default=1.0,
+        help="throughput of jobs-per-gpu concurrent jobs / one job (default: %(default)s)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="the device to time on: auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="CPU threads of the timed jobs (default: torch's own choice)"
+    )
+    p.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        help="reader threads of the timed jobs (as train --data-workers; default: %(default)s)",
+    )
     p.set_defaults(func=cmd_estimate)
 
     p = command("train", "run one federated training job (what each of the pipeline's training jobs runs)")
     p.add_argument("--run-config", help="the resolved run config as JSON (what Snakemake passes)")
-    add_config_option(p, "config/config.yaml [overlay.yaml ...] (instead of --run-config)", required_default=False, nargs="+")
+    add_config_option(
+        p, "config/config.yaml [overlay.yaml ...] (instead of --run-config)", required_default=False, nargs="+"
+    )
     p.add_argument("--task", help="the task, a key of the config's tasks (with --config)")
     p.add_argument("--run", help="method or method-variant, e.g. fedprox or fedavg-e2")
     p.add_argument("--seed", type=int, help="the seed (with --config)")
     p.add_argument("--out", required=True, help="run folder: history.csv, final.json, model_best.pt")
-    p.add_argument("--device", default="auto", help="auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of torch (default: torch's own choice; Snakemake passes the rule's threads)")
+    p.add_argument(
+        "--device", default="auto", help="auto (a free GPU slot, else the CPU), cpu, or a torch device such as cuda:1"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of torch (default: torch's own choice; Snakemake passes the rule's threads)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines in the log")
-    p.add_argument("--checkpoint-every", type=int, default=None, help="checkpoint every N rounds (default: the task's checkpoint_every, else 1)")
-    p.add_argument("--checkpoint-every-seconds", type=float, default=0, help="and only once this many seconds have passed since the last checkpoint (default 0: every N rounds); the last round always; changes no number")
-    p.add_argument("--data-workers", type=int, default=0, help="threads that read the next batches while the device computes (default 0: the training thread reads them; a GPU job: see docs/cost.md); changes no number")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="checkpoint every N rounds (default: the task's checkpoint_every, else 1)",
+    )
+    p.add_argument(
+        "--checkpoint-every-seconds",
+        type=float,
+        default=0,
+        help="and only once this many seconds have passed since the last checkpoint (default 0: every N rounds); the last round always; changes no number",
+    )
+    p.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        help="threads that read the next batches while the device computes (default 0: the training thread reads them; a GPU job: see docs/cost.md); changes no number",
+    )
     p.add_argument("--hook-timeout-s", type=float, default=None, metavar="SECONDS",
                    help="end a method hook (e.g. a plug-in's Client.train) that has not returned after this many seconds, with a line naming it "
                         "(default: the task's hook_timeout_s, else no limit; 0: no limit); changes no number")  # fmt: skip
     p.set_defaults(func=cmd_train, job=True)
 
-    p = command("with-jobserver", "run a command (e.g. snakemake) whose fedmedbench steps start warm (forked from a process with torch imported)")
+    p = command(
+        "with-jobserver",
+        "run a command (e.g. snakemake) whose fedmedbench steps start warm (forked from a process with torch imported)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     p.set_defaults(func=cmd_with_jobserver)
 
@@ -711,7 +981,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", required=True, help="http(s)://, file://, gdrive:<id>, a local path, or 'manual'")
     p.add_argument("--dest", required=True, help="where the verified file goes")
     p.add_argument("--sha256", default=None, help="the file's expected SHA-256 (default: not checked)")
-    p.add_argument("--source-stamp", default=None, help="a local source's path, size and mtime as the workflow saw them (checked)")
+    p.add_argument(
+        "--source-stamp", default=None, help="a local source's path, size and mtime as the workflow saw them (checked)"
+    )
     p.set_defaults(func=cmd_fetch)
 
     p = step("extract", "safely extract a zip/tar archive")
@@ -729,12 +1001,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = step("preprocess", "raw files -> canonical store")
     p.add_argument("dataset", help="the dataset family, e.g. prostate (folders: your own data)")
     p.add_argument("--protocol", required=True, help="the data protocol, a key of the data section's protocols")
-    p.add_argument("--raw", nargs="*", default=[], metavar="FILENAME=PATH", help="each raw file and its extracted folder / path")
+    p.add_argument(
+        "--raw", nargs="*", default=[], metavar="FILENAME=PATH", help="each raw file and its extracted folder / path"
+    )
     p.add_argument("--options", default=None, help="a user's own data (family folders): its data section as JSON")
     p.add_argument("--out", required=True, help="store folder")
     p.add_argument("--counts", help="write per-client sample counts here (JSON)")
     p.add_argument("--size", type=int, default=None, help="image size in pixels")
-    p.add_argument("--expect-real-counts", action="store_true", help="fail unless the counts of the real release come out")
+    p.add_argument(
+        "--expect-real-counts", action="store_true", help="fail unless the counts of the real release come out"
+    )
     p.set_defaults(func=cmd_preprocess)
 
     p = step("split", "write the split of record (CSV)")
@@ -742,10 +1018,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--protocol", required=True, help="the data protocol, a key of the data section's protocols")
     p.add_argument("--store", required=True, help="the canonical store folder (preprocess --out)")
     p.add_argument("--out", required=True, help="the split CSV to write")
-    p.add_argument("--permutation", default="default", help="family-specific: e.g. harmofl (the paper's files) or seeded")
+    p.add_argument(
+        "--permutation", default="default", help="family-specific: e.g. harmofl (the paper's files) or seeded"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of a seeded permutation (default: %(default)s)")
     p.add_argument("--options", default=None, help="a user's own data (family folders): its data section as JSON")
-    p.add_argument("--split-csv-digest", default=None, help="the split_csv's content digest as the workflow saw it (checked)")
+    p.add_argument(
+        "--split-csv-digest", default=None, help="the split_csv's content digest as the workflow saw it (checked)"
+    )
     p.set_defaults(func=cmd_split)
 
     p = step("collect", "per-client metrics of many runs -> one long CSV")
@@ -758,17 +1038,54 @@ def build_parser() -> argparse.ArgumentParser:
         ("table", "a paper-layout table (csv, md, tex) from runs' final.json", cmd_table, "finals"),
         ("figure", "convergence figure (png, pdf) from runs' history.csv", cmd_figure, "histories"),
         ("sweep-figure", "a hyperparameter sweep figure (png, pdf) from runs' final.json", cmd_sweep_figure, "finals"),
-        ("qualitative-figure", "segmentations of every method (png, pdf) from runs' predictions.npz", cmd_qualitative_figure, "predictions"),
-        ("ampnorm-figure", "images before/after amplitude normalization (png, pdf); one store per task", cmd_ampnorm_figure, "stores"),
-        ("layer-cka-figure", "Fed-LWR Fig. 1(b): layer-wise CKA between pairs of local models, and to the FedAvg anchor (png, pdf) from a run's history.csv", cmd_layer_cka_figure, "histories"),
-        ("fairness-curves", "Avg and Std across clients of the test metric vs round (png, pdf) from history.csv", cmd_fairness_curves, "histories"),
-        ("fairness-bars", "per-client test metric of every method as bars (png, pdf) from final.json", cmd_fairness_bars, "finals"),
-        ("ood-table", "PRR-FL Table 3: an OOD cohort's F1/AUC per method (csv, md, tex + --figure-prefix png, pdf) from final.json", cmd_ood_table, "finals"),
-        ("retrogress-figure", "PRR-FL Fig. 1: one client's test metric along local epochs (png, pdf) from history.csv", cmd_retrogress_figure, "histories"),
+        (
+            "qualitative-figure",
+            "segmentations of every method (png, pdf) from runs' predictions.npz",
+            cmd_qualitative_figure,
+            "predictions",
+        ),
+        (
+            "ampnorm-figure",
+            "images before/after amplitude normalization (png, pdf); one store per task",
+            cmd_ampnorm_figure,
+            "stores",
+        ),
+        (
+            "layer-cka-figure",
+            "Fed-LWR Fig. 1(b): layer-wise CKA between pairs of local models, and to the FedAvg anchor (png, pdf) from a run's history.csv",
+            cmd_layer_cka_figure,
+            "histories",
+        ),
+        (
+            "fairness-curves",
+            "Avg and Std across clients of the test metric vs round (png, pdf) from history.csv",
+            cmd_fairness_curves,
+            "histories",
+        ),
+        (
+            "fairness-bars",
+            "per-client test metric of every method as bars (png, pdf) from final.json",
+            cmd_fairness_bars,
+            "finals",
+        ),
+        (
+            "ood-table",
+            "PRR-FL Table 3: an OOD cohort's F1/AUC per method (csv, md, tex + --figure-prefix png, pdf) from final.json",
+            cmd_ood_table,
+            "finals",
+        ),
+        (
+            "retrogress-figure",
+            "PRR-FL Fig. 1: one client's test metric along local epochs (png, pdf) from history.csv",
+            cmd_retrogress_figure,
+            "histories",
+        ),
     ):
         p = step(name, help_text)
         p.add_argument("--experiment", required=True, help="the experiment's config section as JSON")
-        p.add_argument("--out-prefix", required=True, help="the outputs' path without its suffix (each format adds its own)")
+        p.add_argument(
+            "--out-prefix", required=True, help="the outputs' path without its suffix (each format adds its own)"
+        )
         p.add_argument(inputs, nargs="+", help=INPUT_HELP[inputs])
         if name == "ood-table":
             p.add_argument("--figure-prefix", required=True, help="the bar figure's path without its suffix (png, pdf)")

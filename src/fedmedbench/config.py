@@ -31,7 +31,17 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = Path("config") / "config.yaml"
 
 # Run-config keys a task section may set; its other keys (dataset, protocol) say which data to use.
-RUN_IDENTITY_KEYS = ("task", "method", "variant", "run", "seed", "data", "method_params", "method_module", "method_digest")
+RUN_IDENTITY_KEYS = (
+    "task",
+    "method",
+    "variant",
+    "run",
+    "seed",
+    "data",
+    "method_params",
+    "method_module",
+    "method_digest",
+)
 TRAINING_KEYS = tuple(k for k in field_names(RunConfig) if k not in RUN_IDENTITY_KEYS)
 
 
@@ -98,7 +108,9 @@ def complete_user_data(config: dict, source: str = "config") -> None:
     """In place: a `family: folders` data section gets its one protocol, and a task on it the per-kind
     defaults, `num_classes` from the declared classes and `clients` = the sites found on disk."""
     data = config.get("data")
-    if not isinstance(data, dict) or not any(isinstance(s, dict) and s.get("family") == "folders" for s in data.values()):
+    if not isinstance(data, dict) or not any(
+        isinstance(s, dict) and s.get("family") == "folders" for s in data.values()
+    ):
         return
     from fedmedbench.data import folders  # noqa: PLC0415  (start-up: see the comment at the top)
 
@@ -106,14 +118,18 @@ def complete_user_data(config: dict, source: str = "config") -> None:
     for name, section in data.items():
         if isinstance(section, dict) and section.get("family") == "folders":
             section.setdefault("protocols", {USER_PROTOCOL: {}})
-            options[name] = folders.FoldersOptions.from_dict(folders_options(config, name), where=f"{source}: data.{name}")
+            options[name] = folders.FoldersOptions.from_dict(
+                folders_options(config, name), where=f"{source}: data.{name}"
+            )
     for name, spec in (config.get("tasks") or {}).items():
         if not isinstance(spec, dict) or spec.get("dataset") not in options:
             continue
         found = options[spec["dataset"]]
         kind = spec.get("kind", found.kind)
         if kind != found.kind:
-            raise ConfigError(f"{source}: tasks.{name}.kind: {kind!r}, but data.{spec['dataset']} holds {found.kind} data")
+            raise ConfigError(
+                f"{source}: tasks.{name}.kind: {kind!r}, but data.{spec['dataset']} holds {found.kind} data"
+            )
         sites = folders.discover_sites(found.root, found.kind)
         defaults = {**copy.deepcopy(KIND_DEFAULTS[kind]), "kind": kind, "protocol": USER_PROTOCOL, "clients": sites}
         defaults["model"]["num_classes"] = found.num_classes
@@ -123,7 +139,11 @@ def complete_user_data(config: dict, source: str = "config") -> None:
         spec.update(completed)
     # A table or figure on a user's task shows the metric its models were selected on, unless it
     # names one: foreground Dice for segmentation by default (KIND_DEFAULTS).
-    user_tasks = {name for name, spec in (config.get("tasks") or {}).items() if isinstance(spec, dict) and spec.get("dataset") in options}
+    user_tasks = {
+        name
+        for name, spec in (config.get("tasks") or {}).items()
+        if isinstance(spec, dict) and spec.get("dataset") in options
+    }
     for spec in (config.get("experiments") or {}).values():
         if isinstance(spec, dict) and spec.get("task") in user_tasks and spec.get("kind", "table") in METRIC_KINDS:
             spec.setdefault("metric", config["tasks"][spec["task"]]["selection_metric"])
@@ -150,7 +170,9 @@ def validate(config: dict, source: str = "config") -> None:
             extra = [k for k in error.instance if k not in allowed]
             raise unknown_key(f"{source}: {where}", extra[0], allowed)
         if error.validator in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            raise ConfigError(f"{source}: {where}: expected {values.describe(error.schema)}, got {json.dumps(error.instance)}")
+            raise ConfigError(
+                f"{source}: {where}: expected {values.describe(error.schema)}, got {json.dumps(error.instance)}"
+            )
         raise ConfigError(f"{source}: invalid config at {where}: {error.message}")
     check_names(config, source)
     for method, section in config.get("methods", {}).items():
@@ -218,8 +240,10 @@ def model_size_problem(model, height: int, width: int, task: str | None = None) 
             return " or ".join(str(v) for v in (low, low + UNET_DIVISOR) if v > 0)
 
         near = nearest(height) if height == width else ", ".join(f"{nearest(n)} for {side} {n}" for side, n in bad)
-        return (f"{shown} is not a multiple of {UNET_DIVISOR}, which the {label}{of_task} needs (it halves the resolution "
-                f"{UNET_POOLINGS} times); nearest valid sizes: {near}")
+        return (
+            f"{shown} is not a multiple of {UNET_DIVISOR}, which the {label}{of_task} needs (it halves the resolution "
+            f"{UNET_POOLINGS} times); nearest valid sizes: {near}"
+        )
     minimum = _model_min_size(model)
     if min(height, width) < minimum:
         return f"{shown} is below {minimum}, the smallest size the {label}{of_task} can take (its strided layers would leave no pixel)"
@@ -242,7 +266,11 @@ def task_image_size(config: dict, task: str, source: str = "config") -> tuple[st
         if found is None:
             return f"data.{dataset}.image_size", None, ""
         height, width, path = found
-        return f"data.{dataset}.image_size", (height, width), f"; it is not set, so the images keep their native size (e.g. {path}): set it to resize them"
+        return (
+            f"data.{dataset}.image_size",
+            (height, width),
+            f"; it is not set, so the images keep their native size (e.g. {path}): set it to resize them",
+        )
     size = ((config["data"][dataset].get("protocols") or {}).get(spec["protocol"]) or {}).get("image_size")
     # A built-in protocol without image_size gets its family's default size (all multiples of 16).
     return f"data.{dataset}.protocols.{spec['protocol']}.image_size", None if size is None else (size, size), ""
@@ -261,10 +289,14 @@ def check_references(config: dict, source: str) -> None:
     for name, spec in tasks.items():
         where = f"{source}: tasks.{name}"
         if spec["dataset"] not in data:
-            raise ConfigError(f"{where}.dataset: {spec['dataset']!r} is not a section of data{closest(spec['dataset'], data)}; have: {', '.join(data)}")
+            raise ConfigError(
+                f"{where}.dataset: {spec['dataset']!r} is not a section of data{closest(spec['dataset'], data)}; have: {', '.join(data)}"
+            )
         protocols = data[spec["dataset"]].get("protocols") or {}
         if spec["protocol"] not in protocols:
-            raise ConfigError(f"{where}.protocol: {spec['protocol']!r} is not one of data.{spec['dataset']}.protocols{closest(spec['protocol'], protocols)}; have: {', '.join(protocols)}")
+            raise ConfigError(
+                f"{where}.protocol: {spec['protocol']!r} is not one of data.{spec['dataset']}.protocols{closest(spec['protocol'], protocols)}; have: {', '.join(protocols)}"
+            )
         key, size, note = task_image_size(config, name, source)
         problem = None if size is None else model_size_problem(spec["model"], *size, task=name)
         if problem:
@@ -273,12 +305,18 @@ def check_references(config: dict, source: str) -> None:
         where = f"{source}: experiments.{name}"
         for task in ([spec["task"]] if "task" in spec else []) + list(spec.get("tasks", [])):
             if task not in tasks:
-                raise ConfigError(f"{where}: task {task!r} is not a section of tasks{closest(task, tasks)}; have: {', '.join(tasks)}")
-        runs = list(spec.get("runs", [])) + [run for series in (spec.get("series") or {}).values() for run in series.values()]
+                raise ConfigError(
+                    f"{where}: task {task!r} is not a section of tasks{closest(task, tasks)}; have: {', '.join(tasks)}"
+                )
+        runs = list(spec.get("runs", [])) + [
+            run for series in (spec.get("series") or {}).values() for run in series.values()
+        ]
         points = {x for series in (spec.get("series") or {}).values() for x in series}
         unknown = [x for x in spec.get("x_values", []) if x not in points]
         if unknown:
-            raise ConfigError(f"{where}.x_values: {unknown} are not x values of its series; have: {', '.join(sorted(points))}")
+            raise ConfigError(
+                f"{where}.x_values: {unknown} are not x values of its series; have: {', '.join(sorted(points))}"
+            )
         for run in runs:
             method, variant = split_run(run)
             check_run_method(method, methods, f"{where}: run {run!r}")
@@ -290,7 +328,9 @@ def check_references(config: dict, source: str) -> None:
                 )
     for name in config.get("selected_experiments") or []:
         if name not in config["experiments"]:
-            raise ConfigError(f"{source}: selected_experiments: {name!r} is not an experiment{closest(name, config['experiments'])}")
+            raise ConfigError(
+                f"{source}: selected_experiments: {name!r} is not an experiment{closest(name, config['experiments'])}"
+            )
 
 
 def check_run_method(method: str, methods: dict, where: str) -> None:
@@ -415,7 +455,9 @@ def read_yaml(path: str | Path) -> dict:
         ) from None
     except TooManyValues as err:
         if err.values < 0:
-            raise ConfigError(f"{path}: an alias (*name) inside its own anchor (&name) makes an endless value; refused") from None
+            raise ConfigError(
+                f"{path}: an alias (*name) inside its own anchor (&name) makes an endless value; refused"
+            ) from None
         raise ConfigError(
             f"{path}: {err.key}: its aliases (*name) expand to {err.values:,} values, more than the {MAX_YAML_VALUES:,} "
             f"a config file may hold (an alias bomb?); refused before reading it"
@@ -494,7 +536,14 @@ RUN_PATTERN = re.compile(r"^[a-z0-9_]+(-[A-Za-z0-9_.]+)?$")
 def plain_folder_name(name) -> bool:
     """A site (client) name that is one folder of the store: not empty, not `.`/`..`, no separator,
     not hidden (the data layer's rule, fedmedbench.data.store)."""
-    return isinstance(name, str) and bool(name) and not name.startswith(".") and "/" not in name and "\\" not in name and "\0" not in name
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    )
 
 
 def check_results_dir(config: dict, source: str = "config") -> None:
@@ -502,11 +551,18 @@ def check_results_dir(config: dict, source: str = "config") -> None:
     directory, this checkout, or a folder above them: `run_name` folders are made inside it."""
     value = config.get("results_dir", "results")
     if "{" in value or "}" in value:
-        raise ConfigError(f"{source}: results_dir: {value!r} holds a brace, which Snakemake reads as a wildcard in every output path")
+        raise ConfigError(
+            f"{source}: results_dir: {value!r} holds a brace, which Snakemake reads as a wildcard in every output path"
+        )
     resolved = Path(value or ".").resolve()
-    for protected, what in ((Path.cwd().resolve(), "the working directory"), (PACKAGE_ROOT, "the fedmedbench checkout")):
+    for protected, what in (
+        (Path.cwd().resolve(), "the working directory"),
+        (PACKAGE_ROOT, "the fedmedbench checkout"),
+    ):
         if resolved == protected or resolved in protected.parents:
-            raise ConfigError(f"{source}: results_dir: {value!r} is {what} ({protected}) or a folder above it; give a folder of its own (default: results)")
+            raise ConfigError(
+                f"{source}: results_dir: {value!r} is {what} ({protected}) or a folder above it; give a folder of its own (default: results)"
+            )
 
 
 def check_names(config: dict, source: str = "config") -> None:
@@ -528,22 +584,47 @@ def check_names(config: dict, source: str = "config") -> None:
     for dataset, section in config["data"].items():
         name(dataset, "data", "the data section name")
         for protocol in (section or {}).get("protocols") or {}:
-            name(protocol, f"data.{dataset}.protocols", "the protocol name", METHOD_PATTERN, "lowercase letters, digits and _")
+            name(
+                protocol,
+                f"data.{dataset}.protocols",
+                "the protocol name",
+                METHOD_PATTERN,
+                "lowercase letters, digits and _",
+            )
     for task, spec in config["tasks"].items():
         name(task, "tasks", "the task name")
         for key in ("clients", "ood_clients"):
             for site in spec.get(key) or ():
                 if not plain_folder_name(site):
-                    raise ConfigError(f"{source}: tasks.{task}.{key}: the site {site!r} is not one folder name of the store (no '/', not starting with '.')")
+                    raise ConfigError(
+                        f"{source}: tasks.{task}.{key}: the site {site!r} is not one folder name of the store (no '/', not starting with '.')"
+                    )
     for method in config.get("methods") or {}:
-        name(method, "methods", "the method name", METHOD_PATTERN, "lowercase letters, digits and _; a '-' would start a variant in a run name")
+        name(
+            method,
+            "methods",
+            "the method name",
+            METHOD_PATTERN,
+            "lowercase letters, digits and _; a '-' would start a variant in a run name",
+        )
     for experiment, spec in config["experiments"].items():
         name(experiment, "experiments", "the experiment name")
         if spec.get("paper_table") is not None:
-            name(spec["paper_table"], f"experiments.{experiment}.paper_table", "the paper table", inside="resources/paper_tables/")
+            name(
+                spec["paper_table"],
+                f"experiments.{experiment}.paper_table",
+                "the paper table",
+                inside="resources/paper_tables/",
+            )
         for label, series in (spec.get("series") or {}).items():
             for run in series.values():
-                name(run, f"experiments.{experiment}.series.{label}", "the run", RUN_PATTERN, "method or method-variant, e.g. fedprox-mu0.1")
+                name(
+                    run,
+                    f"experiments.{experiment}.series.{label}",
+                    "the run",
+                    RUN_PATTERN,
+                    "method or method-variant, e.g. fedprox-mu0.1",
+                )
 
 
 # Task keys that say how to run, not what: they change no number, so no job's params hold them.
@@ -599,7 +680,9 @@ def method_params(config: dict, run: str) -> tuple[dict, dict]:
     if variant is not None:
         variants = section.get("variants", {})
         if variant not in variants:
-            raise ConfigError(f"run {run!r}: no variant {variant!r} under methods.{method}.variants (have: {sorted(variants)})")
+            raise ConfigError(
+                f"run {run!r}: no variant {variant!r} under methods.{method}.variants (have: {sorted(variants)})"
+            )
         for key, value in variants[variant].items():
             if key in params:
                 params[key] = value
@@ -668,7 +751,9 @@ class Experiment(Strict):
     log_x: bool = False
     per_client: int = 1  # qualitative: rows per client
     clients: dict = field(default_factory=dict)  # qualitative: task -> clients shown
-    notes: tuple[str, ...] = ()  # lines the report prints under the table (e.g. what a "(paper)" and an "(official code)" row differ in)
+    notes: tuple[
+        str, ...
+    ] = ()  # lines the report prints under the table (e.g. what a "(paper)" and an "(official code)" row differ in)
     # Added by the workflow for the jobs that draw and report (workflow/rules/common.smk).
     task_specs: dict = field(default_factory=dict)
     figure: str | None = None

@@ -110,7 +110,9 @@ def measure_evaluation(run_cfg: dict, device: str, threads: int | None, data_wor
     dev = torch.device(device)
     reader = BatchReader(data_workers) if data_workers else None
     try:
-        clients = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest, reader)
+        clients = load_clients(
+            Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest, reader
+        )
         model = build_model(cfg.model)
         model = model.to(dev, memory_format=torch.channels_last) if cfg.precision == "bf16" else model.to(dev)
         evaluate(model, clients[0].val, cfg, dev)  # warm-up: kernels, allocator
@@ -161,9 +163,11 @@ def too_short(seconds_one_round: float, seconds_k_rounds: float, k: int, val_sec
 
 def too_short_advice(k: int) -> str:
     """What a too-short measurement means and what to do (printed under both tables)."""
-    return (f"too short: the {k}-round timed run took no longer than the 1-round one plus its rounds' validation, so the "
-            f"cost of a round is below the noise; rerun with --rounds-to-time {4 * k} (or more). Until then such a round "
-            f"counts as its validation pass alone, so its projected hours are a lower bound (marked >=)")
+    return (
+        f"too short: the {k}-round timed run took no longer than the 1-round one plus its rounds' validation, so the "
+        f"cost of a round is below the noise; rerun with --rounds-to-time {4 * k} (or more). Until then such a round "
+        f"counts as its validation pass alone, so its projected hours are a lower bound (marked >=)"
+    )
 
 
 def timing_from(seconds_one_round: float, seconds_k_rounds: float, k: int) -> Timing:
@@ -182,7 +186,9 @@ def wall_hours(job_seconds: list[float], gpus: int, jobs_per_gpu: int, sharing_g
     return max(spread, longest)
 
 
-def project(jobs: list[Job], timings: dict[str, Timing], gpus: int, jobs_per_gpu: int, sharing_gain: float) -> list[dict]:
+def project(
+    jobs: list[Job], timings: dict[str, Timing], gpus: int, jobs_per_gpu: int, sharing_gain: float
+) -> list[dict]:
     """One row per experiment and a final ``total`` row (a job shared by experiments counted once)."""
     rows = []
     by_experiment: dict[str, list[Job]] = {}
@@ -191,12 +197,27 @@ def project(jobs: list[Job], timings: dict[str, Timing], gpus: int, jobs_per_gpu
     unique = {(j.task, j.run, j.seed): j for j in jobs}
     for name, group in [*by_experiment.items(), ("total", list(unique.values()))]:
         seconds = [timings[j.cost_key].job_seconds(j.rounds, j.test_rounds) for j in group]
-        rows.append({"experiment": name, "jobs": len(group), "gpu_hours": sum(seconds) / 3600, "wall_hours": wall_hours(seconds, gpus, jobs_per_gpu, sharing_gain),
-                     "lower_bound": any(timings[j.cost_key].too_short for j in group)})
+        rows.append(
+            {
+                "experiment": name,
+                "jobs": len(group),
+                "gpu_hours": sum(seconds) / 3600,
+                "wall_hours": wall_hours(seconds, gpus, jobs_per_gpu, sharing_gain),
+                "lower_bound": any(timings[j.cost_key].too_short for j in group),
+            }
+        )
     return rows
 
 
-def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | None, data_workers: int = 0, evaluation: dict[str, EvalCost] | None = None) -> dict[str, Timing]:
+def measure(
+    config: dict,
+    jobs: list[Job],
+    k: int,
+    device: str,
+    threads: int | None,
+    data_workers: int = 0,
+    evaluation: dict[str, EvalCost] | None = None,
+) -> dict[str, Timing]:
     """Per cost key: fixed, per-round and test-pass seconds. With ``evaluation`` (a dict to fill),
     also the evaluation cost of each kind of job, keyed like the timings (measured once per
     ``eval_key``)."""
@@ -212,14 +233,28 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
             raise DataError(f"{store} does not exist: prepare the data first (e.g. snakemake {store.parent}/split.csv)")
         if not warmed_up:  # the first run in a process pays one-off costs (kernels, allocator, caches)
             with tempfile.TemporaryDirectory(prefix="fedmedbench-estimate-") as out:
-                engine.run_training({**run_cfg, "rounds": 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
+                engine.run_training(
+                    {**run_cfg, "rounds": 1},
+                    Path(out),
+                    device=device,
+                    threads=threads,
+                    progress=False,
+                    data_workers=data_workers,
+                )
             warmed_up = True
         seconds = []
         for rounds in (1, k):
             with tempfile.TemporaryDirectory(prefix="fedmedbench-estimate-") as out:
                 started = time.perf_counter()
                 # Test in the last round only (curve_every beyond it): see the module's docstring.
-                engine.run_training({**run_cfg, "rounds": rounds, "curve_every": k + 1}, Path(out), device=device, threads=threads, progress=False, data_workers=data_workers)
+                engine.run_training(
+                    {**run_cfg, "rounds": rounds, "curve_every": k + 1},
+                    Path(out),
+                    device=device,
+                    threads=threads,
+                    progress=False,
+                    data_workers=data_workers,
+                )
                 seconds.append(time.perf_counter() - started)
         key = eval_key(run_cfg)
         if key not in by_eval_key:
@@ -229,17 +264,28 @@ def measure(config: dict, jobs: list[Job], k: int, device: str, threads: int | N
         if too_short(seconds[0], seconds[1], k, cost.val_seconds):
             # Never a round of 0 s, or one shorter than its own validation: its validation is a lower bound.
             per_round = max(timing.seconds_per_round, cost.val_seconds)
-            timing = dataclasses.replace(timing, fixed_seconds=max(seconds[0] - per_round, 0.0), seconds_per_round=per_round, too_short=True)
+            timing = dataclasses.replace(
+                timing, fixed_seconds=max(seconds[0] - per_round, 0.0), seconds_per_round=per_round, too_short=True
+            )
             log.warning("%s/%s: %s", job.task, job.run, too_short_advice(k))
         else:
-            log.info("%s/%s: %.2f s fixed + %.2f s per round + %.2f s per further test evaluation", job.task, job.run, timing.fixed_seconds, timing.seconds_per_round, timing.test_seconds)
+            log.info(
+                "%s/%s: %.2f s fixed + %.2f s per round + %.2f s per further test evaluation",
+                job.task,
+                job.run,
+                timing.fixed_seconds,
+                timing.seconds_per_round,
+                timing.test_seconds,
+            )
         timings[job.cost_key] = timing
         if evaluation is not None:
             evaluation[job.cost_key] = cost
     return timings
 
 
-def format_table(rows: list[dict], device: str, gpus: int, jobs_per_gpu: int, sharing_gain: float, rounds_to_time: int = 2) -> str:
+def format_table(
+    rows: list[dict], device: str, gpus: int, jobs_per_gpu: int, sharing_gain: float, rounds_to_time: int = 2
+) -> str:
     unit = "CPU-hours" if device.startswith("cpu") else "GPU-hours"
     lines = [
         f"Projected cost on {device} ({gpus} device(s), {jobs_per_gpu} job(s) each, sharing gain {sharing_gain:g}),",
@@ -251,13 +297,17 @@ def format_table(rows: list[dict], device: str, gpus: int, jobs_per_gpu: int, sh
     for row in rows:
         name = f"**{row['experiment']}**" if row["experiment"] == "total" else row["experiment"]
         at_least = ">= " if row.get("lower_bound") else ""
-        lines.append(f"| {name} | {row['jobs']} | {at_least}{row['gpu_hours']:.2f} | {at_least}{row['wall_hours']:.2f} |")
+        lines.append(
+            f"| {name} | {row['jobs']} | {at_least}{row['gpu_hours']:.2f} | {at_least}{row['wall_hours']:.2f} |"
+        )
     if any(row.get("lower_bound") for row in rows):
         lines += ["", f">= {too_short_advice(rounds_to_time)}."]
     return "\n".join(lines)
 
 
-def format_evaluation(jobs: list[Job], timings: dict[str, Timing], evaluation: dict[str, EvalCost], rounds_to_time: int = 2) -> str:
+def format_evaluation(
+    jobs: list[Job], timings: dict[str, Timing], evaluation: dict[str, EvalCost], rounds_to_time: int = 2
+) -> str:
     """One row per kind of job: what a round trains on, what it evaluates, and evaluation's share of
     the round's measured time (the rest: training, aggregation, checkpoint)."""
     lines = [

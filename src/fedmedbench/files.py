@@ -105,7 +105,10 @@ def naming_full_disk(path: str | os.PathLike, needed: int) -> Iterator[None]:
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
     # newline="" keeps "\n" as written: outputs are byte-identical across platforms.
-    with naming_full_disk(path, len(text.encode(encoding))), atomic_file(path, "w", encoding=encoding, newline="") as handle:
+    with (
+        naming_full_disk(path, len(text.encode(encoding))),
+        atomic_file(path, "w", encoding=encoding, newline="") as handle,
+    ):
         handle.write(text)
     return Path(path)
 

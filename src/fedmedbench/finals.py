@@ -44,6 +44,10 @@ def check_digest(path: Path | str, final: dict) -> None:
     """DataError naming ``path`` when ``final`` (its content) lacks its digest or does not match it."""
     recorded = final.get(DIGEST_KEY)
     if recorded is None:
-        raise DataError(f"{path}: has no digest of its scores (written by hand, or by a fedmedbench before digests); rerun the training job that wrote it")
+        raise DataError(
+            f"{path}: has no digest of its scores (written by hand, or by a fedmedbench before digests); rerun the training job that wrote it"
+        )
     if recorded != content_digest(final):
-        raise DataError(f"{path}: its content does not match its digest (edited after the training job wrote it?); rerun the training job that wrote it")
+        raise DataError(
+            f"{path}: its content does not match its digest (edited after the training job wrote it?); rerun the training job that wrote it"
+        )

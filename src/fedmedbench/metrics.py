@@ -38,7 +38,9 @@ METRIC_DESCRIPTIONS.update(
 )
 
 
-def per_class_counts(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def per_class_counts(
+    pred: torch.Tensor, target: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per sample and class: |P & G|, |P|, |G| (each B x C)."""
     pred_1h = F.one_hot(pred, num_classes).flatten(1, 2)
     target_1h = F.one_hot(target, num_classes).flatten(1, 2)
@@ -56,7 +58,9 @@ def dice_paper_from_counts(inter: torch.Tensor, p: torch.Tensor, g: torch.Tensor
     return dice.mean(dim=1)
 
 
-def degenerate_flags(kind: str, samples: int, predicted: np.ndarray, truth: np.ndarray, split: str = "test") -> dict[str, str]:
+def degenerate_flags(
+    kind: str, samples: int, predicted: np.ndarray, truth: np.ndarray, split: str = "test"
+) -> dict[str, str]:
     """What makes a split's scores no measure of a model, from the per-class counts of its argmax
     predictions and of the truth (pixels for segmentation, samples for classification):
     ``collapsed``: one class predicted everywhere (every pixel of every image; every sample, with at
@@ -67,7 +71,9 @@ def degenerate_flags(kind: str, samples: int, predicted: np.ndarray, truth: np.n
     if kind == "segmentation":
         if samples and len(used) == 1:
             c = int(used[0])
-            flags["collapsed"] = f"predicts class {c}{' (background)' if c == 0 else ''} on every pixel of all {samples} {split} images"
+            flags["collapsed"] = (
+                f"predicts class {c}{' (background)' if c == 0 else ''} on every pixel of all {samples} {split} images"
+            )
         if samples and not truth[1:].any():
             flags["no_foreground"] = f"no foreground pixel in any of its {samples} {split} images"
     elif samples >= 2 and len(used) == 1:
@@ -79,7 +85,9 @@ def cohort_flag_texts(flags: dict) -> dict[str, str]:
     """A cohort's ``flags`` (``fl.evaluation.score_cohort``) as final.json's ``flags`` entry of the cohort:
     {kind: which of its scores (the ensemble, each client's model) and why}."""
     parts: dict[str, list[str]] = {}
-    found = [("the ensemble", (flags.get("ensemble") or {}))] + [(f"client {c}'s model", f) for c, f in (flags.get("per_model") or {}).items()]
+    found = [("the ensemble", (flags.get("ensemble") or {}))] + [
+        (f"client {c}'s model", f) for c, f in (flags.get("per_model") or {}).items()
+    ]
     for who, kinds in found:
         for kind, why in kinds.items():
             # no foreground is the split's, whichever model scored it: said once
@@ -176,7 +184,9 @@ def macro_auc_ovr(target: np.ndarray, probs: np.ndarray) -> float:
     raising; NaN when no class can be scored."""
     if probs.shape[1] == 2:
         return binary_auc(target == 1, probs[:, 1]) if len(np.unique(target)) == 2 else float("nan")
-    scores = [binary_auc(target == c, probs[:, c]) for c in range(probs.shape[1]) if 0 < (target == c).sum() < len(target)]
+    scores = [
+        binary_auc(target == c, probs[:, c]) for c in range(probs.shape[1]) if 0 < (target == c).sum() < len(target)
+    ]
     return float(np.mean(scores)) if scores else float("nan")
 
 

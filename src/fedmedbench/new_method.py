@@ -32,7 +32,7 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 # NAME-0.1.0-0.editable-py3-none-any.whl (35 more), with room to spare for its temporaries.
 NAME_OVERHEAD = 40
 
-PYPROJECT = '''[build-system]
+PYPROJECT = """[build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
 
@@ -52,7 +52,7 @@ dev = ["pytest"]
 
 [tool.setuptools.packages.find]
 where = ["src"]
-'''
+"""
 
 METHOD = '''"""{name}: a federated learning method of your own, run by fedmedbench like a built-in one.
 
@@ -136,7 +136,7 @@ def test_{name}_trains_two_rounds(tmp_path):
     assert json.loads((tmp_path / "run" / "final.json").read_text())["config"]["method_params"] == DEFAULTS
 '''
 
-README = '''# {name}
+README = """# {name}
 
 A federated learning method for [fedmedbench](https://github.com/fedmedbench/fedmedbench).
 
@@ -164,7 +164,7 @@ with `{name}.yaml`:
       mydata_table: {{title: "My data: test Dice (%) per site", task: mydata, runs: [fedavg, fedprox, {name}], seeds: [0], metric: dice_paper}}
 
 The table is `results/{name}/tables/mydata_table.md`, the report `results/{name}/report.md`.
-'''
+"""
 
 
 def check_name(name: str) -> None:
@@ -173,13 +173,17 @@ def check_name(name: str) -> None:
     and its import never shadows a module (or is shadowed by one). One line naming ``name`` and why."""
     where = f"new-method: {name!r}"
     if not NAME_PATTERN.match(name):
-        raise ConfigError(f"{where} is not a valid method name (lowercase letters, digits and _, starting with a letter)")
+        raise ConfigError(
+            f"{where} is not a valid method name (lowercase letters, digits and _, starting with a letter)"
+        )
     if keyword.iskeyword(name):
         raise ConfigError(f"{where} is a Python keyword: `import {name}` cannot work; choose another name")
     if name in builtin_methods():
         raise ConfigError(f"{where} is a built-in method; choose another name")
     if name in sys.stdlib_module_names:
-        raise ConfigError(f"{where} is a module of Python's standard library, which the new package would shadow; choose another name")
+        raise ConfigError(
+            f"{where} is a module of Python's standard library, which the new package would shadow; choose another name"
+        )
     wanted = _distribution_key(name)
     for dist in importlib.metadata.distributions():
         if _distribution_key(dist.metadata["Name"] or "") == wanted:
@@ -193,9 +197,13 @@ def check_name(name: str) -> None:
         spec = None
     # A bare folder (a namespace package) shadows nothing: a real module or package wins over it.
     if spec is not None and spec.origin not in (None, "namespace"):
-        raise ConfigError(f"{where} is an importable module ({spec.origin}); the new package would shadow it or be shadowed by it; choose another name")
+        raise ConfigError(
+            f"{where} is an importable module ({spec.origin}); the new package would shadow it or be shadowed by it; choose another name"
+        )
     if name in entry_point_methods():
-        raise ConfigError(f"{where} is already a method (entry point of {entry_point_methods()[name][1]}); choose another name")
+        raise ConfigError(
+            f"{where} is already a method (entry point of {entry_point_methods()[name][1]}); choose another name"
+        )
 
 
 def _distribution_key(name: str) -> str:
@@ -205,7 +213,9 @@ def _distribution_key(name: str) -> str:
 
 def name_max(path: Path) -> int:
     """The longest file name the file system of ``path`` (or of its nearest existing parent) takes."""
-    existing = next((p for p in (path, *path.parents) if os.path.exists(p)), Path("."))  # os.path: False, not an error, for a name too long
+    existing = next(
+        (p for p in (path, *path.parents) if os.path.exists(p)), Path(".")
+    )  # os.path: False, not an error, for a name too long
     try:
         return os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -218,11 +228,15 @@ def new_method(name: str, out: Path) -> list[Path]:
     # The length first: looking a name up (check_name) already fails on one the file system cannot hold.
     limit = name_max(out.absolute()) - NAME_OVERHEAD
     if len(name) > limit:
-        raise ConfigError(f"new-method: the name is {len(name)} characters long; at most {limit} here (the file system takes "
-                          f"{limit + NAME_OVERHEAD} per file name, and pip's files add up to {NAME_OVERHEAD} to it); choose a shorter name")
+        raise ConfigError(
+            f"new-method: the name is {len(name)} characters long; at most {limit} here (the file system takes "
+            f"{limit + NAME_OVERHEAD} per file name, and pip's files add up to {NAME_OVERHEAD} to it); choose a shorter name"
+        )
     check_name(name)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"new-method: {out} exists and is {'not empty' if out.is_dir() else 'a file'}; give another --out")
+        raise ConfigError(
+            f"new-method: {out} exists and is {'not empty' if out.is_dir() else 'a file'}; give another --out"
+        )
     files = {
         Path("pyproject.toml"): PYPROJECT,
         Path("README.md"): README,

@@ -17,8 +17,17 @@ from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total: int, desc: str, log: logging.Logger, unit: str = "it", initial: int = 0, interval: float = 30.0, enabled: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        log: logging.Logger,
+        unit: str = "it",
+        initial: int = 0,
+        interval: float = 30.0,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.clock = clock  # injectable so a test can make a round last exactly 2.5 s without sleeping
         self.total, self.desc, self.log, self.unit, self.interval = total, desc, log, unit, interval
         self.count = initial
@@ -44,7 +53,16 @@ class Progress:
             done = self.count - self.initial
             rate = done / max(now - self.started, 1e-9)
             eta = (self.total - self.count) / rate if rate > 0 else float("nan")
-            self.log.info("%s: %d/%d %s (%s, ~%s left)%s", self.desc, self.count, self.total, self.unit, rate_text(rate, self.unit), _duration(eta), f"  {self.postfix}" if self.postfix else "")
+            self.log.info(
+                "%s: %d/%d %s (%s, ~%s left)%s",
+                self.desc,
+                self.count,
+                self.total,
+                self.unit,
+                rate_text(rate, self.unit),
+                _duration(eta),
+                f"  {self.postfix}" if self.postfix else "",
+            )
 
     def close(self) -> None:
         if self.bar is not None:

@@ -72,7 +72,9 @@ def entry_point_methods() -> dict[str, tuple[str, str]]:
     for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = point.dist.name if point.dist is not None else "an unnamed distribution"
         if point.name in builtin_methods():
-            raise ConfigError(f"entry point {point.name!r} of {dist} ({ENTRY_POINT_GROUP}) has the name of a built-in method; rename it")
+            raise ConfigError(
+                f"entry point {point.name!r} of {dist} ({ENTRY_POINT_GROUP}) has the name of a built-in method; rename it"
+            )
         found[point.name] = (point.value.partition(":")[0], dist)
     return found
 
@@ -85,11 +87,15 @@ def _source_of(module: str, where: str) -> Path:
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as err:  # a parent package is missing, or an empty name
-        raise ConfigError(f"{where}: cannot find module {module!r} ({err}); is it installed or on PYTHONPATH?") from None
+        raise ConfigError(
+            f"{where}: cannot find module {module!r} ({err}); is it installed or on PYTHONPATH?"
+        ) from None
     if spec is None:
         raise ConfigError(f"{where}: cannot find module {module!r}; is it installed or on PYTHONPATH?")
     if spec.origin is None or not spec.origin.endswith(".py"):
-        raise ConfigError(f"{where}: module {module!r} has no Python source file (found {spec.origin}); a method is a .py module")
+        raise ConfigError(
+            f"{where}: module {module!r} has no Python source file (found {spec.origin}); a method is a .py module"
+        )
     return Path(spec.origin)
 
 
@@ -149,15 +155,23 @@ def _declarations(ref: MethodRef) -> tuple[dict, dict, bool | None]:
         raise ConfigError(f"method {ref.name!r} ({ref.path}:{err.lineno}): syntax error: {err.msg}") from None
     missing = [part for part in CONTRACT if part not in _bound_names(tree)]
     if missing:
-        raise ConfigError(f"method {ref.name!r} ({ref.module}, {ref.path}): the module lacks {', '.join(missing)} (the contract: {', '.join(CONTRACT)})")
+        raise ConfigError(
+            f"method {ref.name!r} ({ref.module}, {ref.path}): the module lacks {', '.join(missing)} (the contract: {', '.join(CONTRACT)})"
+        )
     found: dict = {}
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
         if isinstance(target, ast.Name) and target.id in ("DEFAULTS", "PARAM_SCHEMA", "PERSONALIZED"):
             try:
                 found[target.id] = ast.literal_eval(node.value)
             except ValueError:
-                raise ConfigError(f"method {ref.name!r} ({ref.path}:{node.lineno}): {target.id} must be a literal (numbers, strings, lists, dicts)") from None
+                raise ConfigError(
+                    f"method {ref.name!r} ({ref.path}:{node.lineno}): {target.id} must be a literal (numbers, strings, lists, dicts)"
+                ) from None
     if not isinstance(found.get("DEFAULTS"), dict):
         raise ConfigError(f"method {ref.name!r} ({ref.path}): DEFAULTS must be a literal dict")
     return found["DEFAULTS"], found.get("PARAM_SCHEMA", {}), found.get("PERSONALIZED")
@@ -177,12 +191,16 @@ def _param_schemas(ref: MethodRef) -> dict[str, dict]:
     defaults, declared, _ = _declarations(ref)
     for key in declared:
         if key not in defaults:
-            raise ConfigError(f"method {ref.name!r} ({ref.path}): PARAM_SCHEMA declares {key!r}, which is not in DEFAULTS")
+            raise ConfigError(
+                f"method {ref.name!r} ({ref.path}): PARAM_SCHEMA declares {key!r}, which is not in DEFAULTS"
+            )
     schemas = {}
     for key, default in defaults.items():
         schema = declared.get(key) or values.inferred_schema(default)
         if schema is None:
-            raise ConfigError(f"method {ref.name!r} ({ref.path}): parameter {key!r} defaults to {default!r}; declare its type in PARAM_SCHEMA")
+            raise ConfigError(
+                f"method {ref.name!r} ({ref.path}): parameter {key!r} defaults to {default!r}; declare its type in PARAM_SCHEMA"
+            )
         schemas[key] = schema
     return schemas
 
@@ -239,7 +257,9 @@ def bn_statistics(name: str, module: str | None = None) -> str:
     params = method_defaults(name, module)
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
     # The run config's part that key policies read; FedAvg's default, under which only the method decides.
-    cfg = types.SimpleNamespace(aggregation=types.SimpleNamespace(bn_buffers="average", weighting="uniform"), method_params=params)
+    cfg = types.SimpleNamespace(
+        aggregation=types.SimpleNamespace(bn_buffers="average", weighting="uniform"), method_params=params
+    )
     server = loaded.Server.__new__(loaded.Server)  # no __init__: it would build the federation
     server.cfg, server.params, server.global_state = cfg, params, model.state_dict()
     try:

@@ -96,9 +96,13 @@ class RunConfig(Strict):
     local_epoch_curve: bool = False  # also evaluate test after receiving and after every local epoch
     precision: str = "fp32"  # fp32 (the papers) | bf16 (autocast + channels_last; faster on GPUs)
     curve_every: int = 0  # test curves every this many rounds (0: ~50 points per run); reported test scores are always the selected models'
-    selection_window: float = 1.0  # model selection only in the last this fraction of rounds (PRR-FL's official code: 0.2)
+    selection_window: float = (
+        1.0  # model selection only in the last this fraction of rounds (PRR-FL's official code: 0.2)
+    )
     selection_scope: str = "auto"  # auto: per client for personalized methods, else one round by the mean; per_client | pooled: for every method (PRR-FL's tables: per_client)
-    ood_clients: tuple[str, ...] = ()  # test-only clients (e.g. skin's OOD cohort), scored at the end with the selected models
+    ood_clients: tuple[
+        str, ...
+    ] = ()  # test-only clients (e.g. skin's OOD cohort), scored at the end with the selected models
     # engine | flower-simulation (the same round loop under Flower's simulation runtime, Ray; federation/simulation.py).
     # It changes no number, and its default is left out of to_dict: an engine run's fingerprint and final.json stay as they were.
     runtime: str = "engine"
@@ -115,7 +119,9 @@ class RunConfig(Strict):
         """JSON-ready (tuples as lists): the form stored in ``final.json`` and hashed for resume."""
         values = json.loads(json.dumps(dataclasses.asdict(self)))
         if values["runtime"] == "engine":
-            del values["runtime"]  # the default, absent: engine runs keep the fingerprint they had before the option existed
+            del values[
+                "runtime"
+            ]  # the default, absent: engine runs keep the fingerprint they had before the option existed
         return values
 
     def replace(self, **changes) -> RunConfig:
@@ -181,8 +187,16 @@ def _convert(hint, value, where: str):
         return int(value)  # JSON Schema's integer admits 2.0; the run config stores 2
     expected = {bool: (bool,), int: (int,), float: (int, float), str: (str,), dict: (dict,)}.get(origin or hint)
     if expected is not None and (not isinstance(value, expected) or (hint is not bool and isinstance(value, bool))):
-        raise _wrong_type(where, {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}[origin or hint], value)
-    if hint is float and not math.isfinite(value):  # a hand-written run config's NaN / Infinity (Python's json reads both)
+        raise _wrong_type(
+            where,
+            {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}[
+                origin or hint
+            ],
+            value,
+        )
+    if hint is float and not math.isfinite(
+        value
+    ):  # a hand-written run config's NaN / Infinity (Python's json reads both)
         raise _wrong_type(where, "a finite number", value)
     return value
 

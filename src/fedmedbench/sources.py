@@ -86,7 +86,11 @@ def _imported_names(tree: ast.AST, package: str) -> list[str]:
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             try:
-                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module
+                base = (
+                    importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                    if node.level
+                    else node.module
+                )
             except (ImportError, ValueError):
                 continue  # a relative import beyond the top-level package: Python refuses it too
             if not base:

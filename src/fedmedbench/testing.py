@@ -49,12 +49,16 @@ def write_tiny_federation(root: str | Path, sites=SITES, seed: int = 0) -> tuple
         ids = [f"{site}/{i}" for i in range(IMAGES_PER_SITE)]
         write_client(store, site, images, labels, pd.DataFrame({"id": ids, "group": ids, "source": "synthetic"}))
         parts = ["train"] * 6 + ["val"] * 2 + ["test"] * 2
-        rows += [{"client": site, "split": part, "row": i, "id": ids[i], "group": ids[i]} for i, part in enumerate(parts)]
+        rows += [
+            {"client": site, "split": part, "row": i, "id": ids[i], "group": ids[i]} for i, part in enumerate(parts)
+        ]
     write_split_csv(pd.DataFrame(rows), split)
     return store, split
 
 
-def tiny_run_config(method_module: str, root: str | Path, method: str | None = None, params: dict | None = None, **overrides) -> dict:
+def tiny_run_config(
+    method_module: str, root: str | Path, method: str | None = None, params: dict | None = None, **overrides
+) -> dict:
     """The resolved run config of a two-round training of the method in ``method_module`` (e.g.
     ``"fedxyz.method"``) on the tiny federation under ``root`` (written there if absent).
 

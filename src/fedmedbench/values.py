@@ -15,7 +15,15 @@ import math
 
 from fedmedbench.errors import ConfigError, closest, unknown_key
 
-JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", tuple: "array", dict: "object"}
+JSON_TYPES = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    tuple: "array",
+    dict: "object",
+}
 
 
 def inferred_schema(default) -> dict | None:
@@ -35,7 +43,11 @@ def describe(schema: dict) -> str:
     types = [types] if isinstance(types, str) else list(types)
     nullable = "null" in types
     text = " or ".join(t if t != "boolean" else "boolean (true/false, not a string)" for t in types if t != "null")
-    bounds = [f"{op} {schema[key]}" for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")) if key in schema]
+    bounds = [
+        f"{op} {schema[key]}"
+        for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<"))
+        if key in schema
+    ]
     if bounds:
         text += " " + " and ".join(bounds)
     return text + (" or null" if nullable else "")
@@ -77,7 +89,9 @@ def check_finite(value, where: str) -> None:
     found = _non_finite(value)
     if found is not None:
         inner, number = found
-        raise ConfigError(f"{where}{inner}: expected a finite number, got {yaml_number(number)}: NaN and infinity are refused for every number of the config")
+        raise ConfigError(
+            f"{where}{inner}: expected a finite number, got {yaml_number(number)}: NaN and infinity are refused for every number of the config"
+        )
 
 
 def check(value, schema: dict, where: str) -> None:
@@ -98,7 +112,16 @@ def check(value, schema: dict, where: str) -> None:
         key = next(k for k in error.validator_value if k not in error.instance)
         meaning = error.schema.get("properties", {}).get(key, {}).get("expected")
         raise ConfigError(f"{place}: {key!r} is required" + (f": {meaning}" if meaning else ""))
-    typed = error.validator in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") or "expected" in error.schema
+    typed = (
+        error.validator in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+        or "expected" in error.schema
+    )
     expected = describe(error.schema) if typed else error.message
-    hint = closest(error.instance, map(str, error.schema["enum"])) if error.validator == "enum" and isinstance(error.instance, str) else ""
-    raise ConfigError(f"{place}: expected {expected}, got {json.dumps(error.instance, default=str)} ({type(error.instance).__name__}){hint}")
+    hint = (
+        closest(error.instance, map(str, error.schema["enum"]))
+        if error.validator == "enum" and isinstance(error.instance, str)
+        else ""
+    )
+    raise ConfigError(
+        f"{place}: expected {expected}, got {json.dumps(error.instance, default=str)} ({type(error.instance).__name__}){hint}"
+    )

@@ -207,7 +207,9 @@ def _check_no_file_folder_clash(archive: Path, entries: list[_Entry]) -> None:
         folders = [e.parts[:depth] for depth in range(1, len(e.parts))] + ([e.parts] if e.kind == "dir" else [])
         for folder in folders:
             if folder in files:
-                raise UnsafeArchiveError(archive, e.name, f"{'/'.join(folder)!r} is both a folder and a file in the archive")
+                raise UnsafeArchiveError(
+                    archive, e.name, f"{'/'.join(folder)!r} is both a folder and a file in the archive"
+                )
 
 
 def _check_links_stay_inside(archive: Path, root: Path) -> None:
@@ -230,7 +232,9 @@ def _open_archive(archive: Path):
         return "tar", tarfile.open(archive, "r:*")
     with open(archive, "rb") as fh:
         head = fh.read(64).lstrip().lower()
-    hint = " (it is an HTML page: the download probably failed)" if head.startswith((b"<!doctype html", b"<html")) else ""
+    hint = (
+        " (it is an HTML page: the download probably failed)" if head.startswith((b"<!doctype html", b"<html")) else ""
+    )
     raise DataError(f"{archive}: not a zip or tar archive{hint}")
 
 
@@ -261,10 +265,14 @@ def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> Path:
     except UnicodeDecodeError as exc:
         # A zip that sets the UTF-8 flag (bit 11) on a name in another encoding (Latin-1 é = 0xe9):
         # zipfile fails while reading the directory. The raw bytes are shown, not decoded.
-        at = f"member {cursor.member!r} (stored name {exc.object!r})" if cursor.member else f"member stored as {exc.object!r}"
+        at = (
+            f"member {cursor.member!r} (stored name {exc.object!r})"
+            if cursor.member
+            else f"member stored as {exc.object!r}"
+        )
         raise DataError(
             f"{archive}: {at} is flagged as UTF-8 but is not valid UTF-8 "
-            f"(byte {exc.object[exc.start:exc.end]!r} at {exc.start}); nothing was extracted"
+            f"(byte {exc.object[exc.start : exc.end]!r} at {exc.start}); nothing was extracted"
         ) from exc
     except (*_DAMAGED, OSError) as exc:
         # One line naming the archive and the member, instead of a traceback from deep in zipfile/tarfile.
@@ -294,7 +302,9 @@ def _extract_into(archive: Path, kind: str, handle, entries: list[_Entry], targe
         return _fill_and_rename(archive, kind, handle, entries, target, tmp, cursor)
 
 
-def _fill_and_rename(archive: Path, kind: str, handle, entries: list[_Entry], target: Path, tmp: Path, cursor: _Cursor) -> Path:
+def _fill_and_rename(
+    archive: Path, kind: str, handle, entries: list[_Entry], target: Path, tmp: Path, cursor: _Cursor
+) -> Path:
     try:
         if kind == "zip":
             _extract_zip(handle, entries, tmp, cursor)

@@ -37,7 +37,9 @@ CACHE_VERSION = 1
 def _loop_error(link: str, target: str):
     from .folders.options import FoldersDataError  # noqa: PLC0415  (error path only: fedmedbench.data.folders costs 35-350 ms (numpy, pandas); the DAG hashes through here)
 
-    return FoldersDataError(f"{link}: a symbolic link loop (it leads back to {target}, a folder that contains it); remove the link or point it at a folder outside")
+    return FoldersDataError(
+        f"{link}: a symbolic link loop (it leads back to {target}, a folder that contains it); remove the link or point it at a folder outside"
+    )
 
 
 def _content_hash(path: str) -> str:
@@ -66,7 +68,12 @@ class _HashCache:
             saved = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return
-        if isinstance(saved, dict) and saved.get("version") == CACHE_VERSION and saved.get("root") == root and isinstance(saved.get("files"), dict):
+        if (
+            isinstance(saved, dict)
+            and saved.get("version") == CACHE_VERSION
+            and saved.get("root") == root
+            and isinstance(saved.get("files"), dict)
+        ):
             self.old = saved["files"]
 
     def content(self, name: str, path: str, stat: os.stat_result) -> str:
@@ -96,7 +103,9 @@ def _encoded(line: str) -> bytes:
     return line.encode("utf-8", "surrogateescape")
 
 
-def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple[int, int]], digest, cache: _HashCache) -> None:
+def _walk(
+    folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple[int, int]], digest, cache: _HashCache
+) -> None:
     """Files first (sorted), then each sub-folder (sorted, depth first): the order of ``os.walk``
     with sorted names."""
     try:
@@ -143,7 +152,9 @@ def _walk(folder: str, relative: str, ancestors: frozenset[str], skip: set[tuple
         _walk(entry.path, relative + entry.name + os.sep, ancestors | {real}, skip, digest, cache)
 
 
-def listing_digest(root: str | os.PathLike, exclude: Iterable[str | os.PathLike] = (), cache: str | os.PathLike | None = None) -> str:
+def listing_digest(
+    root: str | os.PathLike, exclude: Iterable[str | os.PathLike] = (), cache: str | os.PathLike | None = None
+) -> str:
     """A digest of the files under ``root`` (relative names, sizes, contents), so Snakemake re-runs
     preprocessing exactly when the user's data change, and not when only their times do.
 

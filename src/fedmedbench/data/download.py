@@ -231,7 +231,16 @@ def fetch(
         return _fetch_into(source, dest, kind, location, expected, log, manual_step, source_stamp)
 
 
-def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str | None, log, manual_step: str | None, source_stamp: str | None = None) -> str:
+def _fetch_into(
+    source: str,
+    dest: Path,
+    kind: str,
+    location: str,
+    expected: str | None,
+    log,
+    manual_step: str | None,
+    source_stamp: str | None = None,
+) -> str:
     remove_stale(dest)  # a killed download's partial file, also when the user now gives the file by hand
     if kind == "local":
         src_path = Path(location).expanduser()
@@ -239,8 +248,10 @@ def _fetch_into(source: str, dest: Path, kind: str, location: str, expected: str
             raise DownloadError(f"local archive {src_path} does not exist or is not a file (source {source!r})")
         if source_stamp is not None:
             if file_stamp(src_path) != source_stamp:
-                raise DownloadError(f"local archive {src_path} changed after the workflow planned this job (now {file_stamp(src_path)!r}, "
-                                    f"planned {source_stamp!r}); run the workflow again")
+                raise DownloadError(
+                    f"local archive {src_path} changed after the workflow planned this job (now {file_stamp(src_path)!r}, "
+                    f"planned {source_stamp!r}); run the workflow again"
+                )
         if dest.exists() and os.path.samefile(src_path, dest):
             return _verify_in_place(source, dest, expected, log, manual_step)
 

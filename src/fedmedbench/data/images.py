@@ -49,7 +49,11 @@ def _rawmodes(img) -> list[str]:
     modes = []
     for tile in getattr(img, "tile", None) or []:
         args = tile[3] if len(tile) > 3 else None
-        raw = args if isinstance(args, str) else (args[0] if isinstance(args, tuple) and args and isinstance(args[0], str) else "")
+        raw = (
+            args
+            if isinstance(args, str)
+            else (args[0] if isinstance(args, tuple) and args and isinstance(args[0], str) else "")
+        )
         modes.append(raw)
     return modes
 
@@ -73,8 +77,10 @@ def open_image(path: Path, error: type[DataError] = DataError):
         found = re.search(r"\((\d+) pixels\)", str(exc))
         pixels = f"{int(found.group(1)) / 1e6:.0f} million pixels" if found else "too many pixels"
         limit = 2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6
-        raise error(f"{path}: {pixels}, more than the {limit:.0f} million that Pillow decodes safely (a decompression "
-                    "bomb guard); downscale the image or cut it into tiles before using it") from None
+        raise error(
+            f"{path}: {pixels}, more than the {limit:.0f} million that Pillow decodes safely (a decompression "
+            "bomb guard); downscale the image or cut it into tiles before using it"
+        ) from None
 
 
 def exif_orientation(img) -> int:
@@ -107,8 +113,15 @@ def _values(array: np.ndarray, limit: int = 6) -> str:
     return f"{shown}, ... ({len(found)} distinct)" if len(found) > limit else shown
 
 
-def read_mask(path: str | os.PathLike, *, error: type[DataError] = DataError, colour: str = "refuse",
-              upright: bool = False, page: int = 0, palette: str = "colours") -> np.ndarray:
+def read_mask(
+    path: str | os.PathLike,
+    *,
+    error: type[DataError] = DataError,
+    colour: str = "refuse",
+    upright: bool = False,
+    page: int = 0,
+    palette: str = "colours",
+) -> np.ndarray:
     """The mask at ``path`` as a uint8 H x W array of grey values, never clipped or rounded.
 
     ``colour="refuse"``: a mask whose colour channels differ is an error (a grey mask is expected);
@@ -122,7 +135,9 @@ def read_mask(path: str | os.PathLike, *, error: type[DataError] = DataError, co
     return apply_orientation(grey, orientation) if upright else grey
 
 
-def _read_grey(path: Path, error: type[DataError], colour: str, page: int = 0, palette: str = "colours") -> tuple[np.ndarray, int]:
+def _read_grey(
+    path: Path, error: type[DataError], colour: str, page: int = 0, palette: str = "colours"
+) -> tuple[np.ndarray, int]:
     """The mask's grey values as stored, and its EXIF Orientation."""
     if colour not in ("refuse", "max"):
         raise ValueError(f"colour must be 'refuse' or 'max', got {colour!r}")
@@ -139,7 +154,9 @@ def _read_grey(path: Path, error: type[DataError], colour: str, page: int = 0, p
             white = img.format == "TIFF" and img.tag_v2.get(262) == 0  # MinIsWhite
             bits = img.tag_v2.get(258, (16,))[0] if img.format == "TIFF" else 16
             if mode in ("P", "PA") and palette == "index":
-                return np.ascontiguousarray(np.asarray(img)[..., 0] if mode == "PA" else np.asarray(img), np.uint8), orientation
+                return np.ascontiguousarray(
+                    np.asarray(img)[..., 0] if mode == "PA" else np.asarray(img), np.uint8
+                ), orientation
             if mode in ("P", "PA"):
                 img = img.convert("RGBA")  # the palette entries, exactly
             array = np.asarray(img)

@@ -39,7 +39,7 @@ def check_nifti_complete(path: str | os.PathLike, error: type[DataError] = DataE
                         voxels = _float_voxels(header)
                 if voxels is not None:
                     dtype, start = voxels
-                    data = rest + chunk[max(0, start - size):] if size + len(chunk) > start else b""
+                    data = rest + chunk[max(0, start - size) :] if size + len(chunk) > start else b""
                     whole = len(data) - len(data) % dtype.itemsize
                     not_finite += int(np.count_nonzero(~np.isfinite(np.frombuffer(data[:whole], dtype))))
                     rest = data[whole:]
@@ -63,8 +63,10 @@ def check_nifti_complete(path: str | os.PathLike, error: type[DataError] = DataE
 
 def non_finite_message(path, count: int, total: int, unit: str) -> str:
     """The one line refusing an image with NaN or infinite values (a NIfTI volume, a float TIFF)."""
-    return (f"{path}: {count} NaN or infinite {unit} value(s) of {total}; there is no honest value to put in their "
-            "place: replace them in the file (e.g. with the background value) and run again")
+    return (
+        f"{path}: {count} NaN or infinite {unit} value(s) of {total}; there is no honest value to put in their "
+        "place: replace them in the file (e.g. with the background value) and run again"
+    )
 
 
 def _float_voxels(header: bytes) -> tuple[np.dtype, int] | None:

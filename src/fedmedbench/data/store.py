@@ -84,7 +84,10 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     """``fedmedbench.files.atomic_write_text`` that also removes the temporaries of ``path`` a killed
     run left behind (split files, info.json, checksum sidecars)."""
     # newline="" keeps "\n" as written: outputs are byte-identical across platforms.
-    with naming_full_disk(path, len(text.encode(encoding))), locked_atomic_file(path, "w", encoding=encoding, newline="") as handle:
+    with (
+        naming_full_disk(path, len(text.encode(encoding))),
+        locked_atomic_file(path, "w", encoding=encoding, newline="") as handle,
+    ):
         handle.write(text)
     return Path(path)
 
@@ -232,7 +235,10 @@ def write_client(
         faults.reached("store_write")  # test hook: a kill with the client folder half written
         with naming_full_disk(final / LABELS_FILE, labels.nbytes + NPY_HEADER_BYTES):
             np.save(tmp / LABELS_FILE, np.ascontiguousarray(labels), allow_pickle=False)
-        with naming_full_disk(final / META_FILE, len(meta_text.encode("utf-8"))), open(tmp / META_FILE, "w", encoding="utf-8", newline="") as handle:
+        with (
+            naming_full_disk(final / META_FILE, len(meta_text.encode("utf-8"))),
+            open(tmp / META_FILE, "w", encoding="utf-8", newline="") as handle,
+        ):
             handle.write(meta_text)
     return final
 
@@ -241,7 +247,9 @@ def mark_random_pixels(store_dir: str | os.PathLike, made_by: str) -> Path:
     """Say in the store's ``info.json`` that its pixels are random (``"pixels": "random"``): a store
     of the papers' shapes for timing jobs, which a run that does not say its data are synthetic
     refuses to train on (``random_pixels``)."""
-    return atomic_write_text(Path(store_dir) / INFO_FILE, json.dumps({"pixels": "random", "made_by": made_by}, indent=2) + "\n")
+    return atomic_write_text(
+        Path(store_dir) / INFO_FILE, json.dumps({"pixels": "random", "made_by": made_by}, indent=2) + "\n"
+    )
 
 
 def store_info(store_dir: str | os.PathLike) -> dict:
@@ -321,7 +329,9 @@ def _check_split_frame(df: pd.DataFrame, where: str) -> pd.DataFrame:
     """Validate a split table and return it with ``row`` as int64. ``where`` names the source."""
     missing = [c for c in SPLIT_COLUMNS if c not in df.columns]
     if missing:
-        raise DataError(f"{where}: missing column(s) {missing}; expected at least {SPLIT_COLUMNS}, got {list(df.columns)}")
+        raise DataError(
+            f"{where}: missing column(s) {missing}; expected at least {SPLIT_COLUMNS}, got {list(df.columns)}"
+        )
     bad_split = sorted(set(df["split"].astype(str)) - set(SPLITS))
     if bad_split:
         raise DataError(f"{where}: unknown split name(s) {bad_split}; allowed: {list(SPLITS)}")
@@ -406,7 +416,9 @@ def split_groups(
         if rng is not None:
             members = members[rng.permutation(len(members))]
         train_end, val_end = cut(len(members))
-        split_of.update({g: ("train" if k < train_end else "val" if k < val_end else "test") for k, g in enumerate(members)})
+        split_of.update(
+            {g: ("train" if k < train_end else "val" if k < val_end else "test") for k, g in enumerate(members)}
+        )
     return np.array([split_of[g] for g in groups])
 
 

@@ -134,7 +134,9 @@ def take_snapshot(context: Context, round_index: int, done: int | None) -> None:
     the state file holds, as the caller read it (no second read of the file)."""
     path = state_file(context)
     if done != round_index:
-        raise SiteError(f"site {node_setting(context, 'client')}: the server checkpointed round {round_index}, but this site's state at {path} is not at the end of that round; refused")
+        raise SiteError(
+            f"site {node_setting(context, 'client')}: the server checkpointed round {round_index}, but this site's state at {path} is not at the end of that round; refused"
+        )
     copy_atomic(path, snapshot_file(context, round_index))
     found = snapshots(context)
     for number in sorted(found)[:-2]:
@@ -147,13 +149,19 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
     cfg = RunConfig.from_dict(json.loads(cfg_json))
     name = str(node_setting(context, "client"))
     if name not in cfg.clients:
-        raise SiteError(f"site {name}: the run's clients are {list(cfg.clients)}; this SuperNode's client is not one of them")
+        raise SiteError(
+            f"site {name}: the run's clients are {list(cfg.clients)}; this SuperNode's client is not one of them"
+        )
     index = list(cfg.clients).index(name)
     method = load_method(cfg.method, cfg.method_module)
-    data = load_clients(Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name], False)[0]
+    data = load_clients(
+        Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name], False
+    )[0]
     if train_rows is not None:  # truncate_to_smallest: the smallest site's size, from the server
         train = data.train
-        data.train = SplitData(train.images, train.labels, train.rows[:train_rows], train.groups[:train_rows], train.reader)
+        data.train = SplitData(
+            train.images, train.labels, train.rows[:train_rows], train.groups[:train_rows], train.reader
+        )
     device = torch.device(str(context.node_config.get("device", "cpu")))
     torch.set_num_threads(int(context.node_config.get("threads", 1)))
     seed_everything(cfg.seed, device)
@@ -164,7 +172,9 @@ def build_site(cfg_json: str, context: Context, train_rows: int | None = None) -
 def load_site(context: Context) -> Site:
     path = state_file(context)
     if not path.is_file():
-        raise SiteError(f"site {node_setting(context, 'client')}: no state at {path} (the run was not set up on this node, or its state-dir changed)")
+        raise SiteError(
+            f"site {node_setting(context, 'client')}: no state at {path} (the run was not set up on this node, or its state-dir changed)"
+        )
     saved = checkpoint.load_plain(path)
     site = build_site(saved["cfg"], context, saved["train_rows"])
     site.load_state_dict(saved["site"])
@@ -179,7 +189,9 @@ def check_fingerprint(site: Site, context: Context, config) -> None:
     """The server's run config must be the one this site's state was made for."""
     mine = RunConfig.from_dict(json.loads(site.cfg_json)).fingerprint()
     if config.get("fingerprint") != mine:
-        raise SiteError(f"site {node_setting(context, 'client')}: the server runs config fingerprint {config.get('fingerprint')}, this site's state at {state_file(context)} was made for {mine}; refused")
+        raise SiteError(
+            f"site {node_setting(context, 'client')}: the server runs config fingerprint {config.get('fingerprint')}, this site's state at {state_file(context)} was made for {mine}; refused"
+        )
 
 
 def approve(context: Context, fingerprint: str) -> None:
@@ -187,7 +199,9 @@ def approve(context: Context, fingerprint: str) -> None:
     IT team pins it); any other is refused before the site opens its data."""
     approved = context.node_config.get("run-fingerprint")
     if approved is not None and str(approved) != fingerprint:
-        raise SiteError(f"site {node_setting(context, 'client')}: this SuperNode is approved for run config fingerprint {approved}, the server sent {fingerprint}; refused")
+        raise SiteError(
+            f"site {node_setting(context, 'client')}: this SuperNode is approved for run config fingerprint {approved}, the server sent {fingerprint}; refused"
+        )
 
 
 def save_site(site: Site, context: Context, done: int | None = None) -> None:
@@ -195,7 +209,16 @@ def save_site(site: Site, context: Context, done: int | None = None) -> None:
     setup), what a resumed server may go back to; None mid-round."""
     path = state_file(context)
     path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.save_plain({"cfg": site.cfg_json, "train_rows": site.train_rows, "site": site.state_dict(), "round_index": site.client.round_index, "round_done": done}, path)
+    checkpoint.save_plain(
+        {
+            "cfg": site.cfg_json,
+            "train_rows": site.train_rows,
+            "site": site.state_dict(),
+            "round_index": site.client.round_index,
+            "round_done": done,
+        },
+        path,
+    )
 
 
 def say_here(text: str) -> None:
@@ -223,7 +246,9 @@ def keep_model(site: Site, context: Context, round_index: int) -> None:
     """Keep the evaluated model of ``round_index`` (the site's state must be that round's end) and
     save the state as that round's end."""
     if site.round_done != round_index:
-        raise SiteError(f"site {node_setting(context, 'client')}: the server asks it to keep its model of round {round_index}, but its state at {state_file(context)} is not at the end of that round; refused")
+        raise SiteError(
+            f"site {node_setting(context, 'client')}: the server asks it to keep its model of round {round_index}, but its state at {state_file(context)} is not at the end of that round; refused"
+        )
     site.keep(round_index)
     save_site(site, context, round_index)
 
@@ -287,14 +312,28 @@ def hello(message: Message, context: Context) -> Message:
         fingerprint = RunConfig.from_dict(json.loads(cfg_json)).fingerprint()
         approve(context, fingerprint)
         cohort = is_cohort(cfg_json, context)
-        rows = len(build_cohort(cfg_json, context).split) if cohort else len(build_site(cfg_json, context).client.data.train)
+        rows = (
+            len(build_cohort(cfg_json, context).split)
+            if cohort
+            else len(build_site(cfg_json, context).client.data.train)
+        )
         # What this site reads, digested as the engine's checkpoints digest it (for this one client):
         # the server compares it with the run's expectation, or records it.
-        digest = data_digest(Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name])
+        digest = data_digest(
+            Path(str(node_setting(context, "store"))), Path(str(node_setting(context, "split"))), [name]
+        )
         expected = json.loads(str(config_of(message.content).get("digests", "{}"))).get(name)
         if expected is not None and digest != expected:  # refused here, so the site's own log says it
-            raise SiteError(f"site {name}: its data digest is {digest}, the run expects {expected} (another store or split than the run was planned on); refused")
-        answer = {"client": name, "train_rows": 0 if cohort else rows, "data_digest": digest, "fingerprint": fingerprint, "withheld": kept_here}
+            raise SiteError(
+                f"site {name}: its data digest is {digest}, the run expects {expected} (another store or split than the run was planned on); refused"
+            )
+        answer = {
+            "client": name,
+            "train_rows": 0 if cohort else rows,
+            "data_digest": digest,
+            "fingerprint": fingerprint,
+            "withheld": kept_here,
+        }
         return reply(message, {**answer, "test_only": True} if cohort else answer)
     except Exception as err:
         return error_reply(message, name, err)
@@ -357,13 +396,17 @@ def resume(message: Message, context: Context) -> Message:
     try:
         config = config_of(message.content)
         round_index, path = int(config["round"]), state_file(context)
-        keep_here = int(config.get("keep", -1)) == round_index  # the dead server's selection kept this site at that round
+        keep_here = (
+            int(config.get("keep", -1)) == round_index
+        )  # the dead server's selection kept this site at that round
         snapshot = snapshots(context).get(round_index)
         if snapshot is None and round_done(path) == round_index:
             # The state file is that round's end: with the keep the dead server never sent applied,
             # it becomes the round's snapshot (a later restart may need it again).
             if checkpoint.load_plain(path)["cfg"] != config["cfg"]:
-                raise SiteError(f"site {name}: cannot resume after round {round_index}: its state file {path} was made for another run config; refused")
+                raise SiteError(
+                    f"site {name}: cannot resume after round {round_index}: its state file {path} was made for another run config; refused"
+                )
             if keep_here:
                 kept_model(context, round_index)
             take_snapshot(context, round_index, round_index)  # its state file is at that round's end (checked above)
@@ -376,9 +419,13 @@ def resume(message: Message, context: Context) -> Message:
             )
         saved = checkpoint.load_plain(snapshot)
         if saved["cfg"] != config["cfg"]:
-            raise SiteError(f"site {name}: cannot resume after round {round_index}: its snapshot {snapshot} was made for another run config; refused")
+            raise SiteError(
+                f"site {name}: cannot resume after round {round_index}: its snapshot {snapshot} was made for another run config; refused"
+            )
         copy_atomic(snapshot, path)
-        for number, later in snapshots(context).items():  # a dead run's snapshots past the checkpoint are not this run's
+        for number, later in snapshots(
+            context
+        ).items():  # a dead run's snapshots past the checkpoint are not this run's
             if number > round_index:
                 later.unlink(missing_ok=True)
         if keep_here:  # a snapshot holds its round's keep (applied before it was taken): a no-op, checked
@@ -406,7 +453,9 @@ def ood(message: Message, context: Context) -> Message:
         fingerprint = RunConfig.from_dict(json.loads(config["cfg"])).fingerprint()
         approve(context, fingerprint)
         if config.get("fingerprint") != fingerprint:
-            raise SiteError(f"site {name}: the server's message names run config fingerprint {config.get('fingerprint')}, its config reads as {fingerprint}; refused")
+            raise SiteError(
+                f"site {name}: the server's message names run config fingerprint {config.get('fingerprint')}, its config reads as {fingerprint}; refused"
+            )
         if not is_cohort(config["cfg"], context):
             raise SiteError(f"site {name}: it is not a test-only cohort of this run; refused")
         payload = unpack(message.content, f"server message to cohort {name}")

@@ -82,7 +82,12 @@ def make_tls_files(folder, hosts=LOOPBACK, days: float | None = None) -> TlsFile
     now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
 
     ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedmedbench"), x509.NameAttribute(NameOID.COMMON_NAME, "fedmedbench federation CA")])
+    ca_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedmedbench"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "fedmedbench federation CA"),
+        ]
+    )
     ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
     ca_cert = (
         x509.CertificateBuilder()
@@ -93,8 +98,20 @@ def make_tls_files(folder, hosts=LOOPBACK, days: float | None = None) -> TlsFile
         .not_valid_before(now)
         .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False), critical=True)  # fmt: skip
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
         .add_extension(ca_ski, critical=False)
         .sign(ca_key, hashes.SHA384())
     )
@@ -102,7 +119,14 @@ def make_tls_files(folder, hosts=LOOPBACK, days: float | None = None) -> TlsFile
     server_key = ec.generate_private_key(ec.SECP384R1())
     server_cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedmedbench"), x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedmedbench"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, hosts[0]),
+                ]
+            )
+        )
         .issuer_name(ca_name)
         .public_key(server_key.public_key())
         .serial_number(x509.random_serial_number())
@@ -110,8 +134,20 @@ def make_tls_files(folder, hosts=LOOPBACK, days: float | None = None) -> TlsFile
         .not_valid_after(now + validity)
         .add_extension(x509.SubjectAlternativeName(_subject_alt_names(hosts)), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=True, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False), critical=True)  # fmt: skip
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
@@ -121,9 +157,13 @@ def make_tls_files(folder, hosts=LOOPBACK, days: float | None = None) -> TlsFile
     files = TlsFiles(folder / "ca.crt", folder / "ca.key", folder / "server.pem", folder / "server.key")
     pem = serialization.Encoding.PEM
     files.ca_cert.write_bytes(ca_cert.public_bytes(pem))
-    _write_private(files.ca_key, ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    _write_private(
+        files.ca_key, ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     files.server_cert.write_bytes(server_cert.public_bytes(pem))
-    _write_private(files.server_key, server_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    _write_private(
+        files.server_key, server_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return files
 
 
@@ -135,7 +175,12 @@ def make_node_key(folder, name: str) -> NodeKey:
     folder.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     files = NodeKey(folder / name, folder / f"{name}.pub")
-    _write_private(files.private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    _write_private(
+        files.private,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     files.public.write_bytes(public + f" fedmedbench-{name}\n".encode())
     return files

@@ -77,7 +77,9 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise FedmedbenchError(f"{process.args[0]} exited with {process.returncode} before listening on port {port}; its log: {log}\n{log.read_text()[-2000:]}")
+            raise FedmedbenchError(
+                f"{process.args[0]} exited with {process.returncode} before listening on port {port}; its log: {log}\n{log.read_text()[-2000:]}"
+            )
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -86,7 +88,9 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: floa
 
 
 def toml_value(value) -> str:
-    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    return (
+        json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+    )
 
 
 @dataclass
@@ -108,7 +112,9 @@ class LocalFederation:
     def flwr(self, *args: str, timeout: float = 120.0, env: dict | None = None) -> subprocess.CompletedProcess:
         """The ``flwr`` CLI with this federation's ``$FLWR_HOME`` (its connection ``fedmedbench-local``)."""
         command = [str(Path(sys.executable).with_name("flwr")), *args]
-        return subprocess.run(command, env=env or self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            command, env=env or self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout
+        )
 
     def run(self, run_config: dict, app_dir: Path = APP_DIR, timeout: float = 600.0) -> subprocess.CompletedProcess:
         """``flwr run`` of the app with ``run_config`` (e.g. {"run-config": "...", "out": "..."});
@@ -130,10 +136,20 @@ class LocalFederation:
         started is ended with one line naming the SuperLink's log and what it says (Flower's CLI
         would wait forever: a SuperLink whose own SuperExec cannot reach it starts no ServerApp)."""
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
-        command = [str(Path(sys.executable).with_name("flwr")), "run", str(app_dir), CONNECTION, "--run-config", overrides, "--stream"]
+        command = [
+            str(Path(sys.executable).with_name("flwr")),
+            "run",
+            str(app_dir),
+            CONNECTION,
+            "--run-config",
+            overrides,
+            "--stream",
+        ]
         started, fired, expired, lines = threading.Event(), threading.Event(), threading.Event(), []
         with log.open("w") as sink:
-            process = spawn(command, env=self.env, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            process = spawn(
+                command, env=self.env, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
 
             def give_up(event: threading.Event) -> None:
                 if not started.is_set() or event is expired:
@@ -169,7 +185,9 @@ class LocalFederation:
             raise subprocess.TimeoutExpired(command, timeout, output="".join(lines))
         if fired.is_set():
             superlink_log = self.workdir / "superlink.log"
-            raise FedmedbenchError(f"the SuperLink started no ServerApp within {SERVERAPP_START_TIMEOUT:.0f} s of flwr run: {superlink_cause(superlink_log)}; its log: {superlink_log}")
+            raise FedmedbenchError(
+                f"the SuperLink started no ServerApp within {SERVERAPP_START_TIMEOUT:.0f} s of flwr run: {superlink_cause(superlink_log)}; its log: {superlink_log}"
+            )
         return code, "".join(lines)
 
     def register(self, keys: dict[str, Path]) -> None:
@@ -185,7 +203,9 @@ class LocalFederation:
         for name, call in calls.items():
             output, _ = call.communicate(timeout=180)
             if call.returncode != 0:
-                failed.append(f"flwr supernode register of site {name} ({keys[name]}) failed with {call.returncode}: {output.strip()[-1500:]}")
+                failed.append(
+                    f"flwr supernode register of site {name} ({keys[name]}) failed with {call.returncode}: {output.strip()[-1500:]}"
+                )
         if failed:
             raise FedmedbenchError("\n".join(failed))
 
@@ -261,12 +281,20 @@ def _stop_all(processes: list) -> None:
 def _connection_toml(port: int, tls) -> str:
     """The ``flwr`` CLI's connection (Flower 1.42 reads ``$FLWR_HOME/config.toml``, not pyproject
     federations): ``root-certificates`` must be an absolute path; ``insecure`` only without TLS."""
-    security = f"root-certificates = {json.dumps(str(Path(tls.ca_cert).resolve()))}\n" if tls else "insecure = true  # local testing only\n"
-    return f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\n{security}'
+    security = (
+        f"root-certificates = {json.dumps(str(Path(tls.ca_cert).resolve()))}\n"
+        if tls
+        else "insecure = true  # local testing only\n"
+    )
+    return (
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\n{security}'
+    )
 
 
 @contextlib.contextmanager
-def local_federation(sites: dict[str, dict], workdir: Path, *, tls: bool = False, supernode_auth: bool = False, warm: bool = True):
+def local_federation(
+    sites: dict[str, dict], workdir: Path, *, tls: bool = False, supernode_auth: bool = False, warm: bool = True
+):
     """``sites``: {client name: node config (store, split, ...)}; ``client`` and ``state-dir`` are
     added. Yields a ``LocalFederation`` once the SuperLink listens and every SuperNode has started.
     ``tls``/``supernode_auth``: see the module docstring; the default (both False) is insecure and
@@ -277,11 +305,17 @@ def local_federation(sites: dict[str, dict], workdir: Path, *, tls: bool = False
     Every process it starts (and every process those start) has ended when the block has ended."""
     if supernode_auth and not tls:
         # Flower refuses it too (flower-superlink exits), but later and less clearly.
-        raise ConfigError("local_federation: supernode_auth=True needs tls=True (Flower authenticates SuperNodes only over TLS)")
+        raise ConfigError(
+            "local_federation: supernode_auth=True needs tls=True (Flower authenticates SuperNodes only over TLS)"
+        )
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "FLWR_HOME": str(workdir / "flwr-home"), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(workdir / "flwr-home"),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     # A SuperNode's SuperExec looks for a message to run once a second by default (Flower 1.42,
     # flwr/supercore/superexec/run_superexec.py); a tenth of a second takes ~0.45 s off each step of
     # a round (benchmarks/bench_federation.py). A deployment sets the same variable on its SuperNodes.
@@ -314,7 +348,14 @@ def _federation(sites: dict[str, dict], workdir: Path, env: dict, tls: bool, sup
         if tls_files is None:
             security = ["--insecure"]  # local testing only (module docstring)
         else:
-            security = ["--ssl-ca-certfile", str(tls_files.ca_cert), "--ssl-certfile", str(tls_files.server_cert), "--ssl-keyfile", str(tls_files.server_key)]
+            security = [
+                "--ssl-ca-certfile",
+                str(tls_files.ca_cert),
+                "--ssl-certfile",
+                str(tls_files.server_cert),
+                "--ssl-keyfile",
+                str(tls_files.server_key),
+            ]
             if supernode_auth:
                 security.append("--enable-supernode-auth")
         superlink = spawn(
@@ -389,13 +430,25 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--task", required=True, help="the task, a key of the config's tasks, e.g. prostate")
     p.add_argument("--run", required=True, help="method or method-variant, e.g. fedavg or fedavg-e2")
     p.add_argument("--seed", type=int, default=0, help="the seed (default: %(default)s)")
-    p.add_argument("--sites", type=int, default=None, metavar="N", help="train on the task's first N sites (default: all of them)")
-    p.add_argument("--rounds", type=int, default=None, metavar="N", help="rounds instead of the task's (a quick try: 2 or 3)")
+    p.add_argument(
+        "--sites", type=int, default=None, metavar="N", help="train on the task's first N sites (default: all of them)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=None, metavar="N", help="rounds instead of the task's (a quick try: 2 or 3)"
+    )
     p.add_argument("--results", default=None, metavar="DIR",
                    help="results folder, as the config's results_dir (default: the config's, else results): the data goes to "
                         "DIR/<run_name>/data/ as the pipeline's, the run to DIR/<run_name>/federation/<task>/<run>/seed<k>/")  # fmt: skip
-    p.add_argument("--cold", action="store_true", help="start a fresh Python process for every message, as Flower does by default (seconds slower per message)")
-    p.add_argument("--restart", action="store_true", help="train a finished run again from round 1 (its results are replaced); without it a finished run only says where its results are")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="start a fresh Python process for every message, as Flower does by default (seconds slower per message)",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="train a finished run again from round 1 (its results are replaced); without it a finished run only says where its results are",
+    )
     p.set_defaults(func=run_local)
     text = ("a site's SuperNode: flower-supernode with the options given, once its --port is free here and the SuperLink answers "
             "at --superlink (waiting up to --max-wait-time s, default 600; then one line naming the address)")  # fmt: skip
@@ -419,7 +472,11 @@ def run_local(args) -> None:
         with stopped_by_signals():
             _run_local(args)
     except Stopped as stop:
-        print(f"federation local: stopped by {stop}; every process it started has ended (the same command continues from the run's last checkpoint)", file=sys.stderr, flush=True)
+        print(
+            f"federation local: stopped by {stop}; every process it started has ended (the same command continues from the run's last checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(128 + stop.signum) from None
 
 
@@ -428,9 +485,13 @@ def _run_local(args) -> None:
     from fedmedbench.registry import merge_params
 
     if importlib.util.find_spec("flwr") is None:
-        raise ConfigError("federation local: Flower is not installed; install the flower extra: pip install -e '.[flower]'")
+        raise ConfigError(
+            "federation local: Flower is not installed; install the flower extra: pip install -e '.[flower]'"
+        )
     if not (REPO / "workflow" / "Snakefile").is_file() or not cfgmod.DEFAULT_CONFIG.is_file():
-        raise ConfigError(f"federation local: run it from the fedmedbench checkout ({REPO}): it prepares the data with the pipeline's workflow and config/config.yaml")
+        raise ConfigError(
+            f"federation local: run it from the fedmedbench checkout ({REPO}): it prepares the data with the pipeline's workflow and config/config.yaml"
+        )
     for name in ("sites", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name}: expected a whole number >= 1, got {getattr(args, name)}")
@@ -442,7 +503,9 @@ def _run_local(args) -> None:
     clients = resolved["clients"]
     sites = args.sites or len(clients)
     if sites > len(clients):
-        raise ConfigError(f"--sites {sites}: task {args.task} has {len(clients)} sites ({', '.join(clients)}); give 1 to {len(clients)}")
+        raise ConfigError(
+            f"--sites {sites}: task {args.task} has {len(clients)} sites ({', '.join(clients)}); give 1 to {len(clients)}"
+        )
     resolved["clients"] = clients[:sites]
     if resolved.get("client_labels"):
         resolved["client_labels"] = resolved["client_labels"][:sites]
@@ -450,7 +513,9 @@ def _run_local(args) -> None:
         resolved["rounds"] = args.rounds
     run = RunConfig.from_dict(resolved, where=f"tasks.{args.task} (run {args.run})")
     # The form a run folder's run_config.json has (runfolder.write_run_config): the method's defaults filled in.
-    run = run.replace(method_params=merge_params(run.method, run.method_params, f"run {args.run}: method_params", run.method_module))
+    run = run.replace(
+        method_params=merge_params(run.method, run.method_params, f"run {args.run}: method_params", run.method_module)
+    )
     root = cfgmod.results_root(config)
     out = root / "federation" / args.task / args.run / f"seed{args.seed}"
     workdir = out.with_name(out.name + "-flower")  # Flower's side: logs, the sites' state, the CLI's connection
@@ -459,7 +524,9 @@ def _run_local(args) -> None:
     # process that holds it, before it touches the data, the logs or the sites' state.
     with run_folder_lock(out, holder=f"federation local {args.task}/{args.run}/seed{args.seed}"):
         if (out / "final.json").is_file() and not getattr(args, "restart", False):
-            print(f"{args.task}/{args.run}/seed{args.seed}: this run has finished already; nothing to do (--restart trains it again)")
+            print(
+                f"{args.task}/{args.run}/seed{args.seed}: this run has finished already; nothing to do (--restart trains it again)"
+            )
             summary(args, out, workdir)
             return
         workdir.mkdir(parents=True, exist_ok=True)
@@ -479,10 +546,21 @@ def federate(args, run, out: Path, workdir: Path, config: dict) -> None:
     members = [*run.clients, *run.ood_clients]  # a test-only cohort is a SuperNode of its own
     node_configs = {name: {"store": str(store.resolve()), "split": str(split.resolve())} for name in members}
     mode = "cold: a fresh process per message" if args.cold else "warm app processes"
-    print(f"starting a SuperLink and {len(members)} SuperNodes ({', '.join(members)}) on 127.0.0.1, insecure, this machine only ({mode})", flush=True)
+    print(
+        f"starting a SuperLink and {len(members)} SuperNodes ({', '.join(members)}) on 127.0.0.1, insecure, this machine only ({mode})",
+        flush=True,
+    )
     with local_federation(node_configs, workdir, warm=not args.cold) as federation:
-        print(f"SuperLink on {federation.address}: {args.task}/{args.run}/seed{args.seed}, {run.rounds} round(s)", flush=True)
-        settings = {"run-config": str((out / "run_config.json").resolve()), "out": str(out.resolve()), "lock-owner": os.getpid(), "restart": bool(getattr(args, "restart", False))}
+        print(
+            f"SuperLink on {federation.address}: {args.task}/{args.run}/seed{args.seed}, {run.rounds} round(s)",
+            flush=True,
+        )
+        settings = {
+            "run-config": str((out / "run_config.json").resolve()),
+            "out": str(out.resolve()),
+            "lock-owner": os.getpid(),
+            "restart": bool(getattr(args, "restart", False)),
+        }
         federation.stream(settings, workdir / "flwr-run.log", echo=sys.stdout)
 
 
@@ -490,14 +568,19 @@ def summary(args, out: Path, workdir: Path) -> None:
     """The run's mean test score and where its files are; one line if it did not finish."""
     final_path = out / "final.json"
     if not final_path.is_file():
-        raise FedmedbenchError(f"federation local: the run ended without {final_path}: {last_error(workdir / 'flwr-run.log')}; logs: {workdir}")
+        raise FedmedbenchError(
+            f"federation local: the run ended without {final_path}: {last_error(workdir / 'flwr-run.log')}; logs: {workdir}"
+        )
     final = json.loads(final_path.read_text())
     metric = final["primary_metric"]
     mean = sum(v[metric] for v in final["test"].values()) / len(final["test"])
     from fedmedbench.report.flags import print_score_summary
 
     # a flagged score is never printed bare: its mark, and a WARNING line per run, site and seed
-    print_score_summary(final, f"{args.task}/{args.run}/seed{args.seed}: mean test {metric} {mean:.4f} over {len(final['test'])} sites (selected on val: {final['selection']['best_round']})")
+    print_score_summary(
+        final,
+        f"{args.task}/{args.run}/seed{args.seed}: mean test {metric} {mean:.4f} over {len(final['test'])} sites (selected on val: {final['selection']['best_round']})",
+    )
     print(f"results: {out}/ ({', '.join(name for name in OUTPUTS if (out / name).is_file())})")
     print(f"logs and the sites' state: {workdir}/ (superlink.log, supernode-<site>.log, flwr-run.log, site-<site>/)")
 
@@ -514,17 +597,23 @@ def prepare_data(configfiles: list[str], results_dir: str, targets: list[Path], 
         try:
             process = spawn(command, env=env, cwd=Path.cwd(), log=log)
         except FileNotFoundError:
-            raise ConfigError("federation local: snakemake is not installed (pip install -e '.[dev]'); it prepares the task's data") from None
+            raise ConfigError(
+                "federation local: snakemake is not installed (pip install -e '.[dev]'); it prepares the task's data"
+            ) from None
         code = process.wait()
     if code != 0:
-        raise FedmedbenchError(f"federation local: preparing the data failed (Snakemake exited with {code}): {last_error(log)}; its log: {log}")
+        raise FedmedbenchError(
+            f"federation local: preparing the data failed (Snakemake exited with {code}): {last_error(log)}; its log: {log}"
+        )
 
 
 def last_error(log: Path) -> str:
     """The line of ``log`` that says what went wrong: the last naming an error, else its last line.
     A Rich box (Flower's CLI frames its errors: ``╭─ Error ─╮``, ``│ text │``, ``╰──╯``) counts as
     one line, its title and its text, never its border."""
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
+    lines = (
+        [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
+    )
     flat, box = [], None
     for line in lines:
         if line.startswith("╭"):

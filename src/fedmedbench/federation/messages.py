@@ -66,7 +66,9 @@ def _unblob(data: bytes, where: str):
     try:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as err:  # an unpicklable or unsafe payload: one line naming where it came from
-        raise SiteError(f"{where}: a payload that is not plain tensors and values was refused ({type(err).__name__})") from None
+        raise SiteError(
+            f"{where}: a payload that is not plain tensors and values was refused ({type(err).__name__})"
+        ) from None
 
 
 def _pack_state(state: dict[str, torch.Tensor]) -> tuple[ArrayRecord, bytes]:
@@ -78,7 +80,9 @@ def _pack_state(state: dict[str, torch.Tensor]) -> tuple[ArrayRecord, bytes]:
     data = b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)  # any dtype, bf16 included
     # The index is compressed: a model's tensor names repeat their prefixes (a UNet's 118 names are
     # 6 kB of JSON, 5 % of a small model; about 1 kB compressed).
-    return ArrayRecord({"bytes": Array(np.frombuffer(data, dtype=np.uint8))}), zlib.compress(json.dumps(index).encode(), 9)
+    return ArrayRecord({"bytes": Array(np.frombuffer(data, dtype=np.uint8))}), zlib.compress(
+        json.dumps(index).encode(), 9
+    )
 
 
 def _unpack_state(record: ArrayRecord, index_bytes: bytes, where: str) -> dict[str, torch.Tensor]:
@@ -86,7 +90,9 @@ def _unpack_state(record: ArrayRecord, index_bytes: bytes, where: str) -> dict[s
         index = json.loads(zlib.decompress(index_bytes))
         data = bytearray(record["bytes"].numpy().tobytes())
     except Exception as err:
-        raise SiteError(f"{where}: a state whose index or bytes cannot be read ({type(err).__name__}); refused") from None
+        raise SiteError(
+            f"{where}: a state whose index or bytes cannot be read ({type(err).__name__}); refused"
+        ) from None
     out, offset = {}, 0
     for name, dtype_name, shape in index:
         dtype = getattr(torch, dtype_name, None)
@@ -99,7 +105,11 @@ def _unpack_state(record: ArrayRecord, index_bytes: bytes, where: str) -> dict[s
         if offset + size > len(data):
             raise SiteError(f"{where}: the state's bytes end before tensor {name!r}; refused")
         # A copy: each tensor gets its own aligned storage (an offset in the shared buffer need not be).
-        out[name] = torch.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape).clone() if count else torch.empty(shape, dtype=dtype)
+        out[name] = (
+            torch.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape).clone()
+            if count
+            else torch.empty(shape, dtype=dtype)
+        )
         offset += size
     if offset != len(data):
         raise SiteError(f"{where}: the state holds {len(data) - offset} bytes its index does not name; refused")
@@ -107,7 +117,13 @@ def _unpack_state(record: ArrayRecord, index_bytes: bytes, where: str) -> dict[s
 
 
 def _is_state(value) -> bool:
-    return isinstance(value, dict) and bool(value) and all(isinstance(k, str) and isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16 for k, v in value.items())
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16 for k, v in value.items()
+        )
+    )
 
 
 def pack(value, **config) -> RecordDict:
@@ -128,8 +144,17 @@ def pack(value, **config) -> RecordDict:
             tensors: list = []
             blobs[key] = _blob(_extract(item, tensors))
             if tensors:
-                records[TENSORS + key], shapes[f"tensors:{key}"] = _pack_state({str(i): t for i, t in enumerate(tensors)})
-    records[KIND] = ConfigRecord({"kind": "dict", "order": list(value), "types": [type(value[k]).__name__ for k in value], **{k if k.startswith("tensors:") else f"shape:{k}": v for k, v in shapes.items()}})
+                records[TENSORS + key], shapes[f"tensors:{key}"] = _pack_state(
+                    {str(i): t for i, t in enumerate(tensors)}
+                )
+    records[KIND] = ConfigRecord(
+        {
+            "kind": "dict",
+            "order": list(value),
+            "types": [type(value[k]).__name__ for k in value],
+            **{k if k.startswith("tensors:") else f"shape:{k}": v for k, v in shapes.items()},
+        }
+    )
     records[METRICS] = MetricRecord(metrics)
     records[BLOBS] = ConfigRecord(blobs)
     return records
@@ -191,11 +216,15 @@ def check_finite_payload(where: str, value) -> None:
             raise SiteError(f"{where}: tensor {path!r} is not finite (NaN or inf); refused")
 
 
-def check_model(where: str, state, reference: dict[str, torch.Tensor], entry: str = "state", own_keys: bool = False) -> None:
+def check_model(
+    where: str, state, reference: dict[str, torch.Tensor], entry: str = "state", own_keys: bool = False
+) -> None:
     """``state``: tensors of the global model's keys, shapes and dtypes (a subset of them), finite.
     ``own_keys``: the site's evaluated model may hold tensors of its own (HarmoFL's amplitude, MOON's
     head): only those it shares with the global model are compared."""
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
         raise SiteError(f"{where}: {entry!r} is not a dict of named tensors; refused")
     for key, tensor in state.items():
         if key not in reference:
@@ -203,7 +232,9 @@ def check_model(where: str, state, reference: dict[str, torch.Tensor], entry: st
                 continue
             raise SiteError(f"{where}: the reply holds tensor {key!r}, which the global model has not; refused")
         if tuple(tensor.shape) != tuple(reference[key].shape) or tensor.dtype != reference[key].dtype:
-            raise SiteError(f"{where}: tensor {key!r} is {tuple(tensor.shape)} {tensor.dtype}, the global model's is {tuple(reference[key].shape)} {reference[key].dtype}; refused")
+            raise SiteError(
+                f"{where}: tensor {key!r} is {tuple(tensor.shape)} {tensor.dtype}, the global model's is {tuple(reference[key].shape)} {reference[key].dtype}; refused"
+            )
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise SiteError(f"{where}: tensor {key!r} is not finite (NaN or inf); refused")
 
@@ -214,7 +245,9 @@ def check_reply(where: str, reply, reference: dict[str, torch.Tensor] | None) ->
     round 0, nothing to compare with); every tensor anywhere in it finite; a positive integer
     ``num_samples`` beside a model (the aggregation weight). Else one line naming ``where``."""
     if not isinstance(reply, dict):
-        raise SiteError(f"{where}: the reply is not a model update (a dict of named values, got {type(reply).__name__}); refused")
+        raise SiteError(
+            f"{where}: the reply is not a model update (a dict of named values, got {type(reply).__name__}); refused"
+        )
     models = [key for key in MODEL_ENTRIES if key in reply]
     for key in models:
         if reference is None:
@@ -243,7 +276,11 @@ def _difference(a, b, path: str) -> str:
     if isinstance(a, dict) and isinstance(b, dict):
         extra, missing = sorted(set(map(str, a)) - set(map(str, b))), sorted(set(map(str, b)) - set(map(str, a)))
         if extra or missing:
-            return f"{where} has " + "; ".join(part for part in (f"extra key(s) {extra}" if extra else "", f"no key(s) {missing}" if missing else "") if part)
+            return f"{where} has " + "; ".join(
+                part
+                for part in (f"extra key(s) {extra}" if extra else "", f"no key(s) {missing}" if missing else "")
+                if part
+            )
         for key in a:
             if signature(a[key]) != signature(b[key]):
                 return _difference(a[key], b[key], f"{path}.{key}" if path else str(key))
@@ -267,13 +304,21 @@ def check_same_shape(step: str, payloads: dict[str, object]) -> None:
     if count * 2 > len(names):
         odd = next(n for n in names if signatures[n] != common)
         model = next(n for n in names if signatures[n] == common)
-        raise SiteError(f"{step}: site {odd}: its reply differs in shape from the other sites': {_difference(payloads[odd], payloads[model], '')}; refused")
+        raise SiteError(
+            f"{step}: site {odd}: its reply differs in shape from the other sites': {_difference(payloads[odd], payloads[model], '')}; refused"
+        )
     first, other = names[0], next(n for n in names if signatures[n] != signatures[names[0]])
-    raise SiteError(f"{step}: sites {first} and {other} send replies of different shapes ({first}: {_difference(payloads[first], payloads[other], '')}); refused")
+    raise SiteError(
+        f"{step}: sites {first} and {other} send replies of different shapes ({first}: {_difference(payloads[first], payloads[other], '')}); refused"
+    )
 
 
 def check_scores(where: str, scores) -> None:
-    if not isinstance(scores, dict) or not scores or not all(isinstance(k, str) and type(v) is float for k, v in scores.items()):
+    if (
+        not isinstance(scores, dict)
+        or not scores
+        or not all(isinstance(k, str) and type(v) is float for k, v in scores.items())
+    ):
         raise SiteError(f"{where}: the scores are not a dict of named numbers; refused")
     if any(math.isinf(v) for v in scores.values()):
         raise SiteError(f"{where}: an infinite score; refused")
@@ -313,7 +358,10 @@ def check_final(where: str, value, reference: dict[str, torch.Tensor] | None, ro
         raise SiteError(f"{where}: kept round {value['round']!r} is not a round of this run (1..{rounds}); refused")
     if "model" in value and reference is not None:
         check_model(where, value["model"], reference, "model", own_keys=True)
-    if "predictions" in value and not (isinstance(value["predictions"], dict) and all(isinstance(v, torch.Tensor) for v in value["predictions"].values())):
+    if "predictions" in value and not (
+        isinstance(value["predictions"], dict)
+        and all(isinstance(v, torch.Tensor) for v in value["predictions"].values())
+    ):
         raise SiteError(f"{where}: the predictions are not a dict of named tensors; refused")
     check_finite_payload(where, {k: value[k] for k in ("model",) if k in value})
     return list(withheld)
@@ -327,8 +375,14 @@ def check_ood(where: str, value, sites: list[str]) -> None:
     model (``per_model``, one entry per site of the run), their ``mean`` and the ``ensemble``'s, and
     ``flags`` where a score measures no model (a dict of {kind: why} dicts)."""
     flags = value.get("flags", {}) if isinstance(value, dict) else {}
-    if not (isinstance(flags, dict) and set(flags) <= {"ensemble", "per_model"} and all(isinstance(v, dict) for v in flags.values())):
-        raise SiteError(f"{where}: the reply's flags {flags!r} are not {{'ensemble': {{kind: why}}, 'per_model': {{site: {{kind: why}}}}}}; refused")
+    if not (
+        isinstance(flags, dict)
+        and set(flags) <= {"ensemble", "per_model"}
+        and all(isinstance(v, dict) for v in flags.values())
+    ):
+        raise SiteError(
+            f"{where}: the reply's flags {flags!r} are not {{'ensemble': {{kind: why}}, 'per_model': {{site: {{kind: why}}}}}}; refused"
+        )
     if isinstance(value, dict) and "flags" in value:
         value = {k: v for k, v in value.items() if k != "flags"}
     if not isinstance(value, dict) or set(value) != OOD_KEYS:

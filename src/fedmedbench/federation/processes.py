@@ -112,9 +112,20 @@ def spawn(command: list[str], *, env: dict, cwd: Path, log: Path | None = None, 
     """A process of the federation: its own session, the parent-death signal, its output to ``log``
     (or as ``popen`` says)."""
     if log is None:
-        return subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent(), **popen)
+        return subprocess.Popen(
+            command, env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent(), **popen
+        )
     with log.open("w") as output:  # the child holds its own copy
-        return subprocess.Popen(command, env=env, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent(), **popen)
+        return subprocess.Popen(
+            command,
+            env=env,
+            cwd=cwd,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+            **popen,
+        )
 
 
 @contextlib.contextmanager

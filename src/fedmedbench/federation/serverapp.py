@@ -71,7 +71,9 @@ def payload_bytes(records) -> int:
     return sum(record.count_bytes() for record in records.values())
 
 
-def send_and_receive(grid: Grid, messages: list, timeout: float | None, first_wait: float = 0.05, longest_wait: float = 0.1) -> list:
+def send_and_receive(
+    grid: Grid, messages: list, timeout: float | None, first_wait: float = 0.05, longest_wait: float = 0.1
+) -> list:
     """``Grid.send_and_receive`` with a shorter wait between pulls: Flower's waits 3 s after every
     pull without all replies (flwr/superlink/grid/http_grid.py), so every step of a round cost up
     to 3 s more than its ClientApps took. Here the wait starts at ``first_wait`` and grows by half
@@ -100,7 +102,14 @@ class FlowerTransport:
     A test-only cohort (``ood_clients``) is a SuperNode of its own: it answers ``hello``, then only
     ``ood`` after the final message (every site's selected model, to score on its test rows)."""
 
-    def __init__(self, grid: Grid, cfg, nodes_timeout: float = 300.0, reply_timeout: float | None = None, expected_digests: dict[str, str] | None = None):
+    def __init__(
+        self,
+        grid: Grid,
+        cfg,
+        nodes_timeout: float = 300.0,
+        reply_timeout: float | None = None,
+        expected_digests: dict[str, str] | None = None,
+    ):
         self.grid, self.cfg, self.reply_timeout = grid, cfg, reply_timeout
         # hello, setup and resume start every site's ClientApp and open its data (seconds to minutes on
         # a busy machine): they wait as long as the sites' connection may take, not a step's bound.
@@ -127,14 +136,30 @@ class FlowerTransport:
         self.node = self._find_sites(nodes_timeout)
 
     # --- messaging ------------------------------------------------------------------------------
-    def _exchange(self, message_type: str, payloads: dict[int, object], step: str, wait: float | None = None, per_node: dict[int, dict] | None = None, **config) -> dict[int, tuple[object, dict]]:
+    def _exchange(
+        self,
+        message_type: str,
+        payloads: dict[int, object],
+        step: str,
+        wait: float | None = None,
+        per_node: dict[int, dict] | None = None,
+        **config,
+    ) -> dict[int, tuple[object, dict]]:
         """Send ``payloads[node]`` to each node; {node: (payload, reply config)}, or one error line
         naming the site and step for a missing, failed or malformed reply. ``wait``: seconds to wait
         for the replies (default ``reply_timeout``; getting the sites ready waits ``nodes_timeout``).
         ``per_node``: config entries for one node only (e.g. its pending ``keep``), beside ``config``."""
         wait = self.reply_timeout if wait is None else wait
         per_node = per_node or {}
-        messages = [Message(pack(value, fingerprint=self.fingerprint, **config, **per_node.get(node, {})), node, message_type, group_id=step) for node, value in payloads.items()]
+        messages = [
+            Message(
+                pack(value, fingerprint=self.fingerprint, **config, **per_node.get(node, {})),
+                node,
+                message_type,
+                group_id=step,
+            )
+            for node, value in payloads.items()
+        ]
         self.bytes_sent += sum(payload_bytes(m.content) for m in messages)
         self.messages_sent += len(messages)
         received = send_and_receive(self.grid, messages, wait)
@@ -148,7 +173,9 @@ class FlowerTransport:
         silent = [site_of.get(node, f"node {node}") for node in payloads if node not in replies]
         if silent:
             within = f"within {wait} s" if wait is not None else "before the SuperLink gave up on it"
-            raise SiteError(f"{step}: site {', '.join(silent)}: no reply {within} (the SuperNode stopped or lost its connection)")
+            raise SiteError(
+                f"{step}: site {', '.join(silent)}: no reply {within} (the SuperNode stopped or lost its connection)"
+            )
         out = {}
         for node in payloads:
             where = f"{step}: site {site_of.get(node, f'node {node}')}"
@@ -173,34 +200,62 @@ class FlowerTransport:
         while len(list(self.grid.get_node_ids())) < len(members):
             if time.monotonic() > deadline:
                 needs = "one per client" + (" and test-only cohort" if self.cohort_names else "")
-                raise SiteError(f"{len(list(self.grid.get_node_ids()))} SuperNode(s) connected within {timeout:.0f} s; the run needs {needs}: {', '.join(members)}")
+                raise SiteError(
+                    f"{len(list(self.grid.get_node_ids()))} SuperNode(s) connected within {timeout:.0f} s; the run needs {needs}: {', '.join(members)}"
+                )
             time.sleep(0.5)
         nodes = sorted(self.grid.get_node_ids())
         # The expected digests ride along: a site whose data differs refuses itself, in its own log too.
-        hello = self._exchange("query.hello", {node: None for node in nodes}, "hello", wait=self.nodes_timeout, cfg=self.cfg_json, digests=json.dumps(self.expected_digests))
+        hello = self._exchange(
+            "query.hello",
+            {node: None for node in nodes},
+            "hello",
+            wait=self.nodes_timeout,
+            cfg=self.cfg_json,
+            digests=json.dumps(self.expected_digests),
+        )
         node_of, rows = {}, {}
         for node, (value, _) in hello.items():
-            if not isinstance(value, dict) or not isinstance(value.get("client"), str) or type(value.get("train_rows")) is not int or value["train_rows"] < 0:
-                raise SiteError(f"hello: SuperNode {node} answered {value!r:.200}, not {{'client', 'train_rows', 'data_digest'}} (another app, or another fedmedbench version?)")
+            if (
+                not isinstance(value, dict)
+                or not isinstance(value.get("client"), str)
+                or type(value.get("train_rows")) is not int
+                or value["train_rows"] < 0
+            ):
+                raise SiteError(
+                    f"hello: SuperNode {node} answered {value!r:.200}, not {{'client', 'train_rows', 'data_digest'}} (another app, or another fedmedbench version?)"
+                )
             name = value["client"]
             if name in node_of or name in self.cohort_node:
-                raise SiteError(f"hello: two SuperNodes (ids {node_of.get(name, self.cohort_node.get(name))} and {node}) say they are site {name}")
+                raise SiteError(
+                    f"hello: two SuperNodes (ids {node_of.get(name, self.cohort_node.get(name))} and {node}) say they are site {name}"
+                )
             if name not in self.names and name not in self.cohort_names:
-                raise SiteError(f"hello: SuperNode {node} is site {name}, which is not a client of run {self.cfg.run} ({', '.join(self.names)})")
+                raise SiteError(
+                    f"hello: SuperNode {node} is site {name}, which is not a client of run {self.cfg.run} ({', '.join(self.names)})"
+                )
             if (name in self.cohort_names) != bool(value.get("test_only")):
                 role = "a test-only cohort" if name in self.cohort_names else "a client"
-                raise SiteError(f"hello: site {name}: it is {role} of run {self.cfg.run}, but its SuperNode answered as {'a cohort' if value.get('test_only') else 'a training site'}; refused")
+                raise SiteError(
+                    f"hello: site {name}: it is {role} of run {self.cfg.run}, but its SuperNode answered as {'a cohort' if value.get('test_only') else 'a training site'}; refused"
+                )
             if name in self.cohort_names:
                 self.cohort_node[name] = node
             else:
                 node_of[name], rows[name] = node, int(value["train_rows"])
             digest = value.get("data_digest")
             if name in self.expected_digests and digest != self.expected_digests[name]:
-                raise SiteError(f"hello: site {name}: its data digest is {digest}, the run expects {self.expected_digests[name]} (another store or split than the run was planned on); refused")
+                raise SiteError(
+                    f"hello: site {name}: its data digest is {digest}, the run expects {self.expected_digests[name]} (another store or split than the run was planned on); refused"
+                )
             self.site_digests[name] = digest
             if value.get("fingerprint") != self.fingerprint:  # the site's fedmedbench reads the config otherwise
-                raise SiteError(f"hello: site {name}: it reads the run config as fingerprint {value.get('fingerprint')}, the server as {self.fingerprint} (another fedmedbench version on the site?); refused")
-        missing = [n for n in self.names if n not in node_of] + [n for n in self.cohort_names if n not in self.cohort_node]
+                raise SiteError(
+                    f"hello: site {name}: it reads the run config as fingerprint {value.get('fingerprint')}, the server as {self.fingerprint} (another fedmedbench version on the site?); refused"
+                )
+        missing = [n for n in self.names if n not in node_of] + [
+            n for n in self.cohort_names if n not in self.cohort_node
+        ]
         if missing:
             raise SiteError(f"hello: no SuperNode serves site(s) {', '.join(missing)}")
         # A cohort scores every site's selected model (the engine's ood_test: per model, mean,
@@ -224,7 +279,14 @@ class FlowerTransport:
         if self.out is not None:  # a fresh start: an earlier run's counts are not this one's
             traffic_file(self.out).unlink(missing_ok=True)
         self.reference = packages[0]["state"] if isinstance(packages[0], dict) and "state" in packages[0] else None
-        self._exchange("query.setup", dict(zip(self._nodes(), packages)), "setup", wait=self.nodes_timeout, cfg=self.cfg_json, train_rows=self.train_rows)
+        self._exchange(
+            "query.setup",
+            dict(zip(self._nodes(), packages)),
+            "setup",
+            wait=self.nodes_timeout,
+            cfg=self.cfg_json,
+            train_rows=self.train_rows,
+        )
 
     # --- resume (transport.serve): the sites keep their own state of the checkpointed rounds ---------
     def snapshot(self, round_index):
@@ -234,9 +296,17 @@ class FlowerTransport:
         if self.out is not None:  # the counts so far, for a resumed run's federation.json
             path = traffic_file(self.out)
             saved = json.loads(path.read_text()) if path.is_file() else {}
-            saved = {k: v for k, v in saved.items() if k.isdigit() and int(k) < round_index}  # the checkpoint's .prev stays
+            saved = {
+                k: v for k, v in saved.items() if k.isdigit() and int(k) < round_index
+            }  # the checkpoint's .prev stays
             keep = sorted(saved, key=int)[-2:]
-            saved = {**{k: saved[k] for k in keep}, str(round_index): {"counts": {key: getattr(self, key) for key in TRAFFIC}, "resumed_after": self.resumed_after}}
+            saved = {
+                **{k: saved[k] for k in keep},
+                str(round_index): {
+                    "counts": {key: getattr(self, key) for key in TRAFFIC},
+                    "resumed_after": self.resumed_after,
+                },
+            }
             atomic_write_text(path, json.dumps(saved))
 
     def resume(self, round_index, packages, kept=None):
@@ -250,20 +320,36 @@ class FlowerTransport:
         self.pending_keep = {}
         # federation.json counts the whole run: what was sent up to the checkpoint, then this server's.
         path = traffic_file(self.out) if self.out is not None else None
-        saved = (json.loads(path.read_text()) if path.is_file() else {}).get(str(round_index)) if path is not None else None
+        saved = (
+            (json.loads(path.read_text()) if path.is_file() else {}).get(str(round_index)) if path is not None else None
+        )
         if saved:
             for key in TRAFFIC:
                 setattr(self, key, getattr(self, key) + int(saved["counts"][key]))
             self.resumed_after = [*saved["resumed_after"]]
         self.resumed_after.append(round_index)
-        covered = {self.node[name]: {"keep": round_index} for name, kept_round in (kept or {}).items() if kept_round == round_index}
-        self._exchange("query.resume", {node: None for node in self._nodes()}, f"resume after round {round_index}", wait=self.nodes_timeout, per_node=covered, round=round_index, cfg=self.cfg_json)
+        covered = {
+            self.node[name]: {"keep": round_index}
+            for name, kept_round in (kept or {}).items()
+            if kept_round == round_index
+        }
+        self._exchange(
+            "query.resume",
+            {node: None for node in self._nodes()},
+            f"resume after round {round_index}",
+            wait=self.nodes_timeout,
+            per_node=covered,
+            round=round_index,
+            cfg=self.cfg_json,
+        )
 
     def data_fingerprint(self):
         """What the sites read (each one's data digest from hello, in client order), for the checkpoint:
         a checkpoint of data rebuilt since on any site is not resumed."""
         # The cohorts' digests after the clients' (a run without cohorts digests what it did before).
-        return hashlib.sha256(json.dumps([self.site_digests.get(name) for name in [*self.names, *self.cohort_names]]).encode()).hexdigest()[:16]
+        return hashlib.sha256(
+            json.dumps([self.site_digests.get(name) for name in [*self.names, *self.cohort_names]]).encode()
+        ).hexdigest()[:16]
 
     def _nodes(self):
         return [self.node[name] for name in self.names]
@@ -278,14 +364,25 @@ class FlowerTransport:
         # So does a keep of the last round: each covered site keeps its evaluated model first, then
         # snapshots (a snapshot of a round is that round's full end, its kept model included).
         snapshot, self.snapshot_round = self.snapshot_round, -1
-        results = self._by_site(self._exchange("train", {node: None for node in self._nodes()}, f"round {round_index} train", per_node=self._take_keeps(), round=round_index, snapshot=snapshot))
+        results = self._by_site(
+            self._exchange(
+                "train",
+                {node: None for node in self._nodes()},
+                f"round {round_index} train",
+                per_node=self._take_keeps(),
+                round=round_index,
+                snapshot=snapshot,
+            )
+        )
         out = []
         for name, (reply, config) in zip(self.names, results):
             check_reply(f"round {round_index} train: site {name}", reply, self.reference)
             try:
                 loss, rows = float(config["loss"]), json.loads(config["rows"])
             except (KeyError, TypeError, ValueError):
-                raise SiteError(f"round {round_index} train: site {name}: the reply carries no training loss and history rows; refused") from None
+                raise SiteError(
+                    f"round {round_index} train: site {name}: the reply carries no training loss and history rows; refused"
+                ) from None
             if not math.isfinite(loss):
                 raise SiteError(f"round {round_index} train: site {name}: training loss {loss} is not finite; refused")
             out.append((reply, loss, rows))
@@ -293,7 +390,9 @@ class FlowerTransport:
         return out
 
     def answer(self, round_index, queries):
-        results = self._exchange("query.answer", dict(zip(self._nodes(), queries)), f"round {round_index} answer", round=round_index)
+        results = self._exchange(
+            "query.answer", dict(zip(self._nodes(), queries)), f"round {round_index} answer", round=round_index
+        )
         answers = [value for value, _ in self._by_site(results)]
         # Finite, but not one shape: each site answers its own query (Fed-LWR's pairwise scores name
         # the other sites).
@@ -302,12 +401,21 @@ class FlowerTransport:
         return answers
 
     def evaluate(self, round_index, packages, with_test):
-        results = self._exchange("evaluate", dict(zip(self._nodes(), packages)), f"round {round_index} evaluate", round=round_index, with_test=with_test)
+        results = self._exchange(
+            "evaluate",
+            dict(zip(self._nodes(), packages)),
+            f"round {round_index} evaluate",
+            round=round_index,
+            with_test=with_test,
+        )
         out = []
         for name, (value, _) in zip(self.names, self._by_site(results)):
             check_evaluation(f"round {round_index} evaluate: site {name}", value, with_test)
             out.append((value["val"], value["test"]))
-        check_same_shape(f"round {round_index} evaluate", {name: {"val": val, "test": test} for name, (val, test) in zip(self.names, out)})
+        check_same_shape(
+            f"round {round_index} evaluate",
+            {name: {"val": val, "test": test} for name, (val, test) in zip(self.names, out)},
+        )
         return out
 
     def keep(self, round_index, names):
@@ -318,7 +426,9 @@ class FlowerTransport:
         return {n: ({}, {}) for n in names}  # the models stay on the sites until the final message
 
     def final(self):
-        results = self._exchange("query.final", {node: None for node in self._nodes()}, "final", per_node=self._take_keeps())
+        results = self._exchange(
+            "query.final", {node: None for node in self._nodes()}, "final", per_node=self._take_keeps()
+        )
         out = {}
         for name, (value, _) in zip(self.names, self._by_site(results)):
             withheld = check_final(f"final: site {name}", value, self.reference, self.cfg.rounds)
@@ -326,7 +436,9 @@ class FlowerTransport:
                 self.withheld[name] = withheld
             out[name] = {**value, "model": value.get("model"), "predictions": value.get("predictions", {})}
         check_same_shape("final", {name: value["test"] for name, value in out.items()})
-        check_finite_payload("final", {name: value["model"] for name, value in out.items() if value["model"] is not None})
+        check_finite_payload(
+            "final", {name: value["model"] for name, value in out.items() if value["model"] is not None}
+        )
         return out
 
     def ood(self, models):
@@ -344,7 +456,11 @@ class FlowerTransport:
 
 def read_run_config(path: str):
     cfg = RunConfig.from_dict(json.loads(Path(path).read_text()), where=path)
-    return cfg.replace(method_params=merge_params(cfg.method, cfg.method_params, f"run config {path}: method_params", cfg.method_module))
+    return cfg.replace(
+        method_params=merge_params(
+            cfg.method, cfg.method_params, f"run config {path}: method_params", cfg.method_module
+        )
+    )
 
 
 def show_progress() -> None:

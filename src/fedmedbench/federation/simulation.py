@@ -53,7 +53,14 @@ def site_settings(cfg, state_dir: Path, threads: int, device: str) -> dict[int, 
     clients first, then its test-only cohorts (``ood_clients``: a SuperNode each, as deployed)."""
     return {
         # Absolute paths: Ray's actors need not share this process's working directory (final.json keeps the config's own).
-        index: {"client": name, "store": str(Path(cfg.data.store).resolve()), "split": str(Path(cfg.data.split).resolve()), "state-dir": str(state_dir), "threads": threads, "device": device}
+        index: {
+            "client": name,
+            "store": str(Path(cfg.data.store).resolve()),
+            "split": str(Path(cfg.data.split).resolve()),
+            "state-dir": str(state_dir),
+            "threads": threads,
+            "device": device,
+        }
         for index, name in enumerate([*cfg.clients, *cfg.ood_clients])
     }
 
@@ -74,7 +81,13 @@ def client_app(sites: dict[int, dict], out: str | None = None):
         partition = int(context.node_config["partition-id"])
         # A copy: Flower refuses a Context whose run config a ClientApp changed (DeprecatedRunInfoStore).
         run_config = {**(context.run_config or {}), **({"out": out} if out is not None else {})}
-        site = Context(run_id=context.run_id, node_id=context.node_id, node_config={**context.node_config, **sites[partition]}, state=context.state, run_config=run_config)
+        site = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config={**context.node_config, **sites[partition]},
+            state=context.state,
+            run_config=run_config,
+        )
         return clientapp.app(message, site)
 
     # Every message the generic ClientApp answers ("train.default", "query.hello", ...), read from its
@@ -96,7 +109,16 @@ def server_app(settings: dict):
 
     @app.main()
     def main(grid, context):
-        serverapp.main(grid, Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config, state=context.state, run_config=settings))
+        serverapp.main(
+            grid,
+            Context(
+                run_id=context.run_id,
+                node_id=context.node_id,
+                node_config=context.node_config,
+                state=context.state,
+                run_config=settings,
+            ),
+        )
 
     return app
 
@@ -107,7 +129,13 @@ def backend_config(clients: int, device: str) -> dict:
     pass through it), no dashboard; a GPU run gives each actor an equal share of one GPU."""
     actors = max(1, min(clients, os.cpu_count() or 1))
     resources = {"num_cpus": 1, "num_gpus": 1.0 / actors if device.startswith("cuda") else 0.0}
-    init = {"num_cpus": actors, "include_dashboard": False, "object_store_memory": 200 * 1024**2, "logging_level": "warning", "log_to_driver": True}
+    init = {
+        "num_cpus": actors,
+        "include_dashboard": False,
+        "object_store_memory": 200 * 1024**2,
+        "logging_level": "warning",
+        "log_to_driver": True,
+    }
     if device.startswith("cuda"):
         init["num_gpus"] = 1
     return {"client_resources": resources, "init_args": init}
@@ -137,14 +165,26 @@ def may_resume(out_dir: Path, log) -> bool:
         shutil.rmtree(scratch, ignore_errors=True)
     checkpoint = [p for p in checkpoint_files(out_dir / "checkpoint.pt")[:2] if p.exists()]
     if checkpoint and not sites_state_folder(out_dir).is_dir():
-        log.warning("%s: the simulated sites' state of this checkpoint is not in %s (a job from before the sites kept it there, or a moved run folder); training starts afresh", checkpoint[0], out_dir / SITES_FOLDER)
+        log.warning(
+            "%s: the simulated sites' state of this checkpoint is not in %s (a job from before the sites kept it there, or a moved run folder); training starts afresh",
+            checkpoint[0],
+            out_dir / SITES_FOLDER,
+        )
         for path in checkpoint:  # never resumable: a later restart must not find it beside the new sites' state
             path.unlink()
         return False
     return True
 
 
-def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None = None, checkpoint_every: int = 1, checkpoint_every_seconds: float = 0, **_how) -> dict:
+def run_simulated(
+    cfg,
+    out_dir: Path,
+    device: str = "cpu",
+    threads: int | None = None,
+    checkpoint_every: int = 1,
+    checkpoint_every_seconds: float = 0,
+    **_how,
+) -> dict:
     """Train the run ``cfg`` (a run config dict or RunConfig) into ``out_dir`` under Flower's
     simulation runtime; returns final.json's content. ``device``, ``threads`` and the checkpoint
     cadence (``checkpoint_every`` rounds, ``checkpoint_every_seconds``) as for ``train``; a killed job
@@ -154,18 +194,24 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
     try:
         from flwr.simulation import run_simulation
     except ImportError as err:  # flwr without its simulation extra, or no flwr at all
-        raise ConfigError(f"runtime: flower-simulation needs Flower's simulation runtime (pip install -e '.[flower]', which brings flwr[simulation] with Ray): {err}") from None
+        raise ConfigError(
+            f"runtime: flower-simulation needs Flower's simulation runtime (pip install -e '.[flower]', which brings flwr[simulation] with Ray): {err}"
+        ) from None
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ConfigError("runtime: flower-simulation needs Ray (pip install -e '.[flower]', which brings flwr[simulation])") from None
+        raise ConfigError(
+            "runtime: flower-simulation needs Ray (pip install -e '.[flower]', which brings flwr[simulation])"
+        ) from None
     from fedmedbench.federation.serverapp import read_run_config
 
     # The engine's checks, before Ray starts (the ServerApp's serve repeats them inside Flower's log).
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every!r}")
     if not checkpoint_every_seconds >= 0:
-        raise ConfigError(f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}")
+        raise ConfigError(
+            f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}"
+        )
     cfg = RunConfig.from_dict(cfg) if isinstance(cfg, dict) else cfg
     threads = threads or 1
     picked, _claim = pick_device(device)  # the claim holds a GPU slot until this process ends
@@ -183,9 +229,16 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
             read_run_config(str(work / "run.json"))  # an unknown method or parameter fails here, before Ray starts
             # The first reply (hello) waits for Ray to start its actors, each importing torch: on a
             # 2-core machine busy with other work that took over 2 minutes, hence the generous wait.
-            settings = {"run-config": str(work / "run.json"), "out": str(out_dir), "nodes-timeout": SITES_START_WAIT_S, "reply-timeout": 0.0, "resume": resume,
-                        "checkpoint-every": checkpoint_every, "checkpoint-every-seconds": float(checkpoint_every_seconds),
-                        "lock-owner": os.getpid()}  # fmt: skip  (the ServerApp writes under this process's run lock)
+            settings = {
+                "run-config": str(work / "run.json"),
+                "out": str(out_dir),
+                "nodes-timeout": SITES_START_WAIT_S,
+                "reply-timeout": 0.0,
+                "resume": resume,
+                "checkpoint-every": checkpoint_every,
+                "checkpoint-every-seconds": float(checkpoint_every_seconds),
+                "lock-owner": os.getpid(),
+            }  # fmt: skip  (the ServerApp writes under this process's run lock)
             run_simulation(
                 server_app=server_app(settings),
                 client_app=client_app(site_settings(cfg, work, threads, device), str(out_dir)),
@@ -194,7 +247,9 @@ def run_simulated(cfg, out_dir: Path, device: str = "cpu", threads: int | None =
             )
             final = out_dir / "final.json"
             if not final.is_file():  # Flower logged the ServerApp's error; say which run
-                raise FedmedbenchError(f"run {cfg.task}/{cfg.run}/seed{cfg.seed}: Flower's simulation runtime ended without final.json (its log above names the error)")
+                raise FedmedbenchError(
+                    f"run {cfg.task}/{cfg.run}/seed{cfg.seed}: Flower's simulation runtime ended without final.json (its log above names the error)"
+                )
             return json.loads(final.read_text())
         finally:
             # The sites' state lives as long as a checkpoint that needs it: removed once the outputs

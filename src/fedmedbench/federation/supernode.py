@@ -71,7 +71,10 @@ def wait_for_superlink(address: str, timeout: float, say=print) -> None:
                 "check the host and the port (the SuperLink's --port) and that the SuperLink runs; gave up"
             )
         if not told:
-            say(f"fedmedbench: no SuperLink answers at {address} (--superlink) yet ({last}); trying every {RETRY_EVERY:.0f} s for up to {timeout:.0f} s (--max-wait-time)", flush=True)
+            say(
+                f"fedmedbench: no SuperLink answers at {address} (--superlink) yet ({last}); trying every {RETRY_EVERY:.0f} s for up to {timeout:.0f} s (--max-wait-time)",
+                flush=True,
+            )
             told = True
         time.sleep(min(RETRY_EVERY, max(0.0, deadline - time.monotonic())))
 
@@ -81,7 +84,9 @@ def flower_supernode() -> str:
     beside = Path(sys.executable).with_name("flower-supernode")
     found = str(beside) if beside.is_file() else shutil.which("flower-supernode")
     if found is None:
-        raise ConfigError("federation supernode: flower-supernode is not installed; install the flower extra: pip install -e '.[flower]'")
+        raise ConfigError(
+            "federation supernode: flower-supernode is not installed; install the flower extra: pip install -e '.[flower]'"
+        )
     return found
 
 

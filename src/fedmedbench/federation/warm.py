@@ -72,12 +72,16 @@ def start(workdir: Path, env: dict) -> tuple[subprocess.Popen, Path]:
     # the launchers would knock on a closed door.
     socket_path.unlink(missing_ok=True)
     log = workdir / "warm.log"
-    process = spawn([sys.executable, "-m", "fedmedbench.federation.warm", str(socket_path)], env=env, cwd=workdir, log=log)
+    process = spawn(
+        [sys.executable, "-m", "fedmedbench.federation.warm", str(socket_path)], env=env, cwd=workdir, log=log
+    )
     deadline = time.monotonic() + 600  # the imports take seconds; minutes on a crowded machine
     while not socket_path.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise FedmedbenchError(f"the warm app server did not start (exit {process.poll()}); its log: {log}\n{log.read_text()[-2000:]}")
+            raise FedmedbenchError(
+                f"the warm app server did not start (exit {process.poll()}); its log: {log}\n{log.read_text()[-2000:]}"
+            )
         time.sleep(0.1)
     process.socket_path = socket_path  # removed once the federation has ended (local._federation)
     return process, write_launchers(workdir / "warm-bin", socket_path)

@@ -127,7 +127,10 @@ class _Packer:
             return self.memo[id(x)]
         self.keep.append(x)
         if kind is tuple:  # immutable: no copy can be put back into it, only deeper
-            out = tuple(self.tensor(v, (*path, i), False) if isinstance(v, torch.Tensor) else self.pack(v, (*path, i), dedup) for i, v in enumerate(x))
+            out = tuple(
+                self.tensor(v, (*path, i), False) if isinstance(v, torch.Tensor) else self.pack(v, (*path, i), dedup)
+                for i, v in enumerate(x)
+            )
         elif kind is set:  # members have no path to put a copy back at: stored as they are
             out = {self.pack(v, (*path, i), False) for i, v in enumerate(x)}
         elif kind is list:
@@ -147,8 +150,17 @@ class _Packer:
         kind = type(t)
         if t.is_meta:
             raise _Unsupported(_where(path), "a tensor on the meta device (it holds no values)")
-        if kind not in (torch.Tensor, torch.nn.Parameter) or t.layout is not torch.strided or t.is_quantized or t.is_conj() or t.is_neg():
-            raise _Unsupported(_where(path), f"a {kind.__name__} of layout {t.layout} and dtype {t.dtype}; only plain strided tensors and parameters")
+        if (
+            kind not in (torch.Tensor, torch.nn.Parameter)
+            or t.layout is not torch.strided
+            or t.is_quantized
+            or t.is_conj()
+            or t.is_neg()
+        ):
+            raise _Unsupported(
+                _where(path),
+                f"a {kind.__name__} of layout {t.layout} and dtype {t.dtype}; only plain strided tensors and parameters",
+            )
         if not dedup or not path or t.numel() == 0:
             return t
         key = (path[-1], t.dtype, t.shape, t.stride(), t.device)
@@ -158,7 +170,11 @@ class _Packer:
             return t
         source, source_path = first
         same_kind = type(source) is kind and source.requires_grad == t.requires_grad
-        if same_kind and source.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() and _same_bits(source, t):
+        if (
+            same_kind
+            and source.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+            and _same_bits(source, t)
+        ):
             self.copies.append((path, source_path))
             return None
         return t  # the same memory (torch.save keeps it one storage) or other values
@@ -173,7 +189,9 @@ def save(obj, path: Path) -> None:
     try:
         tree = packer.pack(obj, ())
     except _Unsupported as err:
-        raise TypeError(f"{path.name}: cannot checkpoint the value at {err.where or 'the top'}: {err.what}; {HOLDS}") from None
+        raise TypeError(
+            f"{path.name}: cannot checkpoint the value at {err.where or 'the top'}: {err.what}; {HOLDS}"
+        ) from None
     with atomic_file(path) as handle:
         writer = _ChecksummedWriter(handle)
         # torch.save's own CRC32 of each record is never checked by torch.load (a flipped byte loads
@@ -302,7 +320,9 @@ class HistoryLog:
         except FileNotFoundError:
             data = b""
         if len(data) != size or crc32(data) != crc:
-            raise CorruptCheckpoint(f"{self.path}: does not hold the {rows} history rows ({size} bytes) the checkpoint refers to")
+            raise CorruptCheckpoint(
+                f"{self.path}: does not hold the {rows} history rows ({size} bytes) the checkpoint refers to"
+            )
         out = [json.loads(line) for line in data.decode().split("\n")[:-1]]
         if len(out) != rows:
             raise CorruptCheckpoint(f"{self.path}: {len(out)} history rows where the checkpoint refers to {rows}")

@@ -53,14 +53,26 @@ def wrong_shape(state: dict[str, torch.Tensor], model: nn.Module) -> None:
     own = model.state_dict()
     for key, value in state.items():
         if key in own and tuple(value.shape) != tuple(own[key].shape):
-            raise ValueError(f"the package's tensor {key!r} has shape {list(value.shape)}, the model's has {list(own[key].shape)} (the server's aggregate or package made it so)")
+            raise ValueError(
+                f"the package's tensor {key!r} has shape {list(value.shape)}, the model's has {list(own[key].shape)} (the server's aggregate or package made it so)"
+            )
 
 
 class Client:
-    def __init__(self, cfg: RunConfig, index: int, data: ClientSplits, model: nn.Module, generator: torch.Generator, device: torch.device):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        index: int,
+        data: ClientSplits,
+        model: nn.Module,
+        generator: torch.Generator,
+        device: torch.device,
+    ):
         self.cfg, self.index, self.data, self.name = cfg, index, data, data.name
         self.params = cfg.method_params
-        self.model = model.to(device, memory_format=torch.channels_last) if cfg.precision == "bf16" else model.to(device)
+        self.model = (
+            model.to(device, memory_format=torch.channels_last) if cfg.precision == "bf16" else model.to(device)
+        )
         self.device = device
         self.generator = generator
         self.task_loss = build_loss(cfg.loss)
@@ -119,7 +131,15 @@ class Client:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for epoch in range(epochs):
             self.before_epoch(epoch)
-            for x, y in train_batches(self.data.train, self.cfg.batch_size, self.generator, self.cfg.augment, self.cfg.intensity_scale, self.device, self.cfg.drop_last):
+            for x, y in train_batches(
+                self.data.train,
+                self.cfg.batch_size,
+                self.generator,
+                self.cfg.augment,
+                self.cfg.intensity_scale,
+                self.device,
+                self.cfg.drop_last,
+            ):
                 faults.reached("train_step")
                 # Every method's step (HarmoFL's perturbed step, MOON's extra forwards, two-model
                 # steps) runs under the run's precision.
@@ -158,7 +178,11 @@ class Client:
 
     # --- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from a checkpoint loaded on the CPU, whatever device this client trains on.

@@ -45,7 +45,9 @@ class ClientSplits:
     test: SplitData
 
 
-def load_clients(store_dir: Path, split_csv: Path, clients: list[str], truncate_to_smallest: bool, reader: BatchReader | None = None) -> list[ClientSplits]:
+def load_clients(
+    store_dir: Path, split_csv: Path, clients: list[str], truncate_to_smallest: bool, reader: BatchReader | None = None
+) -> list[ClientSplits]:
     """Open every client's arrays and cut them by the split file.
 
     ``truncate_to_smallest`` is HarmoFL's default: every client trains on the first n_min rows of its
@@ -63,14 +65,18 @@ def load_clients(store_dir: Path, split_csv: Path, clients: list[str], truncate_
                 raise ValueError(f"{split_csv}: client {name!r} has no {part!r} rows")
             rows = rows_df["row"].to_numpy(dtype=np.int64)
             if rows.max() >= len(arrays.images):
-                raise ValueError(f"{split_csv}: row {rows.max()} out of range for client {name!r} ({len(arrays.images)} samples)")
+                raise ValueError(
+                    f"{split_csv}: row {rows.max()} out of range for client {name!r} ({len(arrays.images)} samples)"
+                )
             parts[part] = SplitData(arrays.images, arrays.labels, rows, rows_df["group"].astype(str).to_numpy(), reader)
         result.append(ClientSplits(name, parts["train"], parts["val"], parts["test"]))
     if truncate_to_smallest:
         smallest = min(len(client.train) for client in result)
         for client in result:
             train = client.train
-            client.train = SplitData(train.images, train.labels, train.rows[:smallest], train.groups[:smallest], train.reader)
+            client.train = SplitData(
+                train.images, train.labels, train.rows[:smallest], train.groups[:smallest], train.reader
+            )
     return result
 
 
@@ -83,11 +89,15 @@ def check_image_size(clients: list[ClientSplits], model, store_dir: Path) -> Non
         height, width = client.train.images.shape[1:3]
         problem = model_size_problem(model, int(height), int(width))
         if problem:
-            raise ConfigError(f"{store_dir}: the images of client {client.name} are {height}x{width} (H x W): {problem}; "
-                              "preprocess the data at a size that fits (image_size)")
+            raise ConfigError(
+                f"{store_dir}: the images of client {client.name} are {height}x{width} (H x W): {problem}; "
+                "preprocess the data at a size that fits (image_size)"
+            )
 
 
-def load_test_only(store_dir: Path, split_csv: Path, clients: list[str], reader: BatchReader | None = None) -> dict[str, SplitData]:
+def load_test_only(
+    store_dir: Path, split_csv: Path, clients: list[str], reader: BatchReader | None = None
+) -> dict[str, SplitData]:
     """The test rows of clients that only have test data (skin's OOD cohort), by name."""
     split = read_split_csv(split_csv)
     result = {}
@@ -96,7 +106,13 @@ def load_test_only(store_dir: Path, split_csv: Path, clients: list[str], reader:
         if rows_df.empty:
             raise ValueError(f"{split_csv}: test-only client {name!r} has no 'test' rows")
         arrays = open_client(store_dir, name)
-        result[name] = SplitData(arrays.images, arrays.labels, rows_df["row"].to_numpy(dtype=np.int64), rows_df["group"].astype(str).to_numpy(), reader)
+        result[name] = SplitData(
+            arrays.images,
+            arrays.labels,
+            rows_df["row"].to_numpy(dtype=np.int64),
+            rows_df["group"].astype(str).to_numpy(),
+            reader,
+        )
     return result
 
 
@@ -120,7 +136,9 @@ def data_digest(store_dir: Path, split_csv: Path, clients: list[str]) -> str:
             size = path.stat().st_size
             digest.update(f"{array_file}:{size}".encode())
             with open(path, "rb") as handle:
-                for offset in sorted({0, *(size * i // DIGEST_SAMPLES for i in range(1, DIGEST_SAMPLES)), max(0, size - DIGEST_CHUNK)}):
+                for offset in sorted(
+                    {0, *(size * i // DIGEST_SAMPLES for i in range(1, DIGEST_SAMPLES)), max(0, size - DIGEST_CHUNK)}
+                ):
                     handle.seek(offset)
                     digest.update(handle.read(DIGEST_CHUNK))
     return digest.hexdigest()[:16]
@@ -170,7 +188,9 @@ class BatchReader:
         x, y = gather(split, rows_idx)
         return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
 
-    def read(self, split: SplitData, chunks: Iterable[np.ndarray], pin: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def read(
+        self, split: SplitData, chunks: Iterable[np.ndarray], pin: bool = False
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``gather(split, chunk)`` for every chunk, in order, read ahead on the worker threads.
         A consumer that stops early cancels what is queued (a batch being read is simply dropped)."""
         pool, chunks = self._executor(), iter(chunks)
@@ -234,7 +254,9 @@ def augment_harmofl(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
     return out_x, out_y
 
 
-def augment_flip_rotate(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator, max_degrees: float = 15.0) -> tuple[torch.Tensor, torch.Tensor]:
+def augment_flip_rotate(
+    x: torch.Tensor, y: torch.Tensor, generator: torch.Generator, max_degrees: float = 15.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random flips and rotations of a classification batch (PRR-FL: "random flip and rotation";
     its code: albumentations H/V flips and ShiftScaleRotate up to 15 degrees): per sample a
     horizontal and a vertical flip with probability 0.5 each and a rotation by U(-15, 15) degrees
@@ -247,7 +269,13 @@ def augment_flip_rotate(x: torch.Tensor, y: torch.Tensor, generator: torch.Gener
     cos, sin = torch.cos(angle), torch.sin(angle)
     sx, sy = 1.0 - 2.0 * flip_w.float(), 1.0 - 2.0 * flip_h.float()
     # The sampling grid maps output to input coordinates: rotation composed with the flips.
-    theta = torch.stack([torch.stack([cos * sx, -sin * sy, torch.zeros(count)], 1), torch.stack([sin * sx, cos * sy, torch.zeros(count)], 1)], 1)
+    theta = torch.stack(
+        [
+            torch.stack([cos * sx, -sin * sy, torch.zeros(count)], 1),
+            torch.stack([sin * sx, cos * sy, torch.zeros(count)], 1),
+        ],
+        1,
+    )
     xf = x.float()
     grid = F.affine_grid(theta.to(xf.device), list(xf.shape), align_corners=False)
     return F.grid_sample(xf, grid, mode="bilinear", padding_mode="reflection", align_corners=False), y
@@ -279,7 +307,9 @@ class _Prefetcher:
         return tensors
 
 
-def _batches(split: SplitData, starts: list[np.ndarray], device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(
+    split: SplitData, starts: list[np.ndarray], device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """uint8 batches on ``device``, the next one already on its way while the current is used
     (gathered by the split's reader threads when it has a reader, else here, one at a time)."""
     prefetch = _Prefetcher(device)
@@ -297,7 +327,15 @@ def _batches(split: SplitData, starts: list[np.ndarray], device: torch.device) -
         yield prefetch.ready(pending)
 
 
-def train_batches(split: SplitData, batch_size: int, generator: torch.Generator, augment: str, intensity_scale: float, device: torch.device | None = None, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def train_batches(
+    split: SplitData,
+    batch_size: int,
+    generator: torch.Generator,
+    augment: str,
+    intensity_scale: float,
+    device: torch.device | None = None,
+    drop_last: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One shuffled epoch on ``device`` (last partial batch kept, as torch's DataLoader does by
     default; ``drop_last``: dropped, as the official Fed-LWR RIF loader): uint8 to the device,
     augmented and converted to float there."""
@@ -311,7 +349,9 @@ def train_batches(split: SplitData, batch_size: int, generator: torch.Generator,
         yield to_float(x, intensity_scale), y
 
 
-def eval_batches(split: SplitData, batch_size: int, intensity_scale: float, device: torch.device | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
+def eval_batches(
+    split: SplitData, batch_size: int, intensity_scale: float, device: torch.device | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
     chunks = [np.arange(start, min(start + batch_size, len(split))) for start in range(0, len(split), batch_size)]
     for (x, y), idx in zip(_batches(split, chunks, device or torch.device("cpu")), chunks):
         yield to_float(x, intensity_scale), y, split.groups[idx]

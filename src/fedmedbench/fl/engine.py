@@ -46,7 +46,16 @@ from fedmedbench.runconfig import RunConfig
 log = logging.getLogger("fedmedbench.engine")
 
 
-def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", threads: int | None = None, progress: bool = True, checkpoint_every: int = 1, data_workers: int = 0, checkpoint_every_seconds: float = 0) -> dict:
+def run_training(
+    cfg: RunConfig | dict,
+    out_dir: Path,
+    device: str = "auto",
+    threads: int | None = None,
+    progress: bool = True,
+    checkpoint_every: int = 1,
+    data_workers: int = 0,
+    checkpoint_every_seconds: float = 0,
+) -> dict:
     """Train one run into ``out_dir``. A folder this call created is removed again if it fails
     before writing anything (no empty output folders). ``device``, ``threads``, ``progress``,
     ``checkpoint_every`` and ``data_workers`` (threads that read batches ahead; 0: the training
@@ -55,14 +64,25 @@ def run_training(cfg: RunConfig | dict, out_dir: Path, device: str = "auto", thr
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
     if not checkpoint_every_seconds >= 0:
-        raise ConfigError(f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}")
+        raise ConfigError(
+            f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}"
+        )
     if not isinstance(data_workers, int) or isinstance(data_workers, bool) or data_workers < 0:
         raise ConfigError(f"data_workers: expected an integer >= 0, got {data_workers!r}")
     # One writer per run folder (fl/runlock.py): a second train on it stops here, having written nothing.
     with new_folder(out_dir) as out_dir, run_folder_lock(out_dir):
         reader = BatchReader(data_workers) if data_workers else None
         try:
-            return _run_training(cfg, out_dir, device, threads, progress, checkpoint_every, reader=reader, checkpoint_every_seconds=checkpoint_every_seconds)
+            return _run_training(
+                cfg,
+                out_dir,
+                device,
+                threads,
+                progress,
+                checkpoint_every,
+                reader=reader,
+                checkpoint_every_seconds=checkpoint_every_seconds,
+            )
         finally:
             if reader is not None:
                 reader.close()
@@ -101,11 +121,24 @@ def check_batch_norm_batches(model: torch.nn.Module, clients, cfg: RunConfig) ->
             )
 
 
-def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: int | None, progress: bool, checkpoint_every: int, reader: BatchReader | None = None, checkpoint_every_seconds: float = 0) -> dict:
+def _run_training(
+    cfg: RunConfig | dict,
+    out_dir: Path,
+    device: str,
+    threads: int | None,
+    progress: bool,
+    checkpoint_every: int,
+    reader: BatchReader | None = None,
+    checkpoint_every_seconds: float = 0,
+) -> dict:
     cfg = RunConfig.from_dict(cfg)
     method = load_method(cfg.method, cfg.method_module)
     # The method's declared defaults fill any hyperparameter the config leaves out; unknown ones fail.
-    cfg = cfg.replace(method_params=merge_params(cfg.method, cfg.method_params, f"run config of {cfg.run}: method_params", cfg.method_module))
+    cfg = cfg.replace(
+        method_params=merge_params(
+            cfg.method, cfg.method_params, f"run config of {cfg.run}: method_params", cfg.method_module
+        )
+    )
     checkpoint_path = out_dir / "checkpoint.pt"
     if threads:
         torch.set_num_threads(threads)
@@ -115,17 +148,27 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
 
     data = load_clients(Path(cfg.data.store), Path(cfg.data.split), list(cfg.clients), cfg.truncate_to_smallest, reader)
     check_image_size(data, cfg.model, Path(cfg.data.store))
-    cohorts = load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients), reader) if cfg.ood_clients else {}
+    cohorts = (
+        load_test_only(Path(cfg.data.store), Path(cfg.data.split), list(cfg.ood_clients), reader)
+        if cfg.ood_clients
+        else {}
+    )
     names = [c.name for c in data]
     model = build_model(cfg.model)  # one initialisation, shared by every client
     server = method.Server(cfg, model, len(data))
-    clients = [method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device) for i, d in enumerate(data)]
+    clients = [
+        method.Client(cfg, i, d, copy.deepcopy(model), client_generator(cfg.seed, i), device)
+        for i, d in enumerate(data)
+    ]
     metric = cfg.selection_metric
     per_client = {"auto": method.PERSONALIZED, "per_client": True, "pooled": False}[cfg.selection_scope]
     selection = Selection(names, metric, per_client=per_client)
     check_selection_defined(clients, cfg)
     check_batch_norm_batches(model, clients, cfg)
-    fingerprints = (cfg.fingerprint(), data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients]))
+    fingerprints = (
+        cfg.fingerprint(),
+        data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients]),
+    )
 
     history_log = checkpoint.HistoryLog(history_file(out_dir))
     last_round, history = restore(checkpoint_path, *fingerprints, server, clients, selection, history_log)
@@ -133,7 +176,15 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     remove_stale_files(out_dir, saved_version)
 
     rounds = cfg.rounds
-    bar = Progress(rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", initial=last_round, interval=0.0, enabled=progress)
+    bar = Progress(
+        rounds,
+        f"{cfg.task}/{cfg.run}/seed{cfg.seed}",
+        log,
+        unit="round",
+        initial=last_round,
+        interval=0.0,
+        enabled=progress,
+    )
     last_saved = time.monotonic()
 
     def round_end(round_index: int, val: dict, test: dict) -> None:
@@ -145,7 +196,18 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
         # (a fast GPU job need not spend its time writing), and after the last round.
         due = round_index % checkpoint_every == 0 and time.monotonic() - last_saved >= checkpoint_every_seconds
         if due or round_index == rounds:
-            saved_version = save_state(out_dir, checkpoint_path, round_index, fingerprints, server, clients, selection, history, saved_version, history_log)
+            saved_version = save_state(
+                out_dir,
+                checkpoint_path,
+                round_index,
+                fingerprints,
+                server,
+                clients,
+                selection,
+                history,
+                saved_version,
+                history_log,
+            )
             last_saved = time.monotonic()
             faults.reached("round_end")
 
@@ -160,6 +222,6 @@ def _run_training(cfg: RunConfig | dict, out_dir: Path, device: str, threads: in
     bar.close()
     test, flags, counts = final_test(selection, clients, cfg, device)
     ood = ood_test(selection, clients, cohorts, cfg, device) if cohorts else None
-    return write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
-
-
+    return write_outputs(
+        cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts
+    )

@@ -79,7 +79,17 @@ def local_epoch_probe(cfg: RunConfig, device: torch.device, history: list[dict])
         was_training = model.training
         scores = evaluate(model, client.data.test, cfg, device)
         model.train(was_training)
-        history.extend({"round": client.round_index, "client": client.name, "split": "test_local", "metric": k, "value": v, "epoch": epoch} for k, v in scores.items())
+        history.extend(
+            {
+                "round": client.round_index,
+                "client": client.name,
+                "split": "test_local",
+                "metric": k,
+                "value": v,
+                "epoch": epoch,
+            }
+            for k, v in scores.items()
+        )
 
     return probe
 
@@ -88,15 +98,21 @@ def check_finite(round_index: int, client: str, what: str, loss: float | None, s
     """The divergence policy: a non-finite loss or tensor (weights, BN statistics, optimizer-free
     state) ends the run with an error naming the round, client and quantity. One host sync per call."""
     if loss is not None and not math.isfinite(loss):
-        raise DivergenceError(f"round {round_index}, client {client}: mean training loss is {loss}; the run diverged (try a lower learning rate)")
+        raise DivergenceError(
+            f"round {round_index}, client {client}: mean training loss is {loss}; the run diverged (try a lower learning rate)"
+        )
     floats = [v for v in state.values() if v.is_floating_point()]
     if floats and not bool(torch.stack([torch.isfinite(v).all() for v in floats]).all()):
         bad = next(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
-        raise DivergenceError(f"round {round_index}, client {client}: {what} tensor {bad!r} is not finite; the run diverged (try a lower learning rate)")
+        raise DivergenceError(
+            f"round {round_index}, client {client}: {what} tensor {bad!r} is not finite; the run diverged (try a lower learning rate)"
+        )
 
 
 @torch.no_grad()
-def final_test(selection: Selection, clients, cfg: RunConfig, device: torch.device) -> tuple[dict[str, dict], dict[str, dict], dict[str, dict]]:
+def final_test(
+    selection: Selection, clients, cfg: RunConfig, device: torch.device
+) -> tuple[dict[str, dict], dict[str, dict], dict[str, dict]]:
     """Test scores of the selected models, computed once: every client's selected evaluated model on
     its own test split (the same numbers as evaluating test at the selected round). Returns
     (scores, flags, class counts) per client: ``flags`` holds the clients whose score measures no
@@ -113,7 +129,13 @@ def final_test(selection: Selection, clients, cfg: RunConfig, device: torch.devi
             if meter.flags():
                 flags[name] = meter.flags()
                 for what, text in flags[name].items():
-                    log.warning("client %s: %s: the selected model (round %s) %s; its test scores are flagged in final.json, the tables and the report", name, what.replace("_", " "), entry["round"], text)
+                    log.warning(
+                        "client %s: %s: the selected model (round %s) %s; its test scores are flagged in final.json, the tables and the report",
+                        name,
+                        what.replace("_", " "),
+                        entry["round"],
+                        text,
+                    )
     return test, flags, counts
 
 
@@ -172,7 +194,10 @@ def score_cohort(models: dict[str, torch.nn.Module], split, cfg: RunConfig, devi
     mean = {k: float(np.mean([s[k] for s in per_model.values()])) for k in next(iter(per_model.values()))}
     ensemble = ensemble_meter(list(models.values()), split, cfg, device)
     out = {"mean": mean, "ensemble": ensemble.compute(), "per_model": per_model}
-    flags = {"ensemble": ensemble.flags(), "per_model": {name: meter.flags() for name, meter in meters.items() if meter.flags()}}
+    flags = {
+        "ensemble": ensemble.flags(),
+        "per_model": {name: meter.flags() for name, meter in meters.items() if meter.flags()},
+    }
     flags = {k: v for k, v in flags.items() if v}
     if flags:
         out["flags"] = flags
@@ -183,7 +208,12 @@ def warn_cohort_flags(ood: dict) -> None:
     """A WARNING line per flagged test-only cohort, as ``final_test`` writes one per flagged client."""
     for cohort, scores in ood.items():
         for what, text in cohort_flag_texts(scores.get("flags") or {}).items():
-            log.warning("test-only cohort %s: %s: %s; its scores are flagged in final.json, the tables, the figures and the report", cohort, what.replace("_", " "), text)
+            log.warning(
+                "test-only cohort %s: %s: %s; its scores are flagged in final.json, the tables, the figures and the report",
+                cohort,
+                what.replace("_", " "),
+                text,
+            )
 
 
 def curve_every(cfg: RunConfig) -> int:

@@ -32,7 +32,20 @@ from fedmedbench.fl import checkpoint, hookwatch
 
 # Every hook the engine calls (fl/engine.py, rounds.py, runfolder.py, evaluation.py) and the ones
 # the base Client.train calls (before_epoch, loss, after_backward, train_step).
-CLIENT_HOOKS = ("__init__", "receive", "before_epoch", "loss", "after_backward", "train_step", "train", "reply", "answer", "eval_model", "state_dict", "load_state_dict")
+CLIENT_HOOKS = (
+    "__init__",
+    "receive",
+    "before_epoch",
+    "loss",
+    "after_backward",
+    "train_step",
+    "train",
+    "reply",
+    "answer",
+    "eval_model",
+    "state_dict",
+    "load_state_dict",
+)
 SERVER_HOOKS = ("__init__", "package", "query", "aggregate", "round_log", "state_dict", "load_state_dict")
 # Run outside any round (building, resuming): named without one.
 NO_ROUND = ("__init__", "load_state_dict")
@@ -70,7 +83,11 @@ def described(err: BaseException) -> str:
 
 # What a checkpoint holds: tensors, these leaves, and these containers (exact types: a defaultdict
 # or a namedtuple is refused there too). tests/test_method_errors.py checks that the two agree.
-CHECKPOINT_LEAVES, CHECKPOINT_MAPPINGS, CHECKPOINT_SEQUENCES = checkpoint.LEAVES, checkpoint.MAPPINGS, checkpoint.SEQUENCES
+CHECKPOINT_LEAVES, CHECKPOINT_MAPPINGS, CHECKPOINT_SEQUENCES = (
+    checkpoint.LEAVES,
+    checkpoint.MAPPINGS,
+    checkpoint.SEQUENCES,
+)
 
 
 def uncheckpointable(value, at: str = "", seen: set | None = None) -> tuple[str, str] | None:
@@ -138,11 +155,18 @@ def wrong_dtype(method: str, role: str, hook: str, obj, args: tuple, value) -> N
         state, what = getattr(obj, "global_state", None), "the global state"
     elif role == "Server" and hook == "package" and isinstance(value, dict):
         state, what = value.get("state"), "the package"
-    elif role == "Client" and hook == "reply" and isinstance(value, dict) and isinstance(getattr(obj, "model", None), torch.nn.Module):
+    elif (
+        role == "Client"
+        and hook == "reply"
+        and isinstance(value, dict)
+        and isinstance(getattr(obj, "model", None), torch.nn.Module)
+    ):
         state, what = value.get("state"), "the reply"
     else:
         return
-    model_dtypes = getattr(obj, "_model_dtypes", None) if role == "Server" else hookwatch.dtypes_of(obj.model.state_dict())
+    model_dtypes = (
+        getattr(obj, "_model_dtypes", None) if role == "Server" else hookwatch.dtypes_of(obj.model.state_dict())
+    )
     found = hookwatch.non_floating(state, model_dtypes or {})
     if found:
         key, got, want = found
@@ -166,5 +190,9 @@ def load_method(name: str, module: str | None = None) -> types.SimpleNamespace:
     its Server and Client guarded."""
     loaded = registry.load_method(name, module)
     return types.SimpleNamespace(
-        Server=guard(loaded.Server, name, "Server"), Client=guard(loaded.Client, name, "Client"), DEFAULTS=loaded.DEFAULTS, PERSONALIZED=loaded.PERSONALIZED, __name__=loaded.__name__
+        Server=guard(loaded.Server, name, "Server"),
+        Client=guard(loaded.Client, name, "Client"),
+        DEFAULTS=loaded.DEFAULTS,
+        PERSONALIZED=loaded.PERSONALIZED,
+        __name__=loaded.__name__,
     )

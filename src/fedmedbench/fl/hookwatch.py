@@ -86,7 +86,10 @@ def watching(timeout_s: float | None = None) -> Iterator[None]:
     def on_alarm(signum, frame):
         where = running()
         if where is not None:
-            raise HookStopped(f"{where}: stopped after hook_timeout_s = {_timeout_s:g} s: the hook had not returned (a loop that never ends, or a wait on something that never comes?)", 1)
+            raise HookStopped(
+                f"{where}: stopped after hook_timeout_s = {_timeout_s:g} s: the hook had not returned (a loop that never ends, or a wait on something that never comes?)",
+                1,
+            )
 
     handlers = {signal.SIGTERM: on_signal, signal.SIGINT: on_signal, signal.SIGALRM: on_alarm}
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
@@ -112,6 +115,11 @@ def non_floating(state, model_dtypes: dict[str, torch.dtype]) -> tuple[str, torc
         return None
     for key, value in state.items():
         want = model_dtypes.get(key)
-        if isinstance(value, torch.Tensor) and want is not None and want.is_floating_point and not value.is_floating_point():
+        if (
+            isinstance(value, torch.Tensor)
+            and want is not None
+            and want.is_floating_point
+            and not value.is_floating_point()
+        ):
             return key, value.dtype, want
     return None

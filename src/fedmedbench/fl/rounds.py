@@ -139,8 +139,16 @@ class Site:
             raise SiteError(f"site {self.name}: no model was kept (no selection covered it); nothing to test")
         model = self.client.eval_model()
         model.load_state_dict(self.kept["model"])
-        out = {"model": self.kept["model"], "predictions": self.kept["predictions"], "round": self.kept["round"], "flags": {}, "counts": {}}
-        meter = evaluate_meter(model, self.client.data.test, self.cfg, self.device)  # scores, predicted classes, degeneracy flags
+        out = {
+            "model": self.kept["model"],
+            "predictions": self.kept["predictions"],
+            "round": self.kept["round"],
+            "flags": {},
+            "counts": {},
+        }
+        meter = evaluate_meter(
+            model, self.client.data.test, self.cfg, self.device
+        )  # scores, predicted classes, degeneracy flags
         out["test"], out["counts"] = meter.compute(), meter.class_counts()
         out["flags"] = meter.flags() or {}
         return out
@@ -175,12 +183,18 @@ class Cohort:
         nets = {}
         for site, state in models.items():
             net = copy.deepcopy(network)
-            net = net.to(self.device, memory_format=torch.channels_last) if self.cfg.precision == "bf16" else net.to(self.device)
+            net = (
+                net.to(self.device, memory_format=torch.channels_last)
+                if self.cfg.precision == "bf16"
+                else net.to(self.device)
+            )
             try:
                 net.load_state_dict(state)
             except RuntimeError as err:
                 first = " ".join(str(err).split())[:300]
-                raise SiteError(f"cohort {self.name}: site {site}'s selected model is not the run's network {self.cfg.model.name!r} ({first}); a test-only cohort scores that network only; refused") from None
+                raise SiteError(
+                    f"cohort {self.name}: site {site}'s selected model is not the run's network {self.cfg.model.name!r} ({first}); a test-only cohort scores that network only; refused"
+                ) from None
             nets[site] = net
         return score_cohort(nets, self.split, self.cfg, self.device)
 
@@ -258,7 +272,9 @@ class InProcessTransport:
         checkpoint stores them)."""
 
     def resume(self, round_index, packages, kept=None):
-        raise SiteError(f"round {round_index}: in-process sites keep no snapshots of their own; resume an in-process run with the engine (fedmedbench train)")
+        raise SiteError(
+            f"round {round_index}: in-process sites keep no snapshots of their own; resume an in-process run with the engine (fedmedbench train)"
+        )
 
     def data_fingerprint(self):
         """The engine's ``data_digest`` of what the sites read (their store rows and split file)."""
@@ -266,7 +282,16 @@ class InProcessTransport:
         return data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients])
 
 
-def run_rounds(cfg, server, transport: Transport, names: list[str], selection, history: list[dict], first_round: int, on_round_end: Callable[[int, dict, dict], None] | None = None) -> None:
+def run_rounds(
+    cfg,
+    server,
+    transport: Transport,
+    names: list[str],
+    selection,
+    history: list[dict],
+    first_round: int,
+    on_round_end: Callable[[int, dict, dict], None] | None = None,
+) -> None:
     """Rounds ``first_round`` .. ``cfg.rounds`` of the method's ``server`` with the sites behind
     ``transport``: appends history.csv's rows to ``history`` and records the selections in
     ``selection`` (a ``fl.selection.Selection``). ``on_round_end(round, val, test)``: progress and
@@ -284,7 +309,10 @@ def run_rounds(cfg, server, transport: Transport, names: list[str], selection, h
                 reply["answer"] = answer
         server.aggregate(round_index, replies)
         for index, values in server.round_log(round_index).items():
-            history += [{"round": round_index, "client": names[index], "split": "server", "metric": k, "value": float(v)} for k, v in values.items()]
+            history += [
+                {"round": round_index, "client": names[index], "split": "server", "metric": k, "value": float(v)}
+                for k, v in values.items()
+            ]
         packages = [server.package(index, round_index) for index in range(len(names))]
         with_test = round_index % curve_every(cfg) == 0 or round_index == cfg.rounds
         scores = transport.evaluate(round_index, packages, with_test)
@@ -293,10 +321,20 @@ def run_rounds(cfg, server, transport: Transport, names: list[str], selection, h
             val[name] = val_scores
             if test_scores is not None:
                 test[name] = test_scores
-            history.append({"round": round_index, "client": name, "split": "train", "metric": "loss", "value": trained[index][1]})
+            history.append(
+                {"round": round_index, "client": name, "split": "train", "metric": "loss", "value": trained[index][1]}
+            )
             for split_name, split_scores in (("val", val), ("test", test)):
                 for metric_name, value in split_scores.get(name, {}).items():
-                    history.append({"round": round_index, "client": name, "split": split_name, "metric": metric_name, "value": value})
+                    history.append(
+                        {
+                            "round": round_index,
+                            "client": name,
+                            "split": split_name,
+                            "metric": metric_name,
+                            "value": value,
+                        }
+                    )
         for key, covered in (selection.improved(val, round_index) if selection_open(cfg, round_index) else {}).items():
             kept = transport.keep(round_index, covered)
             selection.record(key, round_index, val, {n: kept[n][0] for n in covered}, {n: kept[n][1] for n in covered})
@@ -304,7 +342,15 @@ def run_rounds(cfg, server, transport: Transport, names: list[str], selection, h
             on_round_end(round_index, val, test)
 
 
-def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_every: int = 1, checkpoint_every_seconds: float = 0, resume: bool = True) -> dict:
+def serve(
+    cfg,
+    out_dir,
+    transport: Transport,
+    progress: bool = True,
+    checkpoint_every: int = 1,
+    checkpoint_every_seconds: float = 0,
+    resume: bool = True,
+) -> dict:
     """The server's side of a whole run: the method's ``Server`` (built from the config alone: the
     server opens no store), the rounds over ``transport``, then the sites' final test scores, and the
     run folder's outputs (history.csv, final.json, model_best.pt, predictions.npz) exactly as the
@@ -320,11 +366,15 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     (``transport.resume``: a deferred keep of that round may not have reached the site); a site that
     cannot is refused in one line."""
     if list(getattr(transport, "cohort_names", [])) != list(cfg.ood_clients):
-        raise SiteError(f"run {cfg.run}: its test-only cohorts (ood_clients) are {list(cfg.ood_clients)}, the transport serves {list(getattr(transport, 'cohort_names', []))}")
+        raise SiteError(
+            f"run {cfg.run}: its test-only cohorts (ood_clients) are {list(cfg.ood_clients)}, the transport serves {list(getattr(transport, 'cohort_names', []))}"
+        )
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every: expected an integer >= 1, got {checkpoint_every}")
     if not checkpoint_every_seconds >= 0:
-        raise ConfigError(f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}")
+        raise ConfigError(
+            f"checkpoint_every_seconds: expected a number of seconds >= 0, got {checkpoint_every_seconds}"
+        )
     method = load_method(cfg.method, cfg.method_module)
     names = list(cfg.clients)
     # The engine's initialisation: the same seed, then the model, so the server holds the weights
@@ -342,19 +392,37 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
     checkpoint_path = out_dir / "checkpoint.pt"
     fingerprints = (cfg.fingerprint(), transport.data_fingerprint())
     history_log = checkpoint.HistoryLog(runfolder.history_file(out_dir))
-    last_round, history = runfolder.restore(checkpoint_path, *fingerprints, server, [], selection, history_log) if resume else (0, [])
+    last_round, history = (
+        runfolder.restore(checkpoint_path, *fingerprints, server, [], selection, history_log) if resume else (0, [])
+    )
     saved_version = selection.version
     runfolder.remove_stale_files(out_dir, saved_version)
     if last_round == 0:
         history_log.reset()
         transport.start(packages)
     else:
-        log.info("%s/%s/seed%d: resuming from round %d (the checkpoint after round %d in %s)", cfg.task, cfg.run, cfg.seed, last_round + 1, last_round, checkpoint_path)
+        log.info(
+            "%s/%s/seed%d: resuming from round %d (the checkpoint after round %d in %s)",
+            cfg.task,
+            cfg.run,
+            cfg.seed,
+            last_round + 1,
+            last_round,
+            checkpoint_path,
+        )
         # Every site back to its state at the checkpointed round, with the round each one's model was kept at.
         kept = {name: entry["round"] for entry in selection.best.values() for name in entry["val"]}
         transport.resume(last_round, packages, kept)
     del packages
-    bar = Progress(cfg.rounds, f"{cfg.task}/{cfg.run}/seed{cfg.seed}", log, unit="round", initial=last_round, interval=0.0, enabled=progress)
+    bar = Progress(
+        cfg.rounds,
+        f"{cfg.task}/{cfg.run}/seed{cfg.seed}",
+        log,
+        unit="round",
+        initial=last_round,
+        interval=0.0,
+        enabled=progress,
+    )
     last_saved = time.monotonic()
 
     def round_end(round_index, val, test):
@@ -365,7 +433,18 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
         if due or round_index == cfg.rounds:
             # The sites first: a checkpoint is only ever written for a round they can go back to.
             transport.snapshot(round_index)
-            saved_version = runfolder.save_state(out_dir, checkpoint_path, round_index, fingerprints, server, [], selection, history, saved_version, history_log)
+            saved_version = runfolder.save_state(
+                out_dir,
+                checkpoint_path,
+                round_index,
+                fingerprints,
+                server,
+                [],
+                selection,
+                history,
+                saved_version,
+                history_log,
+            )
             last_saved = time.monotonic()
             faults.reached("round_end")
 
@@ -385,7 +464,11 @@ def serve(cfg, out_dir, transport: Transport, progress: bool = True, checkpoint_
         # was refused at hello already (FlowerTransport), so this names only a broken site.
         withheld = [name for name in names if finals[name]["model"] is None]
         if withheld:
-            raise SiteError(f"ood: site(s) {', '.join(withheld)} sent no model; test-only cohort(s) {', '.join(cfg.ood_clients)} cannot score it")
+            raise SiteError(
+                f"ood: site(s) {', '.join(withheld)} sent no model; test-only cohort(s) {', '.join(cfg.ood_clients)} cannot score it"
+            )
         ood = transport.ood({name: finals[name]["model"] for name in names})
         warn_cohort_flags(ood)  # the cohorts' collapse check, as the engine's ood_test says it
-    return runfolder.write_outputs(cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts)
+    return runfolder.write_outputs(
+        cfg, out_dir, names, selection, test, history, checkpoint_path, ood, flags=flags, class_counts=counts
+    )

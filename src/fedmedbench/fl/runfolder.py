@@ -46,7 +46,15 @@ def checkpoint_files(checkpoint_path: Path) -> tuple[Path, Path, Path]:
     return checkpoint_path, checkpoint.previous(checkpoint_path), history_file(checkpoint_path.parent)
 
 
-def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, server, clients, selection: Selection, history_log: checkpoint.HistoryLog | None = None) -> tuple[int, list[dict]]:
+def restore(
+    checkpoint_path: Path,
+    fingerprint: str,
+    data_fingerprint: str,
+    server,
+    clients,
+    selection: Selection,
+    history_log: checkpoint.HistoryLog | None = None,
+) -> tuple[int, list[dict]]:
     """Resume state from the checkpoint (or, if it is damaged, the previous one): (last round, history).
     (0, []) when there is nothing usable, and training starts from scratch. A checkpoint of another
     configuration, or of data rebuilt since it was written (``data_digest``), is not used. The
@@ -62,7 +70,10 @@ def restore(checkpoint_path: Path, fingerprint: str, data_fingerprint: str, serv
                 log.warning("ignoring %s: it was written for a different configuration", candidate)
                 return 0, []
             if saved.get("data_digest") != data_fingerprint:
-                log.warning("ignoring %s: the data it was trained on changed since (split file or store rebuilt); training starts afresh", candidate)
+                log.warning(
+                    "ignoring %s: the data it was trained on changed since (split file or store rebuilt); training starts afresh",
+                    candidate,
+                )
                 return 0, []
             version = saved["selection"]["version"]
             heavy = checkpoint.load(selection_file(candidate.parent, version)) if version else {}
@@ -104,7 +115,18 @@ def remove_stale_files(out_dir: Path, selection_version: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def save_state(out_dir: Path, checkpoint_path: Path, round_index: int, fingerprints: tuple[str, str], server, clients, selection: Selection, history: list[dict], previous_version: int, history_log: checkpoint.HistoryLog) -> int:
+def save_state(
+    out_dir: Path,
+    checkpoint_path: Path,
+    round_index: int,
+    fingerprints: tuple[str, str],
+    server,
+    clients,
+    selection: Selection,
+    history: list[dict],
+    previous_version: int,
+    history_log: checkpoint.HistoryLog,
+) -> int:
     """The checkpoint of this round. The selected models live in ``selection-v<version>.pt``, written
     only when the selection changed; kept are the files of this checkpoint and of its ``.prev``
     (``previous_version``). The history rows since the last checkpoint are appended to
@@ -164,7 +186,18 @@ def write_run_config(cfg: RunConfig, out_dir: Path) -> Path:
     return path
 
 
-def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Selection, test: dict[str, dict], history: list[dict], checkpoint_path: Path, ood: dict | None = None, flags: dict | None = None, class_counts: dict | None = None) -> dict:
+def write_outputs(
+    cfg: RunConfig,
+    out_dir: Path,
+    names: list[str],
+    selection: Selection,
+    test: dict[str, dict],
+    history: list[dict],
+    checkpoint_path: Path,
+    ood: dict | None = None,
+    flags: dict | None = None,
+    class_counts: dict | None = None,
+) -> dict:
     write_run_config(cfg, out_dir)  # before final.json, which marks the folder complete
     best_models = {}
     for entry in selection.best.values():
@@ -173,8 +206,16 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
     shared = {n: best_models[n] for n in names if best_models[n] is not None}
     withheld = {"withheld": [n for n in names if n not in shared]} if len(shared) < len(names) else {}
     with writing(out_dir / "model_best.pt", None):
-        checkpoint.save_plain({"clients": names, "models": compact_models(shared) if shared else None, **withheld}, out_dir / "model_best.pt")
-    predictions = {f"{n}|{k}": v.numpy() for entry in selection.best.values() for n, preds in entry["predictions"].items() for k, v in preds.items()}
+        checkpoint.save_plain(
+            {"clients": names, "models": compact_models(shared) if shared else None, **withheld},
+            out_dir / "model_best.pt",
+        )
+    predictions = {
+        f"{n}|{k}": v.numpy()
+        for entry in selection.best.values()
+        for n, preds in entry["predictions"].items()
+        for k, v in preds.items()
+    }
     with writing(out_dir / "predictions.npz", None):
         save_npz_atomic(predictions, out_dir / "predictions.npz")
     with writing(out_dir / "history.csv", None):
@@ -201,8 +242,10 @@ def write_outputs(cfg: RunConfig, out_dir: Path, names: list[str], selection: Se
         "metric_descriptions": {m: METRIC_DESCRIPTIONS[m] for m in next(iter(test.values()))},
         # {client: {"collapsed" | "no_foreground": why}}: test scores that measure no model (empty: none),
         # then each test-only cohort's, naming which of its scores (the ensemble, a client's model)
-        "flags": {**{n: flags[n] for n in names if n in (flags or {})},
-                  **{c: cohort_flag_texts(o["flags"]) for c, o in (ood or {}).items() if o.get("flags")}},
+        "flags": {
+            **{n: flags[n] for n in names if n in (flags or {})},
+            **{c: cohort_flag_texts(o["flags"]) for c, o in (ood or {}).items() if o.get("flags")},
+        },
         # {client: {"samples", "predicted", "truth"}}: pixels (segmentation) or samples per class on test
         "test_class_counts": {n: class_counts[n] for n in names if n in (class_counts or {})},
         "config": cfg.to_dict(),

@@ -33,7 +33,9 @@ class Selection:
         (``check_selection_defined`` rules out the splits that cannot define the metric)."""
         undefined = [n for n in self.clients if math.isnan(val[n][self.metric])]
         if undefined:
-            raise DataError(f"round {round_index}: validation {self.metric} is undefined (NaN) for client(s) {', '.join(undefined)}; model selection cannot compare rounds")
+            raise DataError(
+                f"round {round_index}: validation {self.metric} is undefined (NaN) for client(s) {', '.join(undefined)}; model selection cannot compare rounds"
+            )
         keys = {name: [name] for name in self.clients} if self.per_client else {"all": self.clients}
         better = {}
         for key, names in keys.items():
@@ -42,10 +44,18 @@ class Selection:
                 better[key] = names
         return better
 
-    def record(self, key: str, round_index: int, val: dict, models: dict[str, dict], predictions: dict[str, dict]) -> None:
+    def record(
+        self, key: str, round_index: int, val: dict, models: dict[str, dict], predictions: dict[str, dict]
+    ) -> None:
         names = list(models)
         score = sum(val[n][self.metric] for n in names) / len(names)
-        self.best[key] = {"round": round_index, "score": score, "val": {n: val[n] for n in names}, "models": models, "predictions": predictions}
+        self.best[key] = {
+            "round": round_index,
+            "score": score,
+            "val": {n: val[n] for n in names},
+            "models": models,
+            "predictions": predictions,
+        }
         self.version += 1
 
     def merged(self, part: str) -> dict:
@@ -56,7 +66,10 @@ class Selection:
 
     def state_dict(self) -> dict:
         """The light part (rounds, scores), stored in every checkpoint."""
-        light = {key: {k: v for k, v in entry.items() if k not in ("models", "predictions")} for key, entry in self.best.items()}
+        light = {
+            key: {k: v for k, v in entry.items() if k not in ("models", "predictions")}
+            for key, entry in self.best.items()
+        }
         return {"best": light, "version": self.version}
 
     def heavy_state(self) -> dict:

@@ -148,7 +148,13 @@ class Client(client.Client):
                 scores.append(None)
                 continue
             self.model.load_state_dict(candidate, strict=False)
-            scores.append(candidate_score(evaluate(self.model, self.data.val, self.cfg, self.device), self.params["score"], self.cfg.selection_metric))
+            scores.append(
+                candidate_score(
+                    evaluate(self.model, self.data.val, self.cfg, self.device),
+                    self.params["score"],
+                    self.cfg.selection_metric,
+                )
+            )
         self.model.load_state_dict(backup)
         return {"scores": scores}
 
@@ -182,7 +188,9 @@ class Server(server.Server):
             if not self.reputable[i]:
                 candidates.append(None)
                 continue
-            candidates.append({k: self.global_state[k].to(r["upload"][k].device) + r["upload"][k] for k in self.param_keys})
+            candidates.append(
+                {k: self.global_state[k].to(r["upload"][k].device) + r["upload"][k] for k in self.param_keys}
+            )
         return [{"candidates": candidates}] * len(replies)
 
     def aggregate(self, round_index, replies):
@@ -228,13 +236,25 @@ class Server(server.Server):
             else:
                 raise ValueError(f"cffl: download must be 'reputation' or 'full', got {p['download']!r}")
             self.downloads[i] = {k: allocated[k] - uploads[i][k] * (n[i] / n_max) for k in self.param_keys}
-        self.last_log = {i: {"reputation": self.reputation[i], "validation": acc.get(i, float("nan")), "reputable": float(self.reputable[i])} for i in range(len(replies))}
+        self.last_log = {
+            i: {
+                "reputation": self.reputation[i],
+                "validation": acc.get(i, float("nan")),
+                "reputable": float(self.reputable[i]),
+            }
+            for i in range(len(replies))
+        }
 
     def round_log(self, round_index):
         return self.last_log
 
     def state_dict(self):
-        return {**super().state_dict(), "reputation": self.reputation, "reputable": self.reputable, "downloads": self.downloads}
+        return {
+            **super().state_dict(),
+            "reputation": self.reputation,
+            "reputable": self.reputable,
+            "downloads": self.downloads,
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)

@@ -148,7 +148,10 @@ class Server(server.Server):
         q = [t / max(tanhs) for t in tanhs]
         reward = reference_reward if self.params["official_code"] else top_magnitude
         self.rewards = [{k: reward(agg[k], q_i) for k in self.param_keys} for q_i in q]
-        self.last_log = {i: {"reputation": self.reputation[i], "psi": psi[i], "reward_fraction": q[i], "gamma": gamma} for i in range(len(replies))}
+        self.last_log = {
+            i: {"reputation": self.reputation[i], "psi": psi[i], "reward_fraction": q[i], "gamma": gamma}
+            for i in range(len(replies))
+        }
 
     def round_log(self, round_index):
         return self.last_log

@@ -148,7 +148,10 @@ class Server(server.Server):
                 self.global_state[k] = total
             else:
                 self.global_state[k] = torch.stack([s[k] for s in states]).max(dim=0).values
-        self.last_log = {i: {"coefficient": self.coefficients[i], "gradient_contribution": a[i], "minus_model_score": s[i]} for i in range(len(replies))}
+        self.last_log = {
+            i: {"coefficient": self.coefficients[i], "gradient_contribution": a[i], "minus_model_score": s[i]}
+            for i in range(len(replies))
+        }
 
     def round_log(self, round_index):
         return self.last_log

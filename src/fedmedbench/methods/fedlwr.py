@@ -128,8 +128,10 @@ def check_minibatch_size(params: dict, batch_size: int, task: str) -> None:
     minibatch = params["measure"] == "cka" and (params["official_numerics"] or params["gram"] == "minibatch")
     if minibatch and batch_size < MIN_SAMPLES:
         estimator = "official_numerics: true" if params["official_numerics"] else "gram: minibatch"
-        raise ConfigError(f"tasks.{task}.batch_size: fedlwr's minibatch CKA ({estimator}) needs batches of at least "
-                          f"{MIN_SAMPLES} samples (the unbiased HSIC divides by n(n-3) and n-2), got {batch_size}")
+        raise ConfigError(
+            f"tasks.{task}.batch_size: fedlwr's minibatch CKA ({estimator}) needs batches of at least "
+            f"{MIN_SAMPLES} samples (the unbiased HSIC divides by n(n-3) and n-2), got {batch_size}"
+        )
 
 
 def unbiased_hsic(params: dict) -> bool:
@@ -165,7 +167,9 @@ class Client(client.Client):
                 yield self.load(idx.start, idx.stop)
 
     def grams(self, model):
-        return dataset_grams(model, self.load, len(self.similarity_split()), self.layers, self.cfg.batch_size, self.params["gram_block"])
+        return dataset_grams(
+            model, self.load, len(self.similarity_split()), self.layers, self.cfg.batch_size, self.params["gram_block"]
+        )
 
     def similarity(self, other, own_grams=None) -> dict[str, float]:
         """δ per layer between this client's model and ``other`` (see the module docstring)."""
@@ -177,7 +181,9 @@ class Client(client.Client):
         options = {}
         if p["measure"] == "cka":
             options = {"official": True} if p["official_numerics"] else {"unbiased": unbiased_hsic(p)}
-        similarity, skipped = layerwise_similarity(other, self.model, self.minibatches(), p["measure"], self.layers, **options)
+        similarity, skipped = layerwise_similarity(
+            other, self.model, self.minibatches(), p["measure"], self.layers, **options
+        )
         if skipped:
             log.warning("client %s: %d minibatch(es) with fewer than 4 samples left out of the CKA", self.name, skipped)
         return similarity
@@ -212,7 +218,10 @@ class Server(server.Server):
         if not pairwise_round(self.params, round_index, self.cfg.rounds):
             return [{"anchor": anchor}] * len(replies)
         names = self.cfg.clients
-        return [{"anchor": anchor, "peers": {names[j]: r["state"] for j, r in enumerate(replies) if j != k}} for k in range(len(replies))]
+        return [
+            {"anchor": anchor, "peers": {names[j]: r["state"] for j, r in enumerate(replies) if j != k}}
+            for k in range(len(replies))
+        ]
 
     def aggregate(self, round_index, replies):
         similarities = [r["answer"]["similarity"] for r in replies]
@@ -220,14 +229,21 @@ class Server(server.Server):
         rho = layerwise_cka_weights(similarities, (self.params["clip_low"], self.params["clip_high"]), eps)
         missing = [layer for layer in self.layers if layer not in rho]
         if missing:
-            log.warning("round %d: no similarity for %d layer(s) (e.g. %s): anchor weights used there", round_index, len(missing), missing[0])
+            log.warning(
+                "round %d: no similarity for %d layer(s) (e.g. %s): anchor weights used there",
+                round_index,
+                len(missing),
+                missing[0],
+            )
         states = [r["state"] for r in replies]
         if self.params["scope"] == "last_layer":
             per_client = rho.get(self.params["last_layer"], self.anchor_weights)
             new = layerwise_weighted_average(states, {}, {}, self.keys, default_weights=per_client)
             rho = {self.params["last_layer"]: per_client}
         else:
-            new = layerwise_weighted_average(states, rho, self.layer_of_key, self.keys, default_weights=self.anchor_weights)
+            new = layerwise_weighted_average(
+                states, rho, self.layer_of_key, self.keys, default_weights=self.anchor_weights
+            )
         self.global_state.update(new)
         self.last_log = {}
         for k in range(len(replies)):
@@ -235,7 +251,9 @@ class Server(server.Server):
             if self.params["log_layers"]:
                 entry.update({f"cka:{layer}": similarities[k][layer] for layer in self.layers})
                 entry.update({f"rho:{layer}": weights[k] for layer, weights in rho.items()})
-            entry["rho_mean"] = float(np.mean([weights[k] for weights in rho.values()])) if rho else self.anchor_weights[k]
+            entry["rho_mean"] = (
+                float(np.mean([weights[k] for weights in rho.values()])) if rho else self.anchor_weights[k]
+            )
             for peer, values in replies[k]["answer"].get("pairwise", {}).items():
                 entry.update({f"pair_cka:{peer}:{layer}": values[layer] for layer in self.layers})
             self.last_log[k] = entry

@@ -40,7 +40,10 @@ log = logging.getLogger("fedmedbench.methods.fednova")
 
 DEFAULTS = {"proximal_mu": 0.0, "server_momentum": 0.0}
 # Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
-PARAM_SCHEMA = {"proximal_mu": {"type": "number", "minimum": 0}, "server_momentum": {"type": "number", "minimum": 0, "exclusiveMaximum": 1}}
+PARAM_SCHEMA = {
+    "proximal_mu": {"type": "number", "minimum": 0},
+    "server_momentum": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+}
 PERSONALIZED = False
 
 

@@ -26,7 +26,10 @@ from fedmedbench.ops.distill import kl_to_teacher
 
 DEFAULTS = {"alpha": 0.5, "beta": 0.5}
 # Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
-PARAM_SCHEMA = {"alpha": {"type": "number", "minimum": 0, "maximum": 1}, "beta": {"type": "number", "minimum": 0, "maximum": 1}}
+PARAM_SCHEMA = {
+    "alpha": {"type": "number", "minimum": 0, "maximum": 1},
+    "beta": {"type": "number", "minimum": 0, "maximum": 1},
+}
 PERSONALIZED = True
 
 
@@ -57,8 +60,12 @@ class Client(client.Client):
         self.optimizer.zero_grad(set_to_none=True)
         self.private_optimizer.zero_grad(set_to_none=True)
         meme_logits, private_logits = self.model(x), self.private(x)
-        loss_private = mixed_loss(self.task_loss(private_logits, y), lambda: kl_to_teacher(private_logits, meme_logits), self.params["alpha"])
-        loss_meme = mixed_loss(self.task_loss(meme_logits, y), lambda: kl_to_teacher(meme_logits, private_logits), self.params["beta"])
+        loss_private = mixed_loss(
+            self.task_loss(private_logits, y), lambda: kl_to_teacher(private_logits, meme_logits), self.params["alpha"]
+        )
+        loss_meme = mixed_loss(
+            self.task_loss(meme_logits, y), lambda: kl_to_teacher(meme_logits, private_logits), self.params["beta"]
+        )
         loss_private.backward()
         loss_meme.backward()
         self.private_optimizer.step()
@@ -69,7 +76,11 @@ class Client(client.Client):
         return self.private
 
     def state_dict(self):
-        return {**super().state_dict(), "private": self.private.state_dict(), "private_optimizer": self.private_optimizer.state_dict()}
+        return {
+            **super().state_dict(),
+            "private": self.private.state_dict(),
+            "private_optimizer": self.private_optimizer.state_dict(),
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)

@@ -72,7 +72,11 @@ def amplitude_settings(params: dict) -> dict:
     if params["official_code"]:
         settings = {"mode": "dc", "decay": 0.0, "init": "first_batch"}
     else:
-        settings = {"mode": params["amplitude_mode"], "decay": float(params["amplitude_decay"]), "init": params["amplitude_init"]}
+        settings = {
+            "mode": params["amplitude_mode"],
+            "decay": float(params["amplitude_decay"]),
+            "init": params["amplitude_init"],
+        }
     if settings["mode"] not in MODES:
         raise ValueError(f"harmofl: amplitude_mode must be one of {MODES}, got {settings['mode']!r}")
     if settings["init"] not in INITS:
@@ -117,14 +121,22 @@ class Client(client.Client):
         mode = self.amp["mode"]
         if self.global_amplitude is not None:
             return amplitude_normalize(x, self.global_amplitude, mode)
-        self.own_amplitude = update_running_amplitude(self.own_amplitude, batch_mean_amplitude(x, mode), self.amp["decay"], self.amp["init"])
+        self.own_amplitude = update_running_amplitude(
+            self.own_amplitude, batch_mean_amplitude(x, mode), self.amp["decay"], self.amp["init"]
+        )
         return amplitude_normalize(x, self.own_amplitude, mode)
 
     def train_step(self, x, y):
         if self.amp is not None:
             x = self.harmonize(x)
         if self.params["weight_perturbation"]:
-            return perturbed_step(self.model, lambda: self.loss(x, y), self.optimizer, float(self.params["perturbation_radius"]), self.after_backward)
+            return perturbed_step(
+                self.model,
+                lambda: self.loss(x, y),
+                self.optimizer,
+                float(self.params["perturbation_radius"]),
+                self.after_backward,
+            )
         return super().train_step(x, y)
 
     def reply(self):
@@ -157,7 +169,11 @@ class Server(server.Server):
         super().__init__(*args, **kwargs)
         self.global_amplitude: torch.Tensor | None = None
         if self.params["amp_norm"]:
-            log.info("harmofl: AmpNorm %s, weight perturbation %s", amplitude_settings(self.params), self.params["weight_perturbation"])
+            log.info(
+                "harmofl: AmpNorm %s, weight perturbation %s",
+                amplitude_settings(self.params),
+                self.params["weight_perturbation"],
+            )
 
     def package(self, client_index, round_index):
         message = super().package(client_index, round_index)

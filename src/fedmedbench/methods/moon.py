@@ -44,7 +44,11 @@ from fedmedbench.ops.perturb import frozen_norm_statistics
 
 DEFAULTS = {"mu": 1.0, "temperature": 0.5, "projection_dim": 256}
 # Ranges and choices of the parameters (their types come from DEFAULTS): checked at DAG time.
-PARAM_SCHEMA = {"mu": {"type": "number", "minimum": 0}, "temperature": {"type": "number", "exclusiveMinimum": 0}, "projection_dim": {"type": "integer", "minimum": 1}}
+PARAM_SCHEMA = {
+    "mu": {"type": "number", "minimum": 0},
+    "temperature": {"type": "number", "exclusiveMinimum": 0},
+    "projection_dim": {"type": "integer", "minimum": 1},
+}
 PERSONALIZED = False
 
 HEAD_PREFIX = "moon_head."
@@ -139,7 +143,10 @@ class Client(client.Client):
     def state_dict(self):
         state = {**super().state_dict(), "head": self.head.state_dict(), "has_prev": self.has_prev}
         if self.contrastive:
-            state["frozen"] = {name: getattr(self, name).state_dict() for name in ("global_net", "global_head", "prev_net", "prev_head")}
+            state["frozen"] = {
+                name: getattr(self, name).state_dict()
+                for name in ("global_net", "global_head", "prev_net", "prev_head")
+            }
         return state
 
     def load_state_dict(self, state):

@@ -90,13 +90,20 @@ class Server(server.Server):
         states = [r["state"] for r in replies]
         weights = aggregation_weights([r["num_samples"] for r in replies], self.cfg.aggregation.weighting)
         keys = sorted(set.intersection(*(set(s) for s in states)))
-        averaged = weighted_average(states, weights, [k for k in keys if not (self.params["pfa"] and k in self.fourier)])
+        averaged = weighted_average(
+            states, weights, [k for k in keys if not (self.params["pfa"] and k in self.fourier)]
+        )
         self.global_state.update(averaged)
         self.packages = [dict(averaged) for _ in states]
         if self.params["pfa"]:
-            radius = progressive_radius(round_index, self.cfg.rounds, self.params["radius_start"], self.params["radius_end"])
+            radius = progressive_radius(
+                round_index, self.cfg.rounds, self.params["radius_start"], self.params["radius_end"]
+            )
             for key in (k for k in keys if k in self.fourier):
-                for package, tensor in zip(self.packages, fourier_aggregate([s[key] for s in states], radius, weights, self.params["fourier_mode"])):
+                for package, tensor in zip(
+                    self.packages,
+                    fourier_aggregate([s[key] for s in states], radius, weights, self.params["fourier_mode"]),
+                ):
                     package[key] = tensor
         self.stages = [r.get("stages", []) for r in replies]
 
@@ -104,7 +111,10 @@ class Server(server.Server):
         """Local epochs spent in each DET stage this round, per client."""
         if not self.params["det"]:
             return {}
-        return {i: {f"det_{name}_epochs": sum(s == stage for s in stages) for stage, name in STAGE_NAMES.items()} for i, stages in enumerate(self.stages)}
+        return {
+            i: {f"det_{name}_epochs": sum(s == stage for s in stages) for stage, name in STAGE_NAMES.items()}
+            for i, stages in enumerate(self.stages)
+        }
 
 
 class Client(client.Client):
@@ -149,7 +159,13 @@ class Client(client.Client):
         if self.stage == NO_STAGE:  # phi is not read: the first stage is always Recover
             self.stage = RECOVER
         else:
-            self.stage = det_stage(self.stage, self.phi(self.deputy), self.phi(self.model), self.params["recover_threshold"], self.params["sublimate_threshold"])
+            self.stage = det_stage(
+                self.stage,
+                self.phi(self.deputy),
+                self.phi(self.model),
+                self.params["recover_threshold"],
+                self.params["sublimate_threshold"],
+            )
         self.deputy.train()
         self.stages.append(self.stage)
 

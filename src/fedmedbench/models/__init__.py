@@ -13,7 +13,9 @@ from fedmedbench.runconfig import ModelConfig
 def build_model(cfg: ModelConfig | dict) -> nn.Module:
     cfg = ModelConfig.from_dict(cfg, "model")
     if cfg.name == "unet":
-        return UNet(in_channels=cfg.in_channels, num_classes=cfg.num_classes, init_features=cfg.init_features, bn=cfg.bn)
+        return UNet(
+            in_channels=cfg.in_channels, num_classes=cfg.num_classes, init_features=cfg.init_features, bn=cfg.bn
+        )
     if cfg.name == "densenet":
         from fedmedbench.models.densenet import DenseNet121  # noqa: PLC0415  (DenseNet pulls in torchvision, ~1.3 s after torch, which a UNet job never needs)
 

@@ -45,7 +45,12 @@ class DenseNet121(nn.Module):
         super().__init__()
         if bn not in BN_KINDS:
             raise ValueError(f"unknown batch-norm kind {bn!r}; expected one of {BN_KINDS}")
-        base = torchvision.models.DenseNet(growth_rate=growth_rate, block_config=tuple(block_config), num_init_features=num_init_features, num_classes=num_classes)
+        base = torchvision.models.DenseNet(
+            growth_rate=growth_rate,
+            block_config=tuple(block_config),
+            num_init_features=num_init_features,
+            num_classes=num_classes,
+        )
         layers = OrderedDict()
         for name, layer in base.features.named_children():
             if name == "conv0" and in_channels != 3:

@@ -28,11 +28,15 @@ class UNet(nn.Module):
     def __init__(self, in_channels: int = 3, num_classes: int = 2, init_features: int = 32, bn: str = "standard"):
         super().__init__()
         f = init_features
-        self.encoders = nn.ModuleList([_block(in_channels, f, bn), _block(f, 2 * f, bn), _block(2 * f, 4 * f, bn), _block(4 * f, 8 * f, bn)])
+        self.encoders = nn.ModuleList(
+            [_block(in_channels, f, bn), _block(f, 2 * f, bn), _block(2 * f, 4 * f, bn), _block(4 * f, 8 * f, bn)]
+        )
         self.pool = nn.MaxPool2d(kernel_size=2, stride=2)
         self.bottleneck = _block(8 * f, 16 * f, bn)
         widths = [16 * f, 8 * f, 4 * f, 2 * f, f]
-        self.upconvs = nn.ModuleList(nn.ConvTranspose2d(widths[i], widths[i + 1], kernel_size=2, stride=2) for i in range(4))
+        self.upconvs = nn.ModuleList(
+            nn.ConvTranspose2d(widths[i], widths[i + 1], kernel_size=2, stride=2) for i in range(4)
+        )
         self.decoders = nn.ModuleList(_block(2 * widths[i + 1], widths[i + 1], bn) for i in range(4))
         self.head = nn.Conv2d(f, num_classes, kernel_size=1)
         self.feature_dim = 16 * f

@@ -207,7 +207,15 @@ class MinibatchCKA(_PairedHooks):
 
     min_samples = MIN_SAMPLES
 
-    def __init__(self, model_a: nn.Module, model_b: nn.Module, layers: Sequence[str] | None = None, unbiased: bool = True, official: bool = False, gram_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        model_a: nn.Module,
+        model_b: nn.Module,
+        layers: Sequence[str] | None = None,
+        unbiased: bool = True,
+        official: bool = False,
+        gram_dtype: torch.dtype = torch.float32,
+    ):
         super().__init__(model_a, model_b, layers)
         self.unbiased, self.official, self.gram_dtype = unbiased, official, gram_dtype
         dtype = torch.float32 if official else torch.float64
@@ -295,7 +303,14 @@ class MinibatchCosine(_PairedHooks):
 MEASURES = {"cka": MinibatchCKA, "cosine": MinibatchCosine}
 
 
-def layerwise_similarity(model_a: nn.Module, model_b: nn.Module, batches, measure: str = "cka", layers: Sequence[str] | None = None, **options) -> tuple[dict[str, float], int]:
+def layerwise_similarity(
+    model_a: nn.Module,
+    model_b: nn.Module,
+    batches,
+    measure: str = "cka",
+    layers: Sequence[str] | None = None,
+    **options,
+) -> tuple[dict[str, float], int]:
     """One pass of ``batches`` (tensors on the models' device) through both models in eval mode:
     ({layer: similarity}, skipped minibatches). The models' train/eval modes are restored."""
     if measure not in MEASURES:
@@ -319,7 +334,15 @@ def layerwise_similarity(model_a: nn.Module, model_b: nn.Module, batches, measur
 
 
 @torch.no_grad()
-def dataset_grams(model: nn.Module, load, n: int, layers: Sequence[str], batch_size: int, block: int = 32, gram_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def dataset_grams(
+    model: nn.Module,
+    load,
+    n: int,
+    layers: Sequence[str],
+    batch_size: int,
+    block: int = 32,
+    gram_dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
     """Per layer, the centred Gram K' = H K H (K = U Uᵀ, U the n x p flattened outputs of the layer
     over the **whole** data set, H = I - 11ᵀ/n), as an n x n float64 matrix on the model's device.
 
@@ -400,13 +423,27 @@ def cka_from_grams(K: torch.Tensor, L: torch.Tensor, unbiased: bool = False) -> 
 
 
 __all__ = [
-    "linear_cka", "hsic_unbiased", "hsic_biased", "gram", "MinibatchCKA", "MinibatchCosine",
-    "layerwise_similarity", "cka_batches", "hooked_layers", "matched_layers", "HOOKED_TYPES", "MIN_SAMPLES",
-    "dataset_grams", "cka_from_grams", "layerwise_cka_weights",
+    "linear_cka",
+    "hsic_unbiased",
+    "hsic_biased",
+    "gram",
+    "MinibatchCKA",
+    "MinibatchCosine",
+    "layerwise_similarity",
+    "cka_batches",
+    "hooked_layers",
+    "matched_layers",
+    "HOOKED_TYPES",
+    "MIN_SAMPLES",
+    "dataset_grams",
+    "cka_from_grams",
+    "layerwise_cka_weights",
 ]
 
 
-def layerwise_cka_weights(similarities: Sequence[dict[str, float]], clip: tuple[float, float] = (1e-4, 0.99), eps: float = 0.0) -> dict[str, list[float]]:
+def layerwise_cka_weights(
+    similarities: Sequence[dict[str, float]], clip: tuple[float, float] = (1e-4, 0.99), eps: float = 0.0
+) -> dict[str, list[float]]:
     """Fed-LWR Eq. 5: per layer m, ρ_k^m = (1 - c_k^m) / (Σ_i (1 - c_i^m) + eps), c = clip(δ, *clip).
 
     ``similarities[k]`` maps layer -> δ_k^m for client k. Lower similarity to the anchor gives a

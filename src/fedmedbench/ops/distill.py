@@ -25,7 +25,13 @@ def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor) ->
     return pointwise.mean()
 
 
-def det_stage(previous: int, phi_deputy: float | None, phi_personal: float | None, recover_threshold: float = 0.7, sublimate_threshold: float = 0.9) -> int:
+def det_stage(
+    previous: int,
+    phi_deputy: float | None,
+    phi_personal: float | None,
+    recover_threshold: float = 0.7,
+    sublimate_threshold: float = 0.9,
+) -> int:
     """The DET stage of the next local epoch (PRR-FL Sec. 2.3; the official ``DET`` rules).
 
     ``previous``: the stage of the last epoch (``NO_STAGE`` = none yet, e.g. after a reset).

@@ -65,7 +65,9 @@ def batch_mean_amplitude(images: torch.Tensor, mode: str = "full") -> torch.Tens
     return _full_from_half(torch.fft.rfft2(x).abs().mean(dim=0), x.shape[-1])
 
 
-def update_running_amplitude(running: torch.Tensor | None, batch_amplitude: torch.Tensor, decay: float = 0.1, init: str = "zero") -> torch.Tensor:
+def update_running_amplitude(
+    running: torch.Tensor | None, batch_amplitude: torch.Tensor, decay: float = 0.1, init: str = "zero"
+) -> torch.Tensor:
     """Eq. 3: ``A_k = (1 - v) A_{k-1} + v * batch_amplitude`` with decay ``v``; returns a new tensor.
 
     ``running=None`` means no batch has been seen yet. ``init="zero"`` is the paper's wording
@@ -174,7 +176,9 @@ def low_frequency_mask(size: int, radius: float, mode: str, device=None) -> torc
     return offset.abs() <= size * radius / 2 + 1e-9
 
 
-def fourier_aggregate(tensors: list[torch.Tensor], radius: float, weights: list[float] | None = None, mode: str = "paper") -> list[torch.Tensor]:
+def fourier_aggregate(
+    tensors: list[torch.Tensor], radius: float, weights: list[float] | None = None, mode: str = "paper"
+) -> list[torch.Tensor]:
     """PFA of one weight across clients: one result per client, each of the input's shape and dtype.
 
     Per client the weight's 2-D layout (:func:`weight_as_matrix`) is transformed with a 2-D FFT into
@@ -212,7 +216,10 @@ def fourier_aggregate(tensors: list[torch.Tensor], radius: float, weights: list[
     w = torch.tensor([x / total for x in weights], dtype=torch.float64, device=mats.device).view(-1, 1, 1)
     mean_amplitude = (amplitude * w).sum(dim=0)
     height, width = mats.shape[-2:]
-    box = low_frequency_mask(height, radius, mode, mats.device)[:, None] & low_frequency_mask(width, radius, mode, mats.device)[None, :]
+    box = (
+        low_frequency_mask(height, radius, mode, mats.device)[:, None]
+        & low_frequency_mask(width, radius, mode, mats.device)[None, :]
+    )
     mixed = torch.where(box, mean_amplitude, amplitude)
     out = torch.fft.ifft2(torch.fft.ifftshift(mixed, dim=(-2, -1)) * torch.exp(1j * phase)).real
     return [matrix_as_weight(m, shape).to(dtype) for m in out]

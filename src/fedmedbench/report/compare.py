@@ -25,8 +25,15 @@ from .tables import AGGREGATE_LABELS, AVG, NO_RESULT, STD, atomic_write_text, fo
 
 PAPER_COLUMNS = ["paper", "table", "task", "method", "method_id", "client", "metric", "mean", "std"]
 COMPARISON_COLUMNS = [
-    "run", "method_id", "client", "ours_mean", "ours_std", "n_seeds",
-    "paper_mean", "paper_std", "diff",
+    "run",
+    "method_id",
+    "client",
+    "ours_mean",
+    "ours_std",
+    "n_seeds",
+    "paper_mean",
+    "paper_std",
+    "diff",
 ]
 DEFAULT_PAPER_SOURCE = (
     "`resources/paper_tables/` — the papers' result tables transcribed by hand into CSV "
@@ -91,10 +98,7 @@ def load_paper_table(csv_path: Path | str) -> pd.DataFrame:
 
 
 def _our_cells(sub: pd.DataFrame, want_std_row: bool) -> dict[str, tuple[float, float, int]]:
-    cells = {
-        str(r.client_label): (float(r.mean), float(r.std), int(r.n_seeds))
-        for r in sub.itertuples(index=False)
-    }
+    cells = {str(r.client_label): (float(r.mean), float(r.std), int(r.n_seeds)) for r in sub.itertuples(index=False)}
     if want_std_row and STD not in cells:
         # Fed-LWR's fairness Std: population std (ddof=0) across clients of the seed means
         means = [m for label, (m, _s, _n) in cells.items() if label not in AGGREGATE_LABELS]
@@ -160,16 +164,22 @@ def compare(
                 )
         labels = list(ours) + [c for c in theirs if c not in ours]
         # aggregates last, Avg before Std, as in the papers
-        labels = [c for c in labels if c not in AGGREGATE_LABELS] + [
-            c for c in (AVG, STD) if c in labels
-        ]
+        labels = [c for c in labels if c not in AGGREGATE_LABELS] + [c for c in (AVG, STD) if c in labels]
         for label in labels:
             o_mean, o_std, n = ours.get(label, (math.nan, math.nan, 0))
             p_mean, p_std = theirs.get(label, (math.nan, math.nan))
             rows.append(
-                dict(run=run, method_id=method_id, client=label, ours_mean=o_mean,
-                     ours_std=o_std, n_seeds=n, paper_mean=p_mean, paper_std=p_std,
-                     diff=o_mean - p_mean)
+                dict(
+                    run=run,
+                    method_id=method_id,
+                    client=label,
+                    ours_mean=o_mean,
+                    ours_std=o_std,
+                    n_seeds=n,
+                    paper_mean=p_mean,
+                    paper_std=p_std,
+                    diff=o_mean - p_mean,
+                )
             )
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
@@ -219,16 +229,29 @@ def _diff_cell(diff: float, decimals: int) -> str:
     return "–" if pd.isna(diff) else f"{diff:+.{decimals}f}"
 
 
-def _comparison_flags(comp: pd.DataFrame, flags: Mapping, names: Mapping[str, str], decimals: int) -> tuple[list[str], list[str]]:
+def _comparison_flags(
+    comp: pd.DataFrame, flags: Mapping, names: Mapping[str, str], decimals: int
+) -> tuple[list[str], list[str]]:
     """The marks of each row's ``ours`` cell and the lines under the table: footnotes of the flagged
     cells, then a note on runs whose every site cell of ours is the same (see ``report.flags``)."""
-    sites = {run: [c for c in group.loc[group["ours_mean"].notna(), "client"] if c not in AGGREGATE_LABELS] for run, group in comp.groupby("run", sort=False)}
-    marks = ["".join(MARKS[k] for k in cell_kinds(flags, r.run, str(r.client), sites[r.run], AGGREGATE_LABELS)) for r in comp.itertuples(index=False)]
+    sites = {
+        run: [c for c in group.loc[group["ours_mean"].notna(), "client"] if c not in AGGREGATE_LABELS]
+        for run, group in comp.groupby("run", sort=False)
+    }
+    marks = [
+        "".join(MARKS[k] for k in cell_kinds(flags, r.run, str(r.client), sites[r.run], AGGREGATE_LABELS))
+        for r in comp.itertuples(index=False)
+    ]
     runs = list(dict.fromkeys(comp["run"]))
     columns = list(dict.fromkeys(str(c) for c in comp["client"]))
-    lines = [f"{MARKS[kind]} {_md(text)}" if kind else _md(text) for kind, text in footnotes(flags, runs, columns, AGGREGATE_LABELS)]
+    lines = [
+        f"{MARKS[kind]} {_md(text)}" if kind else _md(text)
+        for kind, text in footnotes(flags, runs, columns, AGGREGATE_LABELS)
+    ]
     site_columns = [c for c in columns if c not in AGGREGATE_LABELS]
-    ours = {(r.run, str(r.client)): format_cell(r.ours_mean, r.ours_std, decimals) for r in comp.itertuples(index=False)}
+    ours = {
+        (r.run, str(r.client)): format_cell(r.ours_mean, r.ours_std, decimals) for r in comp.itertuples(index=False)
+    }
     cells = [[ours.get((run, c), NO_RESULT) for c in site_columns] for run in runs]
     for group in tied_rows(cells, range(len(site_columns)), NO_RESULT):
         lines.append(f"Note: {_md(tie_note([names[runs[i]] for i in group]))}")
@@ -256,7 +279,11 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
 
     if "table" in section:
         layout = section["table"]
-        lines += (markdown_table(layout) + [""]) if layout.rows and len(layout.cells) else ["No results in this section.", ""]
+        lines += (
+            (markdown_table(layout) + [""])
+            if layout.rows and len(layout.cells)
+            else ["No results in this section.", ""]
+        )
     if comp is None:
         pass
     elif comp.empty:
@@ -270,16 +297,15 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
         for k, r in enumerate(comp.itertuples(index=False)):
             name = names[r.run]
             is_std = r.client == STD
-            ours = format_cell(r.ours_mean, r.ours_std, decimals, with_std=not is_std) + (f" {marks[k]}" if marks[k] else "")
+            ours = format_cell(r.ours_mean, r.ours_std, decimals, with_std=not is_std) + (
+                f" {marks[k]}" if marks[k] else ""
+            )
             paper = (
-                NO_RESULT if pd.isna(r.paper_mean)
-                else format_cell(r.paper_mean, r.paper_std, decimals,
-                                 with_std=not pd.isna(r.paper_std))
+                NO_RESULT
+                if pd.isna(r.paper_mean)
+                else format_cell(r.paper_mean, r.paper_std, decimals, with_std=not pd.isna(r.paper_std))
             )
-            lines.append(
-                f"| {_md(name)} | {_md(r.client)} | {ours} | {paper} | "
-                f"{_diff_cell(r.diff, decimals)} |"
-            )
+            lines.append(f"| {_md(name)} | {_md(r.client)} | {ours} | {paper} | {_diff_cell(r.diff, decimals)} |")
         lines.append("")
         has_paper = comp["paper_mean"].notna()
         both = has_paper & comp["ours_mean"].notna()
@@ -304,7 +330,10 @@ def _section_lines(section: Mapping, out_md: Path, decimals: int) -> list[str]:
         lines += [f"![{_md(section['title'])}]({link})", ""]
         # Its numbers, one row per plotted point, bar or band (written beside every figure).
         data = Path(section["figure"]).with_suffix(".csv")
-        lines += [f"Source data of the figure: [{_md(data.name)}]({_figure_link(data, out_md)}) (one row per plotted point, bar or band).", ""]
+        lines += [
+            f"Source data of the figure: [{_md(data.name)}]({_figure_link(data, out_md)}) (one row per plotted point, bar or band).",
+            "",
+        ]
     return lines
 
 

@@ -27,7 +27,9 @@ def identical_test_scores(finals_a: Iterable[Mapping], finals_b: Iterable[Mappin
     by_seed_b = {f.get("seed"): f for f in finals_b}
     if not by_seed_a or set(by_seed_a) != set(by_seed_b):
         return False
-    return all(by_seed_a[s].get("test") is not None and by_seed_a[s].get("test") == by_seed_b[s].get("test") for s in by_seed_a)
+    return all(
+        by_seed_a[s].get("test") is not None and by_seed_a[s].get("test") == by_seed_b[s].get("test") for s in by_seed_a
+    )
 
 
 def local_steps_per_round(final: Mapping) -> dict[str, int] | None:
@@ -49,7 +51,9 @@ def local_steps_per_round(final: Mapping) -> dict[str, int] | None:
         smallest = min(sizes.values())
         sizes = dict.fromkeys(sizes, smallest)
     batch = int(cfg["batch_size"])
-    per_epoch = {c: (n // batch if cfg.get("drop_last") and n >= batch else math.ceil(n / batch)) for c, n in sizes.items()}
+    per_epoch = {
+        c: (n // batch if cfg.get("drop_last") and n >= batch else math.ceil(n / batch)) for c, n in sizes.items()
+    }
     return {c: int(cfg["local_epochs"]) * k for c, k in per_epoch.items()}
 
 

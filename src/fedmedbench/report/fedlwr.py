@@ -50,7 +50,9 @@ def layer_cka_table(history: pd.DataFrame) -> pd.DataFrame:
     """Rows (round, client, layer index, layer, cka) from Fed-LWR's history; layers in model order."""
     rows = history[(history["split"] == "server") & history["metric"].astype(str).str.startswith(CKA_PREFIX)].copy()
     if rows.empty:
-        raise ValueError("history has no 'cka:<layer>' rows (split 'server'): is it a Fed-LWR run with log_layers: true?")
+        raise ValueError(
+            "history has no 'cka:<layer>' rows (split 'server'): is it a Fed-LWR run with log_layers: true?"
+        )
     rows["layer"] = rows["metric"].str[len(CKA_PREFIX) :]
     order = {name: i for i, name in enumerate(dict.fromkeys(rows["layer"]))}
     rows["layer_index"] = rows["layer"].map(order)
@@ -75,7 +77,14 @@ def layer_groups(names: list[str]) -> list[tuple[str, int, int]]:
 CKA_RANGE = (0.0, 1.0)  # linear CKA of the paper's (biased) estimator lies in [0, 1]
 
 
-def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds: list[int] | None = None, labels: dict | None = None, synthetic: bool = False) -> list[Path]:
+def layer_cka_figure(
+    history: pd.DataFrame,
+    out_prefix: Path,
+    title: str,
+    rounds: list[int] | None = None,
+    labels: dict | None = None,
+    synthetic: bool = False,
+) -> list[Path]:
     """Fig. 1(b): per layer, the CKA between **pairs of local models** (the paper's quantity), one
     panel per shown round (default: the first and last rounds that have it).
 
@@ -100,7 +109,9 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
     rounds = [r for r in (rounds or [available[0], available[-1]]) if r in available] or [available[-1]]
     rounds = list(dict.fromkeys(rounds))
     labels = labels or {}
-    fig, axes = plt.subplots(1, len(rounds), figsize=(6.5 * len(rounds), 3.6), squeeze=False, sharey=True, layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(rounds), figsize=(6.5 * len(rounds), 3.6), squeeze=False, sharey=True, layout="constrained"
+    )
     source = SourceData(CKA_RANGE)
     clipped_any = False
     if not pairs.empty:
@@ -118,14 +129,24 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
                 style = method_style(i)
                 ax.plot(rows["layer_index"], rows["cka"], ms=3, lw=1.2, label=labels.get(client, client), **style)
                 for li, v in zip(rows["layer_index"], rows["cka"]):
-                    source.add(labels.get(client, client), layer_names[int(li)], v, n=1, n_of="client", style=style_key(style), panel=panel)
+                    source.add(
+                        labels.get(client, client),
+                        layer_names[int(li)],
+                        v,
+                        n=1,
+                        n_of="client",
+                        style=style_key(style),
+                        panel=panel,
+                    )
         else:
             per_pair = pairs[pairs["round"] == rnd].groupby(["pair", "layer_index"])["value"].mean()
             stats = per_pair.groupby("layer_index").agg(["mean", "min", "max"]).sort_index()
             count = per_pair.index.get_level_values("pair").nunique()
             low, high = np.clip(stats["min"], *CKA_RANGE), np.clip(stats["max"], *CKA_RANGE)
             clipped_any |= bool((low != stats["min"]).any() or (high != stats["max"]).any())
-            ax.fill_between(stats.index, low, high, color=PALETTE[0], alpha=0.2, lw=0, label=f"range over {count} pairs")
+            ax.fill_between(
+                stats.index, low, high, color=PALETTE[0], alpha=0.2, lw=0, label=f"range over {count} pairs"
+            )
             mean_style = {"color": PALETTE[0], "marker": "o", "linestyle": "-"}
             ax.plot(stats.index, stats["mean"], ms=3, lw=1.4, label="mean over pairs of local models", **mean_style)
             counts = per_pair.groupby("layer_index").size()
@@ -135,10 +156,20 @@ def layer_cka_figure(history: pd.DataFrame, out_prefix: Path, title: str, rounds
             anchor = table[table["round"] == rnd].groupby("layer_index")["cka"].mean().sort_index()
             if not anchor.empty:
                 anchor_style = {"color": "0.3", "marker": "s", "linestyle": "--"}
-                ax.plot(anchor.index, anchor.values, ms=2.5, lw=1.0, label="mean CKA(local, FedAvg anchor)", **anchor_style)
+                ax.plot(
+                    anchor.index, anchor.values, ms=2.5, lw=1.0, label="mean CKA(local, FedAvg anchor)", **anchor_style
+                )
                 n_clients = table[table["round"] == rnd].groupby("layer_index")["cka"].count()
                 for li, v in anchor.items():
-                    source.add("mean CKA(local, FedAvg anchor)", layer_names[int(li)], v, n=int(n_clients[li]), n_of="clients", style=style_key(anchor_style), panel=panel)
+                    source.add(
+                        "mean CKA(local, FedAvg anchor)",
+                        layer_names[int(li)],
+                        v,
+                        n=int(n_clients[li]),
+                        n_of="clients",
+                        style=style_key(anchor_style),
+                        panel=panel,
+                    )
         ax.set_title(panel)
         ax.set_xlabel("layer block (Conv / ConvT / BN, forward order; a tick per layer)")
         # One tick per layer; one label per block of layers, at its centre, in legible type.
@@ -166,40 +197,77 @@ def avg_std_curves(histories: list[pd.DataFrame], metric: str, split: str = "tes
             raise ValueError(f"history has no {split!r} rows for metric {metric!r}")
         wide = sel.pivot_table(index="round", columns="client", values="value", aggfunc="mean") * 100.0
         # A client missing at a round (NaN) is left out of that round, as before.
-        std = [float(site_std_per_seed(row.dropna().to_numpy()[None])[0]) if row.notna().any() else np.nan for _, row in wide.iterrows()]
+        std = [
+            float(site_std_per_seed(row.dropna().to_numpy()[None])[0]) if row.notna().any() else np.nan
+            for _, row in wide.iterrows()
+        ]
         per_seed.append(pd.DataFrame({"avg": wide.mean(axis=1), "std": std}, index=wide.index))
     stacked = pd.concat(per_seed, keys=range(len(per_seed)))
     return stacked.groupby(level=1).mean().sort_index()
 
 
-def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_prefix: Path, title: str, labels: dict | None = None, synthetic: bool = False) -> list[Path]:
+def fairness_curves(
+    histories: dict[str, list[pd.DataFrame]],
+    metric: str,
+    out_prefix: Path,
+    title: str,
+    labels: dict | None = None,
+    synthetic: bool = False,
+) -> list[Path]:
     """Fed-LWR Fig. 2: (a) Avg and (b) Std across sites per round, one line per run (mean over seeds;
     no band: the figure shows a spread itself)."""
     labels = labels or {}
     # Avg: a score in %; Std (ddof = 0) of values in [0, 100]: at most 50 pp.
-    source, avg_range, std_range = SourceData(), score_range(metric), (0.0, 50.0) if score_range(metric)[1] == 100.0 else (0.0, None)
+    source, avg_range, std_range = (
+        SourceData(),
+        score_range(metric),
+        (0.0, 50.0) if score_range(metric)[1] == 100.0 else (0.0, None),
+    )
     fig, (ax_avg, ax_std) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
     curves = {run: avg_std_curves(runs, metric) for run, runs in histories.items() if runs}
-    styles = series_styles({run: (c.index.to_numpy(), c["avg"].to_numpy(), c["std"].to_numpy()) for run, c in curves.items()}, labels)
+    styles = series_styles(
+        {run: (c.index.to_numpy(), c["avg"].to_numpy(), c["std"].to_numpy()) for run, c in curves.items()}, labels
+    )
     for i, (run, curve) in enumerate(curves.items()):
         style, label = styles[run]
         every = mark_every(len(curve), i)
         ax_avg.plot(curve.index, curve["avg"], lw=1.5, label=label, markevery=every, **style)
         ax_std.plot(curve.index, curve["std"], lw=1.5, label=label, markevery=every, **style)
         for rnd in curve.index:
-            for panel, column, y_range in (("(a) Avg across sites", "avg", avg_range), ("(b) Std across sites (ddof = 0)", "std", std_range)):
-                source.add(label, int(rnd), curve.loc[rnd, column], n=len(histories[run]), n_of="seeds", style=style_key(style), panel=panel, y_range=y_range)
+            for panel, column, y_range in (
+                ("(a) Avg across sites", "avg", avg_range),
+                ("(b) Std across sites (ddof = 0)", "std", std_range),
+            ):
+                source.add(
+                    label,
+                    int(rnd),
+                    curve.loc[rnd, column],
+                    n=len(histories[run]),
+                    n_of="seeds",
+                    style=style_key(style),
+                    panel=panel,
+                    y_range=y_range,
+                )
     ax_avg.set_title("(a) Avg across sites")
     ax_std.set_title("(b) Std across sites (ddof = 0), as the tables' Std")
     words = metric_label(metric)
-    for ax, name, floor in ((ax_avg, f"test {words} (%)", avg_range[0]), (ax_std, f"std of test {words}\nacross sites (pp)", std_range[0])):
+    for ax, name, floor in (
+        (ax_avg, f"test {words} (%)", avg_range[0]),
+        (ax_std, f"std of test {words}\nacross sites (pp)", std_range[0]),
+    ):
         ax.set_xlabel("communication round")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
         y_from_floor(ax, floor)
     counts = {len(histories[run]) for run in curves}
     n = counts.pop() if len(counts) == 1 else None
-    place_legend(ax_std, len(curves), fontsize=8, title=None if n is None else f"mean of {n} seeds" if n > 1 else "1 seed", title_fontsize=8)
+    place_legend(
+        ax_std,
+        len(curves),
+        fontsize=8,
+        title=None if n is None else f"mean of {n} seeds" if n > 1 else "1 seed",
+        title_fontsize=8,
+    )
     set_title(fig, title, fontsize=10)
     return finish(fig, out_prefix, source, synthetic, save=save_figure)
 
@@ -207,7 +275,16 @@ def fairness_curves(histories: dict[str, list[pd.DataFrame]], metric: str, out_p
 NO_TRAINING = "does not train here"
 
 
-def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, metric: str, labels: dict | None = None, flags: Flags | None = None, synthetic: bool = False) -> list[Path]:
+def fairness_bars(
+    summary: pd.DataFrame,
+    runs: list[str],
+    out_prefix: Path,
+    title: str,
+    metric: str,
+    labels: dict | None = None,
+    flags: Flags | None = None,
+    synthetic: bool = False,
+) -> list[Path]:
     """``summary``: :func:`fedmedbench.report.tables.seed_summary` with ``std_row=True``. ``flags``
     (``report.flags.collect_flags`` of the same finals): a bar whose score comes from a flagged
     model carries the table's mark (``†`` collapsed) above it, and a run collapsed on every site is
@@ -221,7 +298,9 @@ def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, titl
     clients = [c for c in dict.fromkeys(summary["client_label"]) if c not in (AVG, STD)]
     width = 0.8 / len(runs)
     # At least ~0.1 inch per bar, so that a bar shows its hatch.
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(clients) + 2, 0.1 * len(runs) * len(clients) / 0.8 + 3), 4), layout="constrained")
+    fig, ax = plt.subplots(
+        figsize=(max(7, 1.6 * len(clients) + 2, 0.1 * len(runs) * len(clients) / 0.8 + 3), 4), layout="constrained"
+    )
     subs = {run: summary[summary["run"] == run].set_index("client_label") for run in runs}
     bounds = score_range(metric)
     source = SourceData(bounds)
@@ -243,7 +322,17 @@ def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, titl
         label = f"{name}: Avg {sub.loc[AVG, 'mean']:.1f}, Std {sub.loc[STD, 'mean']:.2f}"
         style = bar_style(i)
         color = style["color"]
-        ax.bar(x, values, width, color=color, hatch=style["hatch"], hatchcolor=contrast_colour(color), hatch_linewidth=0.6, edgecolor="none", label=label)
+        ax.bar(
+            x,
+            values,
+            width,
+            color=color,
+            hatch=style["hatch"],
+            hatchcolor=contrast_colour(color),
+            hatch_linewidth=0.6,
+            edgecolor="none",
+            label=label,
+        )
         # the table's per-site parenthesis (std over seeds); no bar for one seed
         std = sub.loc[clients, "std"].to_numpy(dtype=float)
         seeds = sub.loc[clients, "n_seeds"].to_numpy()
@@ -253,9 +342,32 @@ def fairness_bars(summary: pd.DataFrame, runs: list[str], out_prefix: Path, titl
         clipped_any |= bool(clipped and shown.any())
         for k, client in enumerate(clients):
             if marks[k]:  # the table's flag mark, above the bar
-                ax.annotate(marks[k], (x[k], values[k]), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7, color="0.1")
-            why = "; ".join(text for kind, text in flags.get((run, client), ()) if kind == "collapsed")  # the CSV says it too
-            source.add(name, client, values[k], kind="bar", low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan, error=error, n=int(seeds[k]), n_of="seeds", style=style_key(style), collapsed=why)
+                ax.annotate(
+                    marks[k],
+                    (x[k], values[k]),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="0.1",
+                )
+            why = "; ".join(
+                text for kind, text in flags.get((run, client), ()) if kind == "collapsed"
+            )  # the CSV says it too
+            source.add(
+                name,
+                client,
+                values[k],
+                kind="bar",
+                low=low[k] if shown[k] else np.nan,
+                high=high[k] if shown[k] else np.nan,
+                error=error,
+                n=int(seeds[k]),
+                n_of="seeds",
+                style=style_key(style),
+                collapsed=why,
+            )
     ax.set_xticks(range(len(clients)))
     ax.set_xticklabels(clients)
     ax.set_ylabel(f"test {metric_label(metric)} (%)")
@@ -280,7 +392,9 @@ def select_on_test(final: dict, history: pd.DataFrame, metric: str) -> dict:
     scores = wide[metric].unstack("client")
     rounds = sorted(set(history["round"]))
     if len(scores) < len(rounds):
-        raise ValueError(f"run {final.get('run')!r}: test was evaluated on {len(scores)} of {len(rounds)} rounds; set curve_every: 1 for select_on: test")
+        raise ValueError(
+            f"run {final.get('run')!r}: test was evaluated on {len(scores)} of {len(rounds)} rounds; set curve_every: 1 for select_on: test"
+        )
     test = {}
     if final["selection"]["per_client"]:
         best = {}
@@ -292,4 +406,8 @@ def select_on_test(final: dict, history: pd.DataFrame, metric: str) -> dict:
         for client in final["clients"]:
             test[client] = wide.loc[(best, client)].to_dict()
     # best_round: the round(s) selected here, which a convergence figure marks
-    return {**final, "test": test, "selection": {**final["selection"], "split": "test (official Fed-LWR)", "best_round": best}}
+    return {
+        **final,
+        "test": test,
+        "selection": {**final["selection"], "split": "test (official Fed-LWR)", "best_round": best},
+    }

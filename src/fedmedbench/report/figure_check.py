@@ -77,7 +77,9 @@ def check_source(name: str, data: pd.DataFrame, title: str) -> list[str]:
         lo, hi = pd.to_numeric(data["y_min"], errors="coerce"), pd.to_numeric(data["y_max"], errors="coerce")
         outside = values.notna() & ((lo.notna() & (values < lo - TOLERANCE)) | (hi.notna() & (values > hi + TOLERANCE)))
         for i in outside[outside].index[:3]:
-            problems.append(f"{name}: {data.at[i, 'series']} at x={data.at[i, 'x']}: {column} {values[i]:g} outside {lo[i]:g}-{hi[i]:g}")
+            problems.append(
+                f"{name}: {data.at[i, 'series']} at x={data.at[i, 'x']}: {column} {values[i]:g} outside {lo[i]:g}-{hi[i]:g}"
+            )
     y, low, high = (pd.to_numeric(data[c], errors="coerce") for c in ("y", "low", "high"))
     inverted = (low.notna() & (low > y + TOLERANCE)) | (high.notna() & (high < y - TOLERANCE))
     if inverted.any():
@@ -109,7 +111,9 @@ def _check_selected(name: str, data: pd.DataFrame) -> list[str]:
             x = float(marks["x"].iloc[0])
             on = rows[pd.to_numeric(rows["x"]) == x]
             if len(on) and abs(float(on["y"].iloc[0]) - float(marks["y"].iloc[0])) > TOLERANCE:
-                problems.append(f"{name}: {series}: the table's Avg {float(marks['y'].iloc[0]):.4f} at round {x:g} is off the curve ({float(on['y'].iloc[0]):.4f})")
+                problems.append(
+                    f"{name}: {series}: the table's Avg {float(marks['y'].iloc[0]):.4f} at round {x:g} is off the curve ({float(on['y'].iloc[0]):.4f})"
+                )
     return problems
 
 
@@ -135,7 +139,9 @@ def check_figures(folder: Path | str) -> list[str]:
     for paper, panels in errors_by_paper_figure.items():
         definitions = set().union(*panels.values())
         if len(definitions) > 1:
-            problems.append(f"{paper}: its panels {sorted(panels)} use {len(definitions)} error definitions: {sorted(definitions)}")
+            problems.append(
+                f"{paper}: its panels {sorted(panels)} use {len(definitions)} error definitions: {sorted(definitions)}"
+            )
     return problems
 
 

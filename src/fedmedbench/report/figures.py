@@ -158,7 +158,9 @@ def clip_band(y, err, bounds=(None, None)):
     clipped_low = np.clip(low, lo, hi) if lo is not None or hi is not None else low
     clipped_high = np.clip(high, lo, hi) if lo is not None or hi is not None else high
     with np.errstate(invalid="ignore"):
-        clipped = bool(np.any((clipped_low != low) & np.isfinite(low)) or np.any((clipped_high != high) & np.isfinite(high)))
+        clipped = bool(
+            np.any((clipped_low != low) & np.isfinite(low)) or np.any((clipped_high != high) & np.isfinite(high))
+        )
     return clipped_low, clipped_high, clipped
 
 
@@ -256,7 +258,23 @@ def set_title(fig, title: str, fontsize=None, **kwargs):
 # Source data and the synthetic mark
 # ------------------------------------------------------------------------------------------------
 
-SOURCE_COLUMNS = ("panel", "series", "kind", "x", "y", "low", "high", "error", "n", "n_of", "style", "y_min", "y_max", "collapsed", "synthetic")
+SOURCE_COLUMNS = (
+    "panel",
+    "series",
+    "kind",
+    "x",
+    "y",
+    "low",
+    "high",
+    "error",
+    "n",
+    "n_of",
+    "style",
+    "y_min",
+    "y_max",
+    "collapsed",
+    "synthetic",
+)
 
 
 class SourceData:
@@ -275,7 +293,23 @@ class SourceData:
         self.rows: list[dict] = []
         self.y_range = y_range
 
-    def add(self, series, x, y, *, kind="point", low=np.nan, high=np.nan, error="", n=np.nan, n_of="", style="", panel="", y_range=None, collapsed=""):
+    def add(
+        self,
+        series,
+        x,
+        y,
+        *,
+        kind="point",
+        low=np.nan,
+        high=np.nan,
+        error="",
+        n=np.nan,
+        n_of="",
+        style="",
+        panel="",
+        y_range=None,
+        collapsed="",
+    ):
         lo, hi = self.y_range if y_range is None else y_range
         self.rows.append(dict(panel=panel, series=str(series), kind=kind, x=x, y=_num(y), low=_num(low), high=_num(high), error=error if np.isfinite(_num(low)) or np.isfinite(_num(high)) else "",
                               n=n, n_of=n_of, style=style, y_min=np.nan if lo is None else lo, y_max=np.nan if hi is None else hi, collapsed=collapsed))  # fmt: skip
@@ -342,9 +376,7 @@ def client_mean_curve(history: pd.DataFrame, metric: str, split: str = "test") -
     sel = history[(history["split"] == split) & (history["metric"] == metric)]
     if sel.empty:
         pairs = sorted(set(zip(history["split"], history["metric"])))
-        raise ValueError(
-            f"history has no rows for split={split!r}, metric={metric!r} (has {pairs})"
-        )
+        raise ValueError(f"history has no rows for split={split!r}, metric={metric!r} (has {pairs})")
     values = pd.to_numeric(sel["value"], errors="coerce")
     return values.groupby(sel["round"].astype(int)).mean().sort_index()
 
@@ -352,9 +384,7 @@ def client_mean_curve(history: pd.DataFrame, metric: str, split: str = "test") -
 def seed_band(histories: list[pd.DataFrame], metric: str, split: str = "test") -> pd.DataFrame:
     """Per round: ``mean`` and ``std`` (ddof=1; NaN for one seed) over seeds of the client-mean
     curve, and ``n_seeds`` (the seeds that reached that round). Fractions, not percent."""
-    curves = pd.concat(
-        [client_mean_curve(h, metric, split) for h in histories], axis=1, join="outer"
-    )
+    curves = pd.concat([client_mean_curve(h, metric, split) for h in histories], axis=1, join="outer")
     return pd.DataFrame(
         {
             "mean": curves.mean(axis=1),
@@ -431,7 +461,14 @@ def convergence(
         style, label = styles[run]
         label += f" {MARKS['collapsed']}" if collapsed[run] else ""
         y, s = y * scale, s * scale
-        ax.plot(x, y, linewidth=1.6, label=label if seeds_note(n_seeds) else label + f" ({n_seeds[run]} seed{'s' if n_seeds[run] != 1 else ''})", markevery=mark_every(len(x), i), **style)
+        ax.plot(
+            x,
+            y,
+            linewidth=1.6,
+            label=label if seeds_note(n_seeds) else label + f" ({n_seeds[run]} seed{'s' if n_seeds[run] != 1 else ''})",
+            markevery=mark_every(len(x), i),
+            **style,
+        )
         low, high, clipped = clip_band(y, s, bounds)
         band = n_seeds[run] > 1 and np.isfinite(s).any()
         if band:
@@ -441,7 +478,18 @@ def convergence(
         for k in range(len(x)):
             shown = band and np.isfinite(s[k])
             # kind "curve": a model's score per round, whose selected round the figure marks
-            source.add(label, int(x[k]), y[k], kind="curve", low=low[k] if shown else np.nan, high=high[k] if shown else np.nan, error=spread, n=int(counts[k]), n_of="seeds", style=style_key(style))
+            source.add(
+                label,
+                int(x[k]),
+                y[k],
+                kind="curve",
+                low=low[k] if shown else np.nan,
+                high=high[k] if shown else np.nan,
+                error=spread,
+                n=int(counts[k]),
+                n_of="seeds",
+                style=style_key(style),
+            )
         if finals.get(run):
             _mark_selected(ax, source, finals[run], metric, split, x, y, style, label, texts[run])
     if any(finals.get(run) for run in curves):
@@ -459,12 +507,25 @@ def convergence(
     ax.grid(True, alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)
     y_from_floor(ax, bounds[0])
-    place_legend(ax, len(bands) + (1 if any(finals.get(run) for run in curves) else 0), title=note, title_fontsize="small")
+    place_legend(
+        ax, len(bands) + (1 if any(finals.get(run) for run in curves) else 0), title=note, title_fontsize="small"
+    )
 
     return finish(fig, out_prefix, source, synthetic)
 
 
-def _mark_selected(ax, source: SourceData, finals: list[dict], metric: str, split: str, x, y, style: dict, label: str, collapsed: str = "") -> None:
+def _mark_selected(
+    ax,
+    source: SourceData,
+    finals: list[dict],
+    metric: str,
+    split: str,
+    x,
+    y,
+    style: dict,
+    label: str,
+    collapsed: str = "",
+) -> None:
     """The table's Avg of a run (its finals' selected models) at the round(s) selected: a star on
     the curve when there is one round, else ticks on the curve at each selected round and a dashed
     segment at the table's Avg across them."""
@@ -474,15 +535,64 @@ def _mark_selected(ax, source: SourceData, finals: list[dict], metric: str, spli
     distinct = sorted(set(rounds))
     colour = style["color"]
     if len(distinct) == 1:
-        ax.plot([distinct[0]], [avg], marker="*", markersize=11, color=colour, markeredgecolor="black", markeredgewidth=0.6, linestyle="none", zorder=6, label="_selected")
+        ax.plot(
+            [distinct[0]],
+            [avg],
+            marker="*",
+            markersize=11,
+            color=colour,
+            markeredgecolor="black",
+            markeredgewidth=0.6,
+            linestyle="none",
+            zorder=6,
+            label="_selected",
+        )
     else:
         on_curve = [float(y[list(x).index(r)]) if r in list(x) else np.nan for r in distinct]
-        ax.plot(distinct, on_curve, marker="|", markersize=10, markeredgewidth=1.6, color=colour, linestyle="none", zorder=6, label="_selected rounds")
-        ax.plot([distinct[0], distinct[-1]], [avg, avg], color=colour, linestyle=(0, (2, 1)), linewidth=1.2, zorder=6, label="_table Avg")
-        ax.plot([distinct[-1]], [avg], marker="*", markersize=11, color=colour, markeredgecolor="black", markeredgewidth=0.6, linestyle="none", zorder=6, label="_selected")
+        ax.plot(
+            distinct,
+            on_curve,
+            marker="|",
+            markersize=10,
+            markeredgewidth=1.6,
+            color=colour,
+            linestyle="none",
+            zorder=6,
+            label="_selected rounds",
+        )
+        ax.plot(
+            [distinct[0], distinct[-1]],
+            [avg, avg],
+            color=colour,
+            linestyle=(0, (2, 1)),
+            linewidth=1.2,
+            zorder=6,
+            label="_table Avg",
+        )
+        ax.plot(
+            [distinct[-1]],
+            [avg],
+            marker="*",
+            markersize=11,
+            color=colour,
+            markeredgecolor="black",
+            markeredgewidth=0.6,
+            linestyle="none",
+            zorder=6,
+            label="_selected",
+        )
     per = "client and seed" if any(isinstance(f["selection"]["best_round"], dict) for f in finals) else "seed"
     for r in distinct:
-        source.add(label, r, avg, kind="selected", n=rounds.count(r), n_of=f"selections (one per {per}) at this round; y: the table's Avg", style=style_key(style), collapsed=collapsed)
+        source.add(
+            label,
+            r,
+            avg,
+            kind="selected",
+            n=rounds.count(r),
+            n_of=f"selections (one per {per}) at this round; y: the table's Avg",
+            style=style_key(style),
+            collapsed=collapsed,
+        )
 
 
 def save_figure(fig, out_prefix: Path | str) -> list[Path]:
@@ -495,8 +605,19 @@ def save_figure(fig, out_prefix: Path | str) -> list[Path]:
     title = " ".join(fig._suptitle.get_text().split()) if fig._suptitle is not None else ""
     try:
         return [
-            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".png"), dpi=PNG_DPI, metadata={"Title": title}, **SAVE_KWARGS),
-            _atomic_savefig(fig, out_prefix.with_name(out_prefix.name + ".pdf"), metadata={"Title": title, "CreationDate": None}, **SAVE_KWARGS),
+            _atomic_savefig(
+                fig,
+                out_prefix.with_name(out_prefix.name + ".png"),
+                dpi=PNG_DPI,
+                metadata={"Title": title},
+                **SAVE_KWARGS,
+            ),
+            _atomic_savefig(
+                fig,
+                out_prefix.with_name(out_prefix.name + ".pdf"),
+                metadata={"Title": title, "CreationDate": None},
+                **SAVE_KWARGS,
+            ),
         ]
     finally:
         plt.close(fig)

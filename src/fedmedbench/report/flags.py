@@ -63,7 +63,9 @@ def cell_kinds(flags: Flags, run: str, column: str, sites: Sequence[str], aggreg
     return [kind for kind in KINDS if kind in found]
 
 
-def footnotes(flags: Flags, runs: Sequence[str], columns: Sequence[str], aggregates: Sequence[str]) -> list[tuple[str, str]]:
+def footnotes(
+    flags: Flags, runs: Sequence[str], columns: Sequence[str], aggregates: Sequence[str]
+) -> list[tuple[str, str]]:
     """(kind, text) of every footnote of a table over ``runs`` x ``columns``, each once, in table
     order; ("", AGGREGATE_NOTE) last when an aggregate column carries a mark."""
     out: list[tuple[str, str]] = []
@@ -117,7 +119,10 @@ def score_warnings(final: Mapping) -> list[str]:
     """One ``WARNING`` line per flagged score of a run, naming run, site and seed: what the
     summary line of ``train`` and ``federation local`` prints its mark for."""
     where = f"run {final.get('run') or final.get('method')} (task {final.get('task')})"
-    return [f"WARNING: {where}, site {site}, seed {final.get('seed')}: {kind.replace('_', ' ')}: {why} ({MEANING[kind]})" for kind, site, why in run_flags(final)]
+    return [
+        f"WARNING: {where}, site {site}, seed {final.get('seed')}: {kind.replace('_', ' ')}: {why} ({MEANING[kind]})"
+        for kind, site, why in run_flags(final)
+    ]
 
 
 def summary_mark(final: Mapping, sites: Iterable[str] | None = None) -> str:
@@ -151,16 +156,22 @@ def collapsed_texts(finals: Iterable[Mapping], names: Mapping[str, str] | None =
     """The footnote texts (:func:`collect_flags`) of the collapsed test clients of ``finals`` (one
     run's seeds): what a figure built from their selected models says on its face and in its CSV."""
     # The test clients' flags only: a test-only cohort's score is no point of a convergence curve.
-    own = [{**f, "flags": {c: v for c, v in (f.get("flags") or {}).items() if c in (f.get("clients") or [])}} for f in finals]
+    own = [
+        {**f, "flags": {c: v for c, v in (f.get("flags") or {}).items() if c in (f.get("clients") or [])}}
+        for f in finals
+    ]
     return [text for entries in collect_flags(own, names).values() for kind, text in entries if kind == "collapsed"]
 
 
 def collapsed_sites(finals: Iterable[Mapping]) -> list[str]:
-    """"<site> seed <k>" of each collapsed test client of ``finals`` (one run's seeds), in order:
+    """ "<site> seed <k>" of each collapsed test client of ``finals`` (one run's seeds), in order:
     what a figure's face lists beside the mark."""
     out = []
     for final in finals:
-        own = {**final, "flags": {c: v for c, v in (final.get("flags") or {}).items() if c in (final.get("clients") or [])}}
+        own = {
+            **final,
+            "flags": {c: v for c, v in (final.get("flags") or {}).items() if c in (final.get("clients") or [])},
+        }
         out += [f"{site} seed {final.get('seed')}" for kind, site, _ in run_flags(own) if kind == "collapsed"]
     return list(dict.fromkeys(out))
 
@@ -173,4 +184,3 @@ def collapsed_note(collapsed: Mapping[str, Sequence[str]]) -> str | None:
         return None
     listed = "; ".join(f"{name}: {', '.join(sites)}" for name, sites in marked.items())
     return f"{MARKS['collapsed']} selected model collapsed (one class on a whole test split): {listed}"
-

@@ -23,7 +23,9 @@ def client_images(store: Path, split_csv: Path, client: str, count: int) -> torc
     return torch.from_numpy(images).permute(0, 3, 1, 2).double()
 
 
-def normalized_examples(store: Path, split_csv: Path, clients: list[str], mode: str = "full", max_images: int = 32) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def normalized_examples(
+    store: Path, split_csv: Path, clients: list[str], mode: str = "full", max_images: int = 32
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(client, first train image, that image amplitude-normalized to the federation average)."""
     batches = {c: client_images(store, split_csv, c, max_images) for c in clients}
     target = torch.stack([batch_mean_amplitude(b, mode) for b in batches.values()]).mean(0)
@@ -41,12 +43,20 @@ def shown_image(image: np.ndarray, centre_slice: bool) -> np.ndarray:
     return image[..., image.shape[-1] // 2] if centre_slice and image.ndim == 3 else image
 
 
-def ampnorm_figure(panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]], out_prefix: Path, title: str, centre_slice: set[str] | frozenset = frozenset(), synthetic: bool = False) -> list[Path]:
+def ampnorm_figure(
+    panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]],
+    out_prefix: Path,
+    title: str,
+    centre_slice: set[str] | frozenset = frozenset(),
+    synthetic: bool = False,
+) -> list[Path]:
     """Rows: per task, 'original' then 'AmpNorm'; columns: clients. Tasks in ``centre_slice`` show
     the middle slice in grey. The source CSV has one row per image panel: its mean intensity
     (0-255) and the range of its pixels."""
     n_cols = max(len(v) for v in panels.values())
-    fig, axes = plt.subplots(2 * len(panels), n_cols, figsize=(1.7 * n_cols, 3.6 * len(panels)), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        2 * len(panels), n_cols, figsize=(1.7 * n_cols, 3.6 * len(panels)), layout="constrained", squeeze=False
+    )
     source = SourceData((0.0, 255.0))
     for t, (task, examples) in enumerate(panels.items()):
         grey = task in centre_slice
@@ -67,7 +77,14 @@ def ampnorm_figure(panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]], 
                 if r == 0:
                     ax.set_title(client, fontsize="small")
                 row = "original" if r == 0 else "AmpNorm"
-                source.add(f"{task} {row}", client, float(image.mean()), kind="panel", n=int(image.size), n_of="pixel values (mean intensity, 0-255)")
+                source.add(
+                    f"{task} {row}",
+                    client,
+                    float(image.mean()),
+                    kind="panel",
+                    n=int(image.size),
+                    n_of="pixel values (mean intensity, 0-255)",
+                )
             shown = "\n(middle slice, grey)" if grey else ""
             axes[2 * t, 0].set_ylabel(f"{task}\noriginal{shown}", fontsize="small")
             axes[2 * t + 1, 0].set_ylabel(f"{task}\nAmpNorm{shown}", fontsize="small")

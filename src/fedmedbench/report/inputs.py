@@ -33,7 +33,9 @@ def read_final(path: Path | str) -> dict:
         text = path.read_text()
         final = json.loads(text)
     except json.JSONDecodeError as err:
-        what = "empty file" if not text.strip() else f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        what = (
+            "empty file" if not text.strip() else f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        )
         raise DataError(f"{path}: {what}; damaged or cut short? {RERUN}") from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not a text file ({err.reason} at byte {err.start}); {RERUN}") from None
@@ -41,7 +43,9 @@ def read_final(path: Path | str) -> dict:
         raise DataError(f"{path}: expected a JSON object, found a JSON {type(final).__name__}")
     missing = [key for key in FINAL_KEYS if key not in final]
     if missing:
-        raise DataError(f"{path}: lacks {', '.join(map(repr, missing))}; not a final.json written by fedmedbench train?")
+        raise DataError(
+            f"{path}: lacks {', '.join(map(repr, missing))}; not a final.json written by fedmedbench train?"
+        )
     if not isinstance(final["clients"], list) or not final["clients"]:
         raise DataError(f"{path}: clients is {final['clients']!r}; expected the list of the run's clients")
     rounds = final["selection"].get("rounds") if isinstance(final["selection"], dict) else None
@@ -125,7 +129,9 @@ def read_history(path: Path | str, final: dict) -> pd.DataFrame:
             lacking = [r for r in wanted if r not in held.get((split, str(client)), ())]
             if lacking:
                 schedule = f", {split} rows every {every} and on the last" if split == "test" else ""
-                raise DataError(f"{path}: no {split!r} rows of client {client!r} at round(s) {_rounds_text(lacking)} (final.json: {rounds} rounds{schedule}); {RERUN}")
+                raise DataError(
+                    f"{path}: no {split!r} rows of client {client!r} at round(s) {_rounds_text(lacking)} (final.json: {rounds} rounds{schedule}); {RERUN}"
+                )
     return history
 
 
@@ -142,7 +148,9 @@ def histories_by_run(paths: Iterable[Path | str], runs: Iterable[str]) -> dict[s
     for path in paths:
         final, history = read_run_history(path)
         if final["run"] not in histories:
-            raise DataError(f"{Path(path).with_name('final.json')}: run {final['run']!r} is not one of the experiment's runs {list(histories)}")
+            raise DataError(
+                f"{Path(path).with_name('final.json')}: run {final['run']!r} is not one of the experiment's runs {list(histories)}"
+            )
         histories[final["run"]].append(history)
     return histories
 
@@ -156,7 +164,9 @@ def is_synthetic(task_specs: dict, finals: Iterable[dict] = ()) -> bool:
     """Whether a figure or table is drawn from synthetic data: a task of the experiment reads a
     dataset's synthetic twin (``synthetic`` in its task spec, added by the workflow) or a run says
     so in its final.json."""
-    return any(bool((spec or {}).get("synthetic")) for spec in task_specs.values()) or any(bool(f.get("synthetic")) for f in finals)
+    return any(bool((spec or {}).get("synthetic")) for spec in task_specs.values()) or any(
+        bool(f.get("synthetic")) for f in finals
+    )
 
 
 def count_test_items(finals: Iterable[dict], client: str) -> int | None:

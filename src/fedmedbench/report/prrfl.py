@@ -44,7 +44,9 @@ OOD_SCORINGS = {"mean": "", "ensemble": " (ensemble)"}
 OOD_METRICS = {"f1_macro": "F1", "auc_macro": "AUC"}
 
 
-def ood_summary(finals: list[dict], cohort: str, metrics: dict[str, str] = OOD_METRICS, scorings: dict[str, str] = OOD_SCORINGS) -> pd.DataFrame:
+def ood_summary(
+    finals: list[dict], cohort: str, metrics: dict[str, str] = OOD_METRICS, scorings: dict[str, str] = OOD_SCORINGS
+) -> pd.DataFrame:
     """A table summary in ``tables.seed_summary``'s layout, one "client" column per (scoring, metric):
     ``F1``, ``AUC`` (mean of the models), ``F1 (ensemble)``, ``AUC (ensemble)``."""
     values: dict[tuple[str, str], list[float]] = {}
@@ -53,7 +55,9 @@ def ood_summary(finals: list[dict], cohort: str, metrics: dict[str, str] = OOD_M
         run = final.get("run") or final.get("method")
         ood = (final.get("ood") or {}).get(cohort)
         if ood is None:
-            raise ReportInputError(f"run {run!r}, seed {final.get('seed')!r}: final.json has no OOD scores for cohort {cohort!r} (run config ood_clients)")
+            raise ReportInputError(
+                f"run {run!r}, seed {final.get('seed')!r}: final.json has no OOD scores for cohort {cohort!r} (run config ood_clients)"
+            )
         methods[run] = final.get("method", run)
         for scoring, suffix in scorings.items():
             for metric, name in metrics.items():
@@ -61,11 +65,28 @@ def ood_summary(finals: list[dict], cohort: str, metrics: dict[str, str] = OOD_M
     rows = []
     for (run, label), vals in values.items():
         std = float(np.std(vals, ddof=1)) if len(vals) > 1 else math.nan
-        rows.append(dict(run=run, method=methods[run], client=label, client_label=label, mean=float(np.mean(vals)), std=std, n_seeds=len(vals)))
+        rows.append(
+            dict(
+                run=run,
+                method=methods[run],
+                client=label,
+                client_label=label,
+                mean=float(np.mean(vals)),
+                std=std,
+                n_seeds=len(vals),
+            )
+        )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-def ood_flags(finals: list[dict], cohort: str, names: dict | None = None, prefix: str = "", metrics: dict[str, str] = OOD_METRICS, scorings: dict[str, str] = OOD_SCORINGS) -> Flags:
+def ood_flags(
+    finals: list[dict],
+    cohort: str,
+    names: dict | None = None,
+    prefix: str = "",
+    metrics: dict[str, str] = OOD_METRICS,
+    scorings: dict[str, str] = OOD_SCORINGS,
+) -> Flags:
     """The flags of the cohort's cells (``report.flags.Flags``, keyed by (run, ``prefix`` + column)):
     an ``(ensemble)`` column carries the ensemble's flags, a mean-of-the-models column those of every
     client's model it averages (``ood.<cohort>.flags``, ``fl.evaluation.score_cohort``)."""
@@ -78,7 +99,9 @@ def ood_flags(finals: list[dict], cohort: str, names: dict | None = None, prefix
         found = {"ensemble": {k: f"the ensemble {why}" for k, why in (flags.get("ensemble") or {}).items()}, "mean": {}}
         for client, kinds in (flags.get("per_model") or {}).items():
             for kind, why in kinds.items():
-                found["mean"][kind] = "; ".join(filter(None, [found["mean"].get(kind), f"client {client}'s model {why}"]))
+                found["mean"][kind] = "; ".join(
+                    filter(None, [found["mean"].get(kind), f"client {client}'s model {why}"])
+                )
         for scoring, suffix in scorings.items():
             for kind in KINDS:
                 if kind not in found.get(scoring, {}):
@@ -106,7 +129,15 @@ def ood_comparison_summary(summary: pd.DataFrame, label: str, cohort_label: str 
 PERCENT_RANGE = (0.0, 100.0)
 
 
-def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: str, labels: dict | None = None, synthetic: bool = False, flags: Flags | None = None) -> list[Path]:
+def ood_figure(
+    summary: pd.DataFrame,
+    runs: list[str],
+    out_prefix: Path,
+    title: str,
+    labels: dict | None = None,
+    synthetic: bool = False,
+    flags: Flags | None = None,
+) -> list[Path]:
     """Bars per method: OOD F1 and AUC, mean of the clients' models (solid) and ensemble (hatched);
     error bars (std over seeds) clipped to 0-100 %. ``flags`` (:func:`ood_flags`): a bar whose score
     is a collapsed model's carries the table's mark above it, and its row of the CSV says which."""
@@ -120,12 +151,24 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
     x = np.arange(len(runs))
     for j, column in enumerate(columns):
         cells = summary[summary["client_label"] == column].set_index("run")
-        cell = lambda key, cells=cells: np.array([cells.loc[r, key] if r in cells.index else np.nan for r in runs], dtype=float)  # noqa: E731
+        cell = lambda key, cells=cells: np.array(
+            [cells.loc[r, key] if r in cells.index else np.nan for r in runs], dtype=float
+        )  # noqa: E731
         means = cell("mean")
         xj = x + (j - (len(columns) - 1) / 2) * width
         color = PALETTE[j % 2]  # F1 and AUC: the palette's first two colours; the ensemble hatched and lighter
         ensemble = "ensemble" in column
-        ax.bar(xj, means, width, label=column, color=color, alpha=0.55 if ensemble else 1.0, hatch="//" if ensemble else None, hatchcolor=contrast_colour(color), edgecolor="none")
+        ax.bar(
+            xj,
+            means,
+            width,
+            label=column,
+            color=color,
+            alpha=0.55 if ensemble else 1.0,
+            hatch="//" if ensemble else None,
+            hatchcolor=contrast_colour(color),
+            edgecolor="none",
+        )
         # the table's parenthesis (std over seeds); no bar for one seed
         std, seeds = cell("std"), cell("n_seeds")
         draw_error_bars(ax, xj, means, std, "0.1", n_seeds=seeds, capsize=2, bounds=PERCENT_RANGE)
@@ -136,7 +179,16 @@ def ood_figure(summary: pd.DataFrame, runs: list[str], out_prefix: Path, title: 
         for k, run in enumerate(runs):
             marks = "".join(MARKS[kind] for kind in KINDS if any(kind == f for f, _ in flags.get((run, column), ())))
             if marks and np.isfinite(means[k]):  # the table's flag mark, above the bar
-                ax.annotate(marks, (xj[k], means[k]), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7, color="0.1")
+                ax.annotate(
+                    marks,
+                    (xj[k], means[k]),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="0.1",
+                )
             why = "; ".join(text for kind, text in flags.get((run, column), ()) if kind == "collapsed")
             source.add(column, labels.get(run, run), means[k], kind="bar", low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan,
                        error="std over seeds", n=seeds[k], n_of="seeds", style=key, collapsed=why)  # fmt: skip
@@ -167,7 +219,16 @@ def local_epoch_curve(history: pd.DataFrame, client: str, metric: str) -> pd.Ser
     return pd.Series(pd.to_numeric(sel["value"]).to_numpy(), index=x.to_numpy())
 
 
-def retrogress_figure(histories: dict[str, list[pd.DataFrame]], client: str, metric: str, out_prefix: Path, title: str, labels: dict | None = None, n_test: int | None = None, synthetic: bool = False) -> list[Path]:
+def retrogress_figure(
+    histories: dict[str, list[pd.DataFrame]],
+    client: str,
+    metric: str,
+    out_prefix: Path,
+    title: str,
+    labels: dict | None = None,
+    n_test: int | None = None,
+    synthetic: bool = False,
+) -> list[Path]:
     """PRR-FL Fig. 1: per run the mean over seeds of ``local_epoch_curve`` (percent); dotted lines
     mark the communications. ``n_test``: the client's test images, which the legend states with
     the size of one image's step (3 images: steps of 33 %)."""
@@ -186,9 +247,23 @@ def retrogress_figure(histories: dict[str, list[pd.DataFrame]], client: str, met
     styles = series_styles(curves, labels)
     for i, (run, (x, y)) in enumerate(curves.items()):
         style, label = styles[run]
-        ax.plot(x, y, linewidth=1.2, label=label, markevery=mark_every(len(x), i), **{**style, "markersize": style["markersize"] - 1})
+        ax.plot(
+            x,
+            y,
+            linewidth=1.2,
+            label=label,
+            markevery=mark_every(len(x), i),
+            **{**style, "markersize": style["markersize"] - 1},
+        )
         for xk, yk in zip(x, y):
-            source.add(label, int(xk), yk, n=n_test if n_test else np.nan, n_of="test images of client " + str(client), style=style_key(style))
+            source.add(
+                label,
+                int(xk),
+                yk,
+                n=n_test if n_test else np.nan,
+                n_of="test images of client " + str(client),
+                style=style_key(style),
+            )
     if period:
         for comm in range(period, int(ax.get_xlim()[1]) + 1, period):
             ax.axvline(comm, color="0.8", linestyle=":", linewidth=0.8, zorder=0)

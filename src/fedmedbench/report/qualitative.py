@@ -39,17 +39,23 @@ def overlay(image: np.ndarray, mask: np.ndarray, centre_slice: bool = False) -> 
     return out
 
 
-def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_prefix: Path, title: str, synthetic: bool = False) -> list[Path]:
+def qualitative_figure(
+    rows: list[dict], columns: list[tuple[str, str]], out_prefix: Path, title: str, synthetic: bool = False
+) -> list[Path]:
     """``rows``: dicts with ``label`` (e.g. "prostate / HK"), ``image``, ``truth`` and ``preds`` (run -> mask).
     ``columns``: (run, display name) for the prediction columns. Under each prediction its
     foreground Dice against the ground truth; a key below says what the red tint is."""
     n_cols = 2 + len(columns)
-    fig, axes = plt.subplots(len(rows), n_cols, figsize=(1.6 * n_cols, 1.85 * len(rows)), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows), n_cols, figsize=(1.6 * n_cols, 1.85 * len(rows)), layout="constrained", squeeze=False
+    )
     headers = ["Image", "Ground truth"] + [name for _, name in columns]
     source = SourceData((0.0, 100.0))
     for r, row in enumerate(rows):
         show = lambda mask, row=row: overlay(row["image"], mask, row.get("centre_slice", False))  # noqa: E731
-        panels = [show(np.zeros(row["truth"].shape)), show(row["truth"])] + [show(row["preds"][run]) for run, _ in columns]
+        panels = [show(np.zeros(row["truth"].shape)), show(row["truth"])] + [
+            show(row["preds"][run]) for run, _ in columns
+        ]
         for c, panel in enumerate(panels):
             ax = axes[r, c]
             ax.imshow(panel, interpolation="nearest")
@@ -60,19 +66,30 @@ def qualitative_figure(rows: list[dict], columns: list[tuple[str, str]], out_pre
             if c >= 2:  # a prediction: its score on this image
                 dice = foreground_dice(row["preds"][columns[c - 2][0]], row["truth"])
                 # named as the tables name it (report.metric_names): the tables' "Dice" includes background
-                ax.set_xlabel("no foreground" if np.isnan(dice) else f"{metric_label('dice_fg')} {dice:.1f} %", fontsize="x-small")
-                source.add(headers[c], row["label"], dice, kind="panel", n=1, n_of="image (foreground Dice vs ground truth)")
+                ax.set_xlabel(
+                    "no foreground" if np.isnan(dice) else f"{metric_label('dice_fg')} {dice:.1f} %", fontsize="x-small"
+                )
+                source.add(
+                    headers[c], row["label"], dice, kind="panel", n=1, n_of="image (foreground Dice vs ground truth)"
+                )
             else:
                 source.add(headers[c], row["label"], np.nan, kind="panel", n=1, n_of="image")
         axes[r, 0].set_ylabel(row["label"], fontsize="small")
     grey = any(row.get("centre_slice") for row in rows)
     key = OVERLAY_KEY + ("; MRI: the middle of its 3 adjacent slices, in grey" if grey else "")
-    fig.legend(handles=[Patch(facecolor=FG_COLOUR, alpha=0.45, edgecolor="none", label=key)], loc="outside lower center", frameon=False, fontsize="small")
+    fig.legend(
+        handles=[Patch(facecolor=FG_COLOUR, alpha=0.45, edgecolor="none", label=key)],
+        loc="outside lower center",
+        frameon=False,
+        fontsize="small",
+    )
     set_title(fig, title)
     return finish(fig, out_prefix, source, synthetic)
 
 
-def load_rows(prediction_files: dict[str, Path], task: str, clients: list[str], per_client: int = 1, centre_slice: bool = False) -> list[dict]:
+def load_rows(
+    prediction_files: dict[str, Path], task: str, clients: list[str], per_client: int = 1, centre_slice: bool = False
+) -> list[dict]:
     """Rows of the figure from each run's ``predictions.npz`` (same test items for every run). A
     client missing from a run's file (a federated site that kept its predictions to itself:
     ``share-predictions=false``) has no row: it is left out with a warning, not guessed."""
@@ -80,9 +97,15 @@ def load_rows(prediction_files: dict[str, Path], task: str, clients: list[str], 
     first = next(iter(arrays.values()))
     rows = []
     for client in clients:
-        withheld = [run for run, a in arrays.items() if f"{client}|pred" not in a.files or f"{client}|image" not in a.files]
+        withheld = [
+            run for run, a in arrays.items() if f"{client}|pred" not in a.files or f"{client}|image" not in a.files
+        ]
         if withheld:
-            logging.getLogger("fedmedbench.report").warning("qualitative figure: %s has no predictions of site %s (withheld by the site); its row is left out", ", ".join(withheld), client)
+            logging.getLogger("fedmedbench.report").warning(
+                "qualitative figure: %s has no predictions of site %s (withheld by the site); its row is left out",
+                ", ".join(withheld),
+                client,
+            )
             continue
         for i in range(min(per_client, len(first[f"{client}|image"]))):
             rows.append(

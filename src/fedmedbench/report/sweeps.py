@@ -41,7 +41,9 @@ def sweep_y_label(metric: str, points: dict[str, list[tuple]]) -> str:
     return f"test {metric_label(metric)} (%),\nmean over clients" + (f" and {n} seeds" if n > 1 else " (1 seed)")
 
 
-def sweep_points(finals: list[dict], series: dict[str, dict], metric: str, error: str, split: str = "test") -> dict[str, list[tuple]]:
+def sweep_points(
+    finals: list[dict], series: dict[str, dict], metric: str, error: str, split: str = "test"
+) -> dict[str, list[tuple]]:
     """Per series, (x, mean, error, n_seeds) points, in percent. The mean is the run's table Avg (over
     clients of the seed means). The error: ``clients_std`` = the table's Avg parenthesis (sample std
     across clients of the seed means); ``clients_sem`` = that over sqrt(clients) (HarmoFL's Fig. 5c);
@@ -90,7 +92,18 @@ def _avg(summary) -> float:
     return float(summary.loc[summary["client_label"] == AVG, "mean"].iloc[0])
 
 
-def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x_label: str, y_label: str, log_x: bool = False, error: str | None = None, synthetic: bool = False, bounds=PERCENT_RANGE, collapsed: dict | None = None) -> list[Path]:
+def sweep_figure(
+    points: dict[str, list[tuple]],
+    out_prefix: Path,
+    title: str,
+    x_label: str,
+    y_label: str,
+    log_x: bool = False,
+    error: str | None = None,
+    synthetic: bool = False,
+    bounds=PERCENT_RANGE,
+    collapsed: dict | None = None,
+) -> list[Path]:
     """One line per series; error bars where the error is defined (``seeds`` with one seed: none),
     their ends clipped to ``bounds``. ``error`` (a key of ``SWEEP_ERRORS``) names the bars in the
     legend's title, with "clipped" when an end was. ``collapsed`` (:func:`sweep_flags`): a point that
@@ -116,7 +129,16 @@ def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x
         for k in range(len(x)):
             why = collapsed.get(name, {}).get(float(x[k]), "")
             if why:  # the tables' mark, above the point
-                ax.annotate(MARKS["collapsed"], (x[k], y[k]), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8, color="0.1")
+                ax.annotate(
+                    MARKS["collapsed"],
+                    (x[k], y[k]),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                    color="0.1",
+                )
             source.add(label, x[k], y[k], low=low[k] if shown[k] else np.nan, high=high[k] if shown[k] else np.nan, error=words,
                        n=int(n_seeds[k]) if n_seeds is not None else np.nan, n_of="seeds", style=style_key(style), collapsed=why)  # fmt: skip
     if log_x:
@@ -134,6 +156,8 @@ def sweep_figure(points: dict[str, list[tuple]], out_prefix: Path, title: str, x
     else:
         note = "no error bars: one seed" if error == "seeds" else None
     if any(collapsed.values()):
-        note = "\n".join(filter(None, [note, f"{MARKS['collapsed']}: averages a collapsed model (one class on a whole test split)"]))
+        note = "\n".join(
+            filter(None, [note, f"{MARKS['collapsed']}: averages a collapsed model (one class on a whole test split)"])
+        )
     place_legend(ax, len(points), title=note, title_fontsize="small")
     return finish(fig, out_prefix, source, synthetic)

@@ -65,22 +65,16 @@ def _metric_value(final: dict, split: str, client: str, metric: str, where: str)
         raise ReportInputError(f"{where}: final.json has no {split!r} section")
     per_client = per_split.get(client)
     if not isinstance(per_client, dict):
-        raise ReportInputError(
-            f"{where}: no {split!r} results for client {client!r} "
-            f"(has {sorted(per_split)})"
-        )
+        raise ReportInputError(f"{where}: no {split!r} results for client {client!r} (has {sorted(per_split)})")
     if metric not in per_client:
         raise ReportInputError(
-            f"{where}: metric {metric!r} missing for client {client!r} in {split!r} "
-            f"(available: {sorted(per_client)})"
+            f"{where}: metric {metric!r} missing for client {client!r} in {split!r} (available: {sorted(per_client)})"
         )
     value = per_client[metric]
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ReportInputError(
-            f"{where}: metric {metric!r} of client {client!r} is not a number: {value!r}"
-        ) from None
+        raise ReportInputError(f"{where}: metric {metric!r} of client {client!r} is not a number: {value!r}") from None
 
 
 # The spreads the tables print, one function each. The figures call these same functions
@@ -129,7 +123,8 @@ def selection_rule(final: dict) -> str | None:
     # global model's one round are the tables' one rule (runconfig.selection_scope).
     scope = config.get("selection_scope", "auto")
     who = {"per_client": "each client at its own best round", "pooled": "one round for all clients (their mean)"}.get(
-        scope, "per client if personalized, else one round")
+        scope, "per client if personalized, else one round"
+    )
     return f"{who} on {sel.get('split', 'val')} {metric_label(str(sel.get('metric', '')))}, {rounds}"
 
 
@@ -167,9 +162,7 @@ def seed_summary(
         source = str(sources[i]) if sources is not None else None
         run = final.get("run") or final.get("method")
         if not run:
-            raise ReportInputError(
-                f"final #{i}{f' ({source})' if source else ''} has neither 'run' nor 'method'"
-            )
+            raise ReportInputError(f"final #{i}{f' ({source})' if source else ''} has neither 'run' nor 'method'")
         by_run.setdefault(str(run), []).append((final, source))
 
     rows: list[dict] = []
@@ -182,15 +175,11 @@ def seed_summary(
             raise ReportInputError(f"{first_where}: final.json lists no clients")
         labels = list(first.get("client_labels") or clients)
         if len(labels) != len(clients):
-            raise ReportInputError(
-                f"{first_where}: {len(clients)} clients but {len(labels)} client_labels"
-            )
+            raise ReportInputError(f"{first_where}: {len(clients)} clients but {len(labels)} client_labels")
         if len(set(clients)) != len(clients) or len(set(labels)) != len(labels):
             raise ReportInputError(f"{first_where}: duplicate clients or client_labels")
         if set(labels) & set(AGGREGATE_LABELS):
-            raise ReportInputError(
-                f"{first_where}: client_labels {labels} use a reserved label {AGGREGATE_LABELS}"
-            )
+            raise ReportInputError(f"{first_where}: client_labels {labels} use a reserved label {AGGREGATE_LABELS}")
         method = first.get("method", run)
         rules[run] = selection_rule(first)
         seeds_seen: dict = {}
@@ -212,9 +201,7 @@ def seed_summary(
                     f"vs {final.get('method')!r} ({where})"
                 )
             if seed in seeds_seen:
-                raise ReportInputError(
-                    f"run {run!r} has seed {seed!r} twice: {seeds_seen[seed]} and {where}"
-                )
+                raise ReportInputError(f"run {run!r} has seed {seed!r} twice: {seeds_seen[seed]} and {where}")
             seeds_seen[seed] = where
             for k, client in enumerate(clients):
                 values[j, k] = 100.0 * _metric_value(final, split, client, metric, where)
@@ -224,15 +211,29 @@ def seed_summary(
         client_stds = std_over_seeds(values)
         for client, label, m, s in zip(clients, labels, client_means, client_stds):
             rows.append(
-                dict(run=run, method=method, client=client, client_label=label,
-                     mean=float(m), std=float(s), n_seeds=n_seeds)
+                dict(
+                    run=run,
+                    method=method,
+                    client=client,
+                    client_label=label,
+                    mean=float(m),
+                    std=float(s),
+                    n_seeds=n_seeds,
+                )
             )
         # With a Std column the across-client spread is printed once, as Std (ddof=0); Avg's
         # parenthesis is then a spread over seeds, like every per-client cell's.
         avg_std = float(std_over_seeds(values.mean(axis=1))) if std_row else std_across_clients(client_means)
         rows.append(
-            dict(run=run, method=method, client=AVG, client_label=AVG,
-                 mean=float(client_means.mean()), std=avg_std, n_seeds=n_seeds)
+            dict(
+                run=run,
+                method=method,
+                client=AVG,
+                client_label=AVG,
+                mean=float(client_means.mean()),
+                std=avg_std,
+                n_seeds=n_seeds,
+            )
         )
         if std_row:
             # One convention everywhere (this table, Fig. 2, the fairness bars): each run's
@@ -240,8 +241,15 @@ def seed_summary(
             # seeds; the std of the seed means would be biased low against the paper's.
             per_seed = site_std_per_seed(values)
             rows.append(
-                dict(run=run, method=method, client=STD, client_label=STD, mean=float(per_seed.mean()),
-                     std=float(std_over_seeds(per_seed)), n_seeds=n_seeds)
+                dict(
+                    run=run,
+                    method=method,
+                    client=STD,
+                    client_label=STD,
+                    mean=float(per_seed.mean()),
+                    std=float(std_over_seeds(per_seed)),
+                    n_seeds=n_seeds,
+                )
             )
 
     summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
@@ -288,8 +296,13 @@ def _column_order(summary: pd.DataFrame) -> list[str]:
 
 
 def _layout(
-    summary: pd.DataFrame, rows: list[tuple[str, str]], columns: list[str], decimals: int,
-    higher_is_better: bool, flagged: set[int] = frozenset(), apart: set[int] = frozenset(),
+    summary: pd.DataFrame,
+    rows: list[tuple[str, str]],
+    columns: list[str],
+    decimals: int,
+    higher_is_better: bool,
+    flagged: set[int] = frozenset(),
+    apart: set[int] = frozenset(),
 ):
     """Cells as text (without bold) plus the row indices holding the best Avg. A ``flagged`` row
     (its Avg averages a collapsed model or a split without foreground) is never the best: its
@@ -351,8 +364,12 @@ def _apart(rows: list[tuple[str, str]], rules: dict) -> tuple[set[int], list[str
 
 
 def table_layout(
-    summary: pd.DataFrame, rows: list[tuple[str, str]], columns: list[str] | None = None,
-    decimals: int = 2, higher_is_better: bool = True, flags: Flags | None = None,
+    summary: pd.DataFrame,
+    rows: list[tuple[str, str]],
+    columns: list[str] | None = None,
+    decimals: int = 2,
+    higher_is_better: bool = True,
+    flags: Flags | None = None,
     rules: dict[str, str | None] | None = None,
 ) -> TableLayout:
     """The layout :func:`write_table` and the report print (see there for the arguments)."""
@@ -369,7 +386,10 @@ def table_layout(
     cells, best = _layout(summary, rows, columns, decimals, higher_is_better, flagged, apart)
     ties = tied_rows(cells, [j for j, c in enumerate(columns) if c not in AGGREGATE_LABELS], NO_RESULT)
     return TableLayout(
-        rows=list(rows), columns=columns, cells=cells, best=best,
+        rows=list(rows),
+        columns=columns,
+        cells=cells,
+        best=best,
         kinds=kinds,
         footnotes=footnotes(flags, [run for run, _ in rows], columns, AGGREGATE_LABELS),
         tie_notes=[tie_note([rows[i][1] for i in group]) for group in ties],
@@ -440,11 +460,11 @@ def write_table(
         for j, col in enumerate(columns):
             if col in sub.index:
                 rec = sub.loc[col]
-                records.append(dict(row=display, run=run, client=col, mean=rec["mean"],
-                                    std=rec["std"], n_seeds=rec["n_seeds"]))
+                records.append(
+                    dict(row=display, run=run, client=col, mean=rec["mean"], std=rec["std"], n_seeds=rec["n_seeds"])
+                )
             else:
-                records.append(dict(row=display, run=run, client=col, mean=math.nan,
-                                    std=math.nan, n_seeds=0))
+                records.append(dict(row=display, run=run, client=col, mean=math.nan, std=math.nan, n_seeds=0))
             note = [text for kind, text in flags.get((run, col), ()) if kind in kinds[i][j]]
             note += [f"{MARKS[kind]} averages a flagged site" for kind in kinds[i][j] if col in AGGREGATE_LABELS]
             note += [f"identical on every site to {', '.join(tied_with[i])}"] if i in tied_with else []

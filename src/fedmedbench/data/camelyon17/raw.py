@@ -54,7 +54,9 @@ def find_release_root(extracted: str | os.PathLike) -> Path:
                 subdirs = sorted(p for p in folder.iterdir() if p.is_dir())
             except OSError:
                 subdirs = []
-            next_level += [p for p in subdirs if p.name != "__MACOSX" and not p.name.startswith(".") and p.name != "patches"]
+            next_level += [
+                p for p in subdirs if p.name != "__MACOSX" and not p.name.startswith(".") and p.name != "patches"
+            ]
         level = next_level
     raise CamelyonDataError(
         f"{extracted}: no folder with metadata.csv and patches/ within {_SEARCH_DEPTH} levels "
@@ -117,7 +119,9 @@ def read_metadata(path: str | os.PathLike) -> pd.DataFrame:
         problems.append(f"'center' must be 0..4, found {sorted(set(out['center']) - set(CENTER_TO_CLIENT))[:5]}")
     dup = out.duplicated(["patient", "node", "x_coord", "y_coord"], keep=False)
     if dup.any():
-        problems.append(f"{int(dup.sum())} rows share (patient, node, x_coord, y_coord), e.g. {out[dup].head(2).to_dict('records')}")
+        problems.append(
+            f"{int(dup.sum())} rows share (patient, node, x_coord, y_coord), e.g. {out[dup].head(2).to_dict('records')}"
+        )
     pairs = out[["patient", "node", "slide", "center"]].drop_duplicates()
     if pairs.duplicated(["patient", "node"]).any() or pairs.duplicated(["slide"]).any():
         problems.append("(patient, node) and slide must correspond one to one, with one center per slide")
@@ -254,10 +258,14 @@ def preprocess(
             n = len(rows)
             folder = tmp_store / client
             folder.mkdir()
-            images = np.lib.format.open_memmap(folder / IMAGES_FILE, mode="w+", dtype=np.uint8, shape=(n, out_size, out_size, 3))
+            images = np.lib.format.open_memmap(
+                folder / IMAGES_FILE, mode="w+", dtype=np.uint8, shape=(n, out_size, out_size, 3)
+            )
             paths = rows["path"].tolist()
             # tqdm on a terminal; plain lines every 30 s in a job log (no carriage-return fragments).
-            bar = Progress(n, f"camelyon17 {client}", logging.getLogger("fedmedbench.camelyon17"), unit="patch", enabled=progress)
+            bar = Progress(
+                n, f"camelyon17 {client}", logging.getLogger("fedmedbench.camelyon17"), unit="patch", enabled=progress
+            )
             try:
                 for start in range(0, n, _DECODE_BATCH):
                     batch = paths[start : start + _DECODE_BATCH]
@@ -269,8 +277,20 @@ def preprocess(
             images.flush()
             del images
             np.save(folder / LABELS_FILE, rows["tumor"].to_numpy(np.int64), allow_pickle=False)
-            columns = ["id", "group", "source", "patient", "node", "x_coord", "y_coord", "slide", "center", "tumor",
-                       "wilds_split", "wilds_index"]
+            columns = [
+                "id",
+                "group",
+                "source",
+                "patient",
+                "node",
+                "x_coord",
+                "y_coord",
+                "slide",
+                "center",
+                "tumor",
+                "wilds_split",
+                "wilds_index",
+            ]
             rows[columns].to_csv(folder / META_FILE, index=False, lineterminator="\n")
             opened = open_client(tmp_store, client)  # re-read: the store is complete and consistent
             counts[client] = len(opened)

@@ -9,7 +9,13 @@ CLIENTS = [CENTER_TO_CLIENT[c] for c in sorted(CENTER_TO_CLIENT)]
 PROTOCOLS = {"harmofl": CLIENTS}
 
 PATCH_SIZE = 96
-REAL_COUNTS = {"hospital1": 59_436, "hospital2": 34_904, "hospital3": 85_054, "hospital4": 129_838, "hospital5": 146_722}
+REAL_COUNTS = {
+    "hospital1": 59_436,
+    "hospital2": 34_904,
+    "hospital3": 85_054,
+    "hospital4": 129_838,
+    "hospital5": 146_722,
+}
 REAL_TOTAL = 455_954
 REAL_SLIDES_PER_CENTER = 10
 

@@ -34,7 +34,9 @@ def _image_level(ids: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndar
 def _slide_level(ids: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
     def cut(s: int) -> tuple[int, int]:
         if s < 3:
-            raise CamelyonDataError(f"a slide-level split needs at least 3 slides per client, got {s} ({plain(np.unique(groups))})")
+            raise CamelyonDataError(
+                f"a slide-level split needs at least 3 slides per client, got {s} ({plain(np.unique(groups))})"
+            )
         n_test = max(1, int(round(s * TEST_FRACTION)))
         n_val = max(1, int(round((s - n_test) * VAL_FRACTION)))
         if s - n_test - n_val < 1:
@@ -78,7 +80,9 @@ def split(
             raise CamelyonDataError(f"client {client} in {store_dir}: {exc}") from None
         for name in ("train", "val", "test"):
             rows = parts[name]
-            tables.append(pd.DataFrame({"client": client, "split": name, "row": rows, "id": ids[rows], "group": groups[rows]}))
+            tables.append(
+                pd.DataFrame({"client": client, "split": name, "row": rows, "id": ids[rows], "group": groups[rows]})
+            )
     table = pd.concat(tables, ignore_index=True)
     write_split_csv(table, out_csv)
     return table

@@ -31,7 +31,9 @@ from .sites import CENTER_TO_CLIENT, PATCH_SIZE
 _CENTER_STYLE = {
     0: dict(h=(0.65, 0.70, 0.29), e=(0.07, 0.99, 0.11), strength=1.00, brightness=1.00, blur=0.0, sharpen=0, noise=3.0),
     1: dict(h=(0.45, 0.85, 0.25), e=(0.05, 0.90, 0.35), strength=1.25, brightness=0.92, blur=0.8, sharpen=0, noise=2.0),
-    2: dict(h=(0.80, 0.60, 0.15), e=(0.20, 1.05, 0.02), strength=0.75, brightness=1.05, blur=0.0, sharpen=150, noise=6.0),
+    2: dict(
+        h=(0.80, 0.60, 0.15), e=(0.20, 1.05, 0.02), strength=0.75, brightness=1.05, blur=0.0, sharpen=150, noise=6.0
+    ),
     3: dict(h=(0.55, 0.65, 0.60), e=(0.02, 0.70, 0.20), strength=1.10, brightness=0.97, blur=1.3, sharpen=0, noise=1.5),
     4: dict(h=(0.75, 0.70, 0.40), e=(0.30, 0.90, 0.25), strength=0.90, brightness=1.08, blur=0.4, sharpen=0, noise=4.0),
 }
@@ -45,8 +47,13 @@ def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray
     return np.asarray(Image.fromarray(coarse, "F").resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32)
 
 
-def _nuclei(layer: np.ndarray, rng: np.random.Generator, per_patch: tuple[int, int], radius: tuple[float, float],
-            level: tuple[float, float]) -> None:
+def _nuclei(
+    layer: np.ndarray,
+    rng: np.random.Generator,
+    per_patch: tuple[int, int],
+    radius: tuple[float, float],
+    level: tuple[float, float],
+) -> None:
     """Paint randomly placed, oriented elliptic nuclei into ``layer`` (max with what is there).
     ``per_patch`` is the count range per 96 x 96 px (scaled to the layer's area); radii in pixels.
     Only each nucleus' bounding box is touched."""
@@ -150,7 +157,9 @@ def write_synthetic_release(
     info = {"archive": archive_path.name, "patches": {}, "tumor": {}, "slides": {}}
     for center in sorted(CENTER_TO_CLIENT):
         client = CENTER_TO_CLIENT[center]
-        slides = [(f"{center * 20 + 2 * k:03d}", (3 * k + center) % 5, center * 10 + k) for k in range(slides_per_center)]
+        slides = [
+            (f"{center * 20 + 2 * k:03d}", (3 * k + center) % 5, center * 10 + k) for k in range(slides_per_center)
+        ]
         n_tumor = 0
         for j in range(patches_per_center):
             rng = np.random.default_rng([seed, center, j])
@@ -159,16 +168,36 @@ def write_synthetic_release(
             n_tumor += tumor
             # Coordinates: centres on a 32-pixel grid (level-2 pixels), distinct within a slide.
             x, y = 32 * (100 + 7 * j + center), 32 * (200 + 13 * j)
-            rows.append(dict(patient=patient, node=node, x_coord=x, y_coord=y, tumor=int(tumor), slide=slide,
-                             center=center, split=int(rng.random() < 0.1)))
-            files.append((prefix + patch_relpath(patient, node, x, y), _png_bytes(_synthetic_patch(rng, center, tumor, patch_size), "RGBA")))
+            rows.append(
+                dict(
+                    patient=patient,
+                    node=node,
+                    x_coord=x,
+                    y_coord=y,
+                    tumor=int(tumor),
+                    slide=slide,
+                    center=center,
+                    split=int(rng.random() < 0.1),
+                )
+            )
+            files.append(
+                (
+                    prefix + patch_relpath(patient, node, x, y),
+                    _png_bytes(_synthetic_patch(rng, center, tumor, patch_size), "RGBA"),
+                )
+            )
         info["patches"][client] = patches_per_center
         info["tumor"][client] = n_tumor
         info["slides"][client] = [f"patient_{p}_node_{n}" for p, n, _ in slides]
-    metadata = pd.DataFrame(rows, columns=["patient", "node", "x_coord", "y_coord", "tumor", "slide", "center", "split"])
+    metadata = pd.DataFrame(
+        rows, columns=["patient", "node", "x_coord", "y_coord", "tumor", "slide", "center", "split"]
+    )
     csv = metadata.to_csv(index=True, lineterminator="\n").encode("utf-8")  # header starts with ',' like WILDS'
 
-    with atomic_file(archive_path) as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=6) as gz:
+    with (
+        atomic_file(archive_path) as fh,
+        gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=6) as gz,
+    ):
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:
             if prefix:
                 _tar_add(tf, prefix.rstrip("/"), None)

@@ -135,7 +135,9 @@ DOWNLOADS: list = []  # the data are already on the user's disk
 PROTOCOLS: dict[str, list[str]] = {}  # the sites are found on disk (discover_sites), not fixed by a paper
 
 
-def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_check: _SizeCheck, groups: dict[str, str] | None):
+def _segmentation_site(
+    root: Path, site: str, options: FoldersOptions, size_check: _SizeCheck, groups: dict[str, str] | None
+):
     pairs = list_pairs(root, site, options.mask_suffix)
     loaded = _pool_map(lambda p: (_volume_samples if p[3] == "nifti" else _image_samples)(p[1], p[2], options), pairs)
     images, labels, rows, channels, multipage = [], [], [], [], []
@@ -149,24 +151,41 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, size_chec
             images.append(image)
             labels.append(mask)
             source = _relative(image_path, root)
-            rows.append({
-                "id": f"{site}/{stem}" if fmt == "image" else f"{site}/{stem}/s{info['slice']:03d}",
-                # the user's groups (group_pattern, groups_csv), else the file: a volume's slices are one group
-                "group": f"{site}/{groups[source] if groups else stem}",
-                "source": source,
-                "mask_source": _relative(mask_path, root),
-                "slice": info["slice"],
-                **{key: info[key] for key in META_DETAILS},
-            })
+            rows.append(
+                {
+                    "id": f"{site}/{stem}" if fmt == "image" else f"{site}/{stem}/s{info['slice']:03d}",
+                    # the user's groups (group_pattern, groups_csv), else the file: a volume's slices are one group
+                    "group": f"{site}/{groups[source] if groups else stem}",
+                    "source": source,
+                    "mask_source": _relative(mask_path, root),
+                    "slice": info["slice"],
+                    **{key: info[key] for key in META_DETAILS},
+                }
+            )
     _check_channels(site, channels)
     volumes = sum(fmt == "nifti" for *_, fmt in pairs)
-    what = f"{len(pairs)} files" if not volumes else f"{volumes} NIfTI volumes" + (
-        f" and {len(pairs) - volumes} 2-D images" if volumes < len(pairs) else "")
-    return np.stack(images), np.stack(labels), pd.DataFrame(rows), what, multipage_warning(site, multipage, root, options.tiff_page)
+    what = (
+        f"{len(pairs)} files"
+        if not volumes
+        else f"{volumes} NIfTI volumes" + (f" and {len(pairs) - volumes} 2-D images" if volumes < len(pairs) else "")
+    )
+    return (
+        np.stack(images),
+        np.stack(labels),
+        pd.DataFrame(rows),
+        what,
+        multipage_warning(site, multipage, root, options.tiff_page),
+    )
 
 
-def _classification_site(root: Path, site: str, table: pd.DataFrame, options: FoldersOptions, size_check: _SizeCheck,
-                         groups: dict[str, str] | None):
+def _classification_site(
+    root: Path,
+    site: str,
+    table: pd.DataFrame,
+    options: FoldersOptions,
+    size_check: _SizeCheck,
+    groups: dict[str, str] | None,
+):
     loaded = _pool_map(lambda path: read_image(path, options.tiff_page), list(table["path"]))
     images, channels, native = [], [], []
     for path, (image, n_channels, _) in zip(table["path"], loaded):
@@ -180,17 +199,19 @@ def _classification_site(root: Path, site: str, table: pd.DataFrame, options: Fo
     sources = [_relative(p, root) for p in table["path"]]
     if groups:  # group_pattern or groups_csv
         table = table.assign(group=[groups[s] for s in sources])
-    meta = pd.DataFrame({
-        "id": sources,
-        # no group given: the image is its own group
-        "group": [f"{site}/{g}" if g else f"{site}/{s}" for g, s in zip(table["group"], sources)],
-        "source": sources,
-        "label": [options.classes[k] for k in table["label_index"]],
-        **{key: [scaling[key] for *_, scaling in loaded] for key in META_DETAILS if key.startswith("intensity")},
-        "native_height": [h for h, _ in native],
-        "native_width": [w for _, w in native],
-        "orientation": [scaling["orientation"] for *_, scaling in loaded],
-    })
+    meta = pd.DataFrame(
+        {
+            "id": sources,
+            # no group given: the image is its own group
+            "group": [f"{site}/{g}" if g else f"{site}/{s}" for g, s in zip(table["group"], sources)],
+            "source": sources,
+            "label": [options.classes[k] for k in table["label_index"]],
+            **{key: [scaling[key] for *_, scaling in loaded] for key in META_DETAILS if key.startswith("intensity")},
+            "native_height": [h for h, _ in native],
+            "native_width": [w for _, w in native],
+            "orientation": [scaling["orientation"] for *_, scaling in loaded],
+        }
+    )
     per_class = np.bincount(table["label_index"], minlength=len(options.classes))
     what = ", ".join(f"{name} {n}" for name, n in zip(options.classes, per_class.tolist()))
     multipage = [(path, scaling["pages"]) for path, (*_, scaling) in zip(table["path"], loaded) if scaling["pages"] > 1]
@@ -234,8 +255,10 @@ def site_notes(site: str, meta: pd.DataFrame) -> list[str]:
         elif dtype == "bool":
             parts.append(f"{n} 0/1 to 0/255")
         else:
-            parts.append(f"{n}, each scaled from its own p{ROBUST_PERCENTILES[0]:g}..p{ROBUST_PERCENTILES[1]:g} to 0..255 and "
-                         f"clipped outside (low {_span(rows['intensity_low'])}, high {_span(rows['intensity_high'])})")
+            parts.append(
+                f"{n}, each scaled from its own p{ROBUST_PERCENTILES[0]:g}..p{ROBUST_PERCENTILES[1]:g} to 0..255 and "
+                f"clipped outside (low {_span(rows['intensity_low'])}, high {_span(rows['intensity_high'])})"
+            )
     lines.append(f"folders {site}: intensity: " + "; ".join(parts))
     return lines
 
@@ -260,21 +283,33 @@ def geometry_warnings(metas: Mapping[str, pd.DataFrame]) -> list[str]:
         typical[site] = (int(h), int(w), aspect, bool((files["unit"] == "volume").any()))
     lines = []
     for site, (h, w, aspect, nifti) in typical.items():
-        hint = "; check nifti_axis (the NIfTI axis the volumes are sliced along)" if nifti else "; check the site's images"
+        hint = (
+            "; check nifti_axis (the NIfTI axis the volumes are sliced along)" if nifti else "; check the site's images"
+        )
         shape = f"native slices of {h}x{w} (H x W, aspect {aspect:.2f})"
         others = {s: t[2] for s, t in typical.items() if s != site}
         far = [s for s, a in others.items() if max(aspect / a, a / aspect) > ASPECT_WARNING]
         if len(far) * 2 > len(others):
             shown = ", ".join(f"{s} {others[s]:.2f}" for s in far[:3]) + (", ..." if len(far) > 3 else "")
-            lines.append(f"folders {site}: warning: {shape} differ more than {ASPECT_WARNING:g}x in aspect from "
-                         f"{len(far)} of the {len(others)} other site(s) ({shown}){hint}")
+            lines.append(
+                f"folders {site}: warning: {shape} differ more than {ASPECT_WARNING:g}x in aspect from "
+                f"{len(far)} of the {len(others)} other site(s) ({shown}){hint}"
+            )
         elif nifti and max(aspect, 1 / aspect) > NIFTI_ELONGATED:
             lines.append(f"folders {site}: warning: {shape} are far from square{hint}")
     return lines
 
 
-def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | FoldersOptions, size: int | None = None,
-               expect_real_counts: bool = False, log: Callable[[str], object] = print) -> dict[str, int]:
+def preprocess(
+    raw: dict,
+    store_dir,
+    protocol: str = "",
+    *,
+    options: Mapping | FoldersOptions,
+    size: int | None = None,
+    expect_real_counts: bool = False,
+    log: Callable[[str], object] = print,
+) -> dict[str, int]:
     """Read the user's data and write the canonical store, one client per site; returns the samples per site.
 
     ``raw`` and ``protocol`` are unused (nothing is downloaded, the sites come from disk) and
@@ -306,15 +341,21 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
     with staged_dir(store_dir) as tmp_store:
         for site in sites:
             if options.kind == "segmentation":
-                images, labels, meta, what, warning = _segmentation_site(root, site, options, size_check, groups.get(site))
+                images, labels, meta, what, warning = _segmentation_site(
+                    root, site, options, size_check, groups.get(site)
+                )
             else:
-                images, labels, meta, what, warning = _classification_site(root, site, tables[site], options, size_check, groups.get(site))
+                images, labels, meta, what, warning = _classification_site(
+                    root, site, tables[site], options, size_check, groups.get(site)
+                )
             write_client(tmp_store, site, images, labels, meta)
             counts[site] = len(meta)
             turned = int((_per_file(meta)["orientation"] != 1).sum())
             upright = f"; {turned} image(s) turned upright by their EXIF Orientation tag" if turned else ""
-            log(f"folders {site}: {len(meta)} images ({what}), {images.shape[2]}x{images.shape[1]}{upright}; "
-                "train/val/test come with the split")
+            log(
+                f"folders {site}: {len(meta)} images ({what}), {images.shape[2]}x{images.shape[1]}{upright}; "
+                "train/val/test come with the split"
+            )
             metas[site] = meta
             for line in site_notes(site, meta) + ([warning] if warning else []):
                 log(line)
@@ -326,7 +367,9 @@ def preprocess(raw: dict, store_dir, protocol: str = "", *, options: Mapping | F
             "root": str(root),
             "classes": list(options.classes) if options.classes else [f"class{k}" for k in range(options.num_classes)],
             "num_classes": options.num_classes,
-            "mask_values": {str(k): v for k, v in sorted(options.class_of_value.items())} if options.kind == "segmentation" else None,
+            "mask_values": {str(k): v for k, v in sorted(options.class_of_value.items())}
+            if options.kind == "segmentation"
+            else None,
             "image_size": options.image_size,
             "nifti_axis": options.nifti_axis,
             "stack": options.stack,

@@ -53,9 +53,18 @@ def _example_image(rng: np.random.Generator, classes: np.ndarray, site_index: in
     return np.clip(base[..., None] * cast, 0, 255).astype(np.uint8)
 
 
-def write_example(out_dir: str | os.PathLike, kind: str = "segmentation", sites: Sequence[str] = ("siteA", "siteB", "siteC"),
-                  seed: int = 0, *, n_classes: int = 3, counts: Sequence[int] = (6, 8, 10), size: int = 32,
-                  image_format: str = "png", depth: int = 5) -> dict:
+def write_example(
+    out_dir: str | os.PathLike,
+    kind: str = "segmentation",
+    sites: Sequence[str] = ("siteA", "siteB", "siteC"),
+    seed: int = 0,
+    *,
+    n_classes: int = 3,
+    counts: Sequence[int] = (6, 8, 10),
+    size: int = 32,
+    image_format: str = "png",
+    depth: int = 5,
+) -> dict:
     """Write a tiny deterministic multi-site dataset in this family's layout; ``out_dir`` must not exist
     or be empty (it is written in a temporary folder and renamed: never half written).
 
@@ -71,8 +80,10 @@ def write_example(out_dir: str | os.PathLike, kind: str = "segmentation", sites:
     (classification: images per class and site), and ``files`` (stems or paths per site).
     """
     if kind not in KINDS or image_format not in ("png", "nifti") or n_classes not in (2, 3):
-        raise ValueError(f"kind {kind!r}, image_format {image_format!r}, n_classes {n_classes!r}: "
-                         f"expected one of {KINDS}, png/nifti, 2/3")
+        raise ValueError(
+            f"kind {kind!r}, image_format {image_format!r}, n_classes {n_classes!r}: "
+            f"expected one of {KINDS}, png/nifti, 2/3"
+        )
     if len(counts) < len(sites) or size < 8 or depth < 1:
         raise ValueError(f"need one count per site, size >= 8, depth >= 1; got {counts}, {size}, {depth}")
     out_dir = Path(out_dir)
@@ -109,8 +120,11 @@ def _write_png_example(tmp: Path, sites, counts, seed, size, n_classes, result) 
         result["counts"][site] = counts[s]
     return {
         "class_pixels": {site: p.tolist() for site, p in pixels.items()},
-        "options": {"kind": "segmentation", "mask_values": dict(EXAMPLE_MASK_VALUES[n_classes]),
-                    "classes": list(EXAMPLE_CLASSES[n_classes])},
+        "options": {
+            "kind": "segmentation",
+            "mask_values": dict(EXAMPLE_MASK_VALUES[n_classes]),
+            "classes": list(EXAMPLE_CLASSES[n_classes]),
+        },
     }
 
 
@@ -126,10 +140,16 @@ def _write_nifti_example(tmp: Path, sites, counts, seed, size, n_classes, depth,
         for k in range(counts[s]):
             rng = np.random.default_rng([int(seed), s, k])
             # SimpleITK arrays are (k, j, i): NIfTI shape (size, size + 4, depth).
-            classes = np.stack([_blob(rng, (size + 4, size), n_classes) * (0 < z < depth - 1 or depth < 3)
-                                for z in range(depth)]).astype(np.uint8)
-            volume = (-200.0 + 300 * s + 150 * classes.astype(np.float64) + 40 * rng.standard_normal(classes.shape)
-                      + 20 * np.arange(depth)[:, None, None]).astype(np.int16)  # intensity changes with the slice
+            classes = np.stack(
+                [_blob(rng, (size + 4, size), n_classes) * (0 < z < depth - 1 or depth < 3) for z in range(depth)]
+            ).astype(np.uint8)
+            volume = (
+                -200.0
+                + 300 * s
+                + 150 * classes.astype(np.float64)
+                + 40 * rng.standard_normal(classes.shape)
+                + 20 * np.arange(depth)[:, None, None]
+            ).astype(np.int16)  # intensity changes with the slice
             stem = f"vol{k:02d}"
             for array, sub in ((volume, "images"), (classes, "masks")):
                 sitk.WriteImage(sitk.GetImageFromArray(array), str(tmp / site / sub / f"{stem}.nii.gz"), True)

@@ -35,7 +35,7 @@ def normalise_image(value: str) -> str:
 def under_site(site: str, source: str) -> str:
     """The path of an image under its site folder; an image kept outside its site's folder (a
     classification ``labels.csv`` may point anywhere under the root) keeps its path from the root."""
-    return source[len(site) + 1:] if source.startswith(f"{site}/") else source
+    return source[len(site) + 1 :] if source.startswith(f"{site}/") else source
 
 
 def _stem(name: str) -> str:
@@ -73,8 +73,10 @@ class ImageNames:
             candidates = table.get(value)
             if candidates and len(candidates) > 1:
                 a, b = (under_site(self.site, s) for s in candidates[:2])
-                raise FoldersDataError(f"{where}: image {value} is ambiguous: {len(candidates)} images of site {self.site} have "
-                                       f"this {what} ({a} and {b}); write the path under the site folder, e.g. {a}")
+                raise FoldersDataError(
+                    f"{where}: image {value} is ambiguous: {len(candidates)} images of site {self.site} have "
+                    f"this {what} ({a} and {b}); write the path under the site folder, e.g. {a}"
+                )
             if candidates:
                 return candidates[0]
         return None
@@ -88,7 +90,8 @@ class ImageNames:
         return FoldersDataError(
             f"{where}: image {normalise_image(value)} is not an image of site {self.site} in the data{others}; "
             f"the image column takes the path under the site folder, e.g. {example} (also accepted: the path from the "
-            f"data root, {from_root}, or the file name or stem where no other image of the site has it)")
+            f"data root, {from_root}, or the file name or stem where no other image of the site has it)"
+        )
 
 
 def pattern_group(pattern: re.Pattern, site: str, source: str, root: Path) -> str:
@@ -99,7 +102,8 @@ def pattern_group(pattern: re.Pattern, site: str, source: str, root: Path) -> st
         what = "finds no group in" if match is None else "captures an empty group in"
         raise FoldersDataError(
             f"{root / source}: group_pattern '{pattern.pattern}' {what} '{subject}' (the image's path under its site "
-            "folder; the pattern is searched anywhere in it and its first (...) is the group); fix the pattern or the file name")
+            "folder; the pattern is searched anywhere in it and its first (...) is the group); fix the pattern or the file name"
+        )
     return match.group(1)
 
 
@@ -113,33 +117,46 @@ def read_groups_csv(path: Path, names: Mapping[str, ImageNames]) -> dict[str, di
         site, image, group = str(row.site).strip(), str(row.image), str(row.group).strip()
         where = f"{path} line {_line(i)}"
         if site not in names:
-            raise FoldersDataError(f"{where}: site {site!r} is not in the data{closest(site, names)} (sites: {sorted(names)})")
+            raise FoldersDataError(
+                f"{where}: site {site!r} is not in the data{closest(site, names)} (sites: {sorted(names)})"
+            )
         source = names[site].resolve(image, where)
         if source is None:
             raise names[site].unknown(where, image)
         if not group:
             raise FoldersDataError(f"{where}: empty group for image {normalise_image(image)} of site {site}")
         if (site, source) in lines:
-            raise FoldersDataError(f"{where}: image {normalise_image(image)} of site {site} is listed twice "
-                                   f"(lines {lines[site, source]} and {_line(i)})")
+            raise FoldersDataError(
+                f"{where}: image {normalise_image(image)} of site {site} is listed twice "
+                f"(lines {lines[site, source]} and {_line(i)})"
+            )
         lines[site, source] = _line(i)
         out[site][source] = group
     for site, known in names.items():
         left = [s for s in known.sources if s not in out[site]]
         if left:
-            raise FoldersDataError(f"{path}: {len(left)} image(s) of site {site} have no group, e.g. "
-                                   f"{under_site(site, left[0])}; every image needs a row (site, image, group)")
+            raise FoldersDataError(
+                f"{path}: {len(left)} image(s) of site {site} have no group, e.g. "
+                f"{under_site(site, left[0])}; every image needs a row (site, image, group)"
+            )
     return out
 
 
-def assign_groups(root: Path, options: FoldersOptions, sources: Mapping[str, Sequence[str]]) -> dict[str, dict[str, str]] | None:
+def assign_groups(
+    root: Path, options: FoldersOptions, sources: Mapping[str, Sequence[str]]
+) -> dict[str, dict[str, str]] | None:
     """``{site: {source: group}}`` from ``group_pattern`` or ``groups_csv`` (groups without the site:
     the caller prefixes it), None when neither is set (the default groups apply)."""
     if options.group_pattern is not None:
         pattern = re.compile(options.group_pattern)
-        return {site: {s: pattern_group(pattern, site, s, root) for s in dict.fromkeys(paths)} for site, paths in sources.items()}
+        return {
+            site: {s: pattern_group(pattern, site, s, root) for s in dict.fromkeys(paths)}
+            for site, paths in sources.items()
+        }
     if options.groups_csv is not None:
-        return read_groups_csv(Path(options.groups_csv), {site: ImageNames(site, paths) for site, paths in sources.items()})
+        return read_groups_csv(
+            Path(options.groups_csv), {site: ImageNames(site, paths) for site, paths in sources.items()}
+        )
     return None
 
 
@@ -182,10 +199,12 @@ def prefix_warning(sites: Mapping[str, Sequence[str]]) -> str | None:
     names = ", ".join(hits)
     label = "site" if len(hits) == 1 else "sites"
     pattern = f"([^/]+){separator}[^{separator}/]*$"  # the file name up to its last separator
-    return (f"{label} {names}: every image is its own group, but the file names share prefixes ({site}: "
-            f"{len(sites[site])} images, {n_prefixes} prefixes before the last {separator!r}, e.g. {first} and {second} "
-            f"share {prefix!r}); if a prefix names a patient, set group_pattern: '{pattern}' so that each patient's "
-            "images stay in one split")
+    return (
+        f"{label} {names}: every image is its own group, but the file names share prefixes ({site}: "
+        f"{len(sites[site])} images, {n_prefixes} prefixes before the last {separator!r}, e.g. {first} and {second} "
+        f"share {prefix!r}); if a prefix names a patient, set group_pattern: '{pattern}' so that each patient's "
+        "images stay in one split"
+    )
 
 
 def repeated_stem_warning(sites: Mapping[str, Sequence[str]]) -> str | None:
@@ -199,10 +218,12 @@ def repeated_stem_warning(sites: Mapping[str, Sequence[str]]) -> str | None:
         repeated = {stem: found for stem, found in by_stem.items() if len(found) > 1}
         if repeated:
             stem, found = next(iter(repeated.items()))
-            return (f"site {site}: every image is its own group, but {len(repeated)} file stem(s) name several images (e.g. "
-                    f"{stem}: {under_site(site, found[0])} and {under_site(site, found[1])}); if a stem names a patient or "
-                    r"lesion, set group_pattern: '([^/.]+)\.[^/]*$' (the file name before its suffix) so that its images "
-                    "stay in one split")
+            return (
+                f"site {site}: every image is its own group, but {len(repeated)} file stem(s) name several images (e.g. "
+                f"{stem}: {under_site(site, found[0])} and {under_site(site, found[1])}); if a stem names a patient or "
+                r"lesion, set group_pattern: '([^/.]+)\.[^/]*$' (the file name before its suffix) so that its images "
+                "stay in one split"
+            )
     return None
 
 
@@ -220,10 +241,12 @@ def subject_column_warning(table, known: Sequence[str]) -> str | None:
         counts = values[values != ""].value_counts()
         shared = counts[counts > 1]
         if len(shared):
-            return (f"every image is its own group, but labels.csv column {column!r} looks like a subject identifier and "
-                    f"{len(shared)} of its values are on several images (e.g. {shared.index[0]} on {int(shared.iloc[0])} "
-                    f"images); if it names the patient (or lesion), rename the column to group (or set groups_csv) so "
-                    f"that each one's images stay in one split")
+            return (
+                f"every image is its own group, but labels.csv column {column!r} looks like a subject identifier and "
+                f"{len(shared)} of its values are on several images (e.g. {shared.index[0]} on {int(shared.iloc[0])} "
+                f"images); if it names the patient (or lesion), rename the column to group (or set groups_csv) so "
+                f"that each one's images stay in one split"
+            )
     return None
 
 
@@ -237,7 +260,11 @@ def shared_group_warning(groups: Mapping[str, Mapping[str, str]], source: str) -
     shared = {g: s for g, s in sites_of.items() if len(s) > 1}
     if not shared:
         return None
-    shown = "; ".join(f"{g} in sites {', '.join(s)}" for g, s in list(shared.items())[:5]) + ("; ..." if len(shared) > 5 else "")
-    return (f"{source}: {len(shared)} patient(s) (groups) are in more than one site: {shown}; federated learning assumes "
-            "sites do not share patients (a patient's images in two clients are seen in training by one and tested by "
-            "the other): keep each patient's images in one site, or give distinct patients distinct group names")
+    shown = "; ".join(f"{g} in sites {', '.join(s)}" for g, s in list(shared.items())[:5]) + (
+        "; ..." if len(shared) > 5 else ""
+    )
+    return (
+        f"{source}: {len(shared)} patient(s) (groups) are in more than one site: {shown}; federated learning assumes "
+        "sites do not share patients (a patient's images in two clients are seen in training by one and tested by "
+        "the other): keep each patient's images in one site, or give distinct patients distinct group names"
+    )

@@ -88,7 +88,9 @@ class SiteReport:
     class_pixels: list[int] | None = None  # pixels per class index (segmentation)
     class_images: list[int] | None = None  # images per class index (classification)
     upright: int = 0  # files turned upright by their EXIF Orientation tag
-    group_splits: dict[str, list[tuple[str, int]]] | None = None  # split -> (group, samples), when groups hold several files
+    group_splits: dict[str, list[tuple[str, int]]] | None = (
+        None  # split -> (group, samples), when groups hold several files
+    )
     # split -> (samples, groups, per class: its images (classification) or the samples holding it (segmentation))
     split_classes: dict[str, tuple[int, int, list[int]]] | None = None
 
@@ -120,51 +122,80 @@ class DataReport:
         without any site (the layout or labels.csv could not be read), its problems alone."""
         o, label = self.options, f"data.{self.name}" if self.name else "folders data"
         if not self.sites and self.problems:  # the layout or labels.csv stopped it: no "0 site(s)" to show
-            return ([f"{label}: problem: {p}" for p in self.problems] + [f"{label}: warning: {w}" for w in self.warnings]
-                    + [f"{label}: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)"])
-        split = (f"split_csv {o.split_csv}" if o.split_csv else
-                 f"seeded fractions {'/'.join(f'{f:g}' for f in o.fractions)} (seed {o.seed})")
+            return (
+                [f"{label}: problem: {p}" for p in self.problems]
+                + [f"{label}: warning: {w}" for w in self.warnings]
+                + [f"{label}: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)"]
+            )
+        split = (
+            f"split_csv {o.split_csv}"
+            if o.split_csv
+            else f"seeded fractions {'/'.join(f'{f:g}' for f in o.fractions)} (seed {o.seed})"
+        )
         size = f"resized to {o.image_size}x{o.image_size}" if o.image_size else "sizes as stored"
-        extra = f"; mask_values {dict(sorted(o.class_of_value.items()))}" if o.kind == "segmentation" and o.mask_values else ""
-        out = [f"{label}: {o.kind} data in {o.root}: {len(self.sites)} site(s); classes "
-               f"{', '.join(f'{k} {n}' for k, n in enumerate(self.class_names))}{extra}; {split}; {size}"]
+        extra = (
+            f"; mask_values {dict(sorted(o.class_of_value.items()))}"
+            if o.kind == "segmentation" and o.mask_values
+            else ""
+        )
+        out = [
+            f"{label}: {o.kind} data in {o.root}: {len(self.sites)} site(s); classes "
+            f"{', '.join(f'{k} {n}' for k, n in enumerate(self.class_names))}{extra}; {split}; {size}"
+        ]
         for s in self.sites:
             out += ["  " + line for line in self._site_lines(s)]
         out += [f"  problem: {p}" for p in self.problems] + [f"  warning: {w}" for w in self.warnings]
-        out.append(f"{label}: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)" if self.problems or self.warnings
-                   else f"{label}: no problem found")
+        out.append(
+            f"{label}: {len(self.problems)} problem(s), {len(self.warnings)} warning(s)"
+            if self.problems or self.warnings
+            else f"{label}: no problem found"
+        )
         return out
 
     def _site_lines(self, s: SiteReport) -> list[str]:
         unit = "slice" if s.volumes else "image"  # what a row of the store is
         files = "volume" if s.volumes == s.files and s.volumes else "file" if s.volumes else "image"
         what = _count(s.files, files) + (f" = {_count(s.samples, unit)}" if s.volumes else "")
-        split = f"train/val/test = {'/'.join(str(s.split[k]) for k in SPLITS)} {unit}s" if s.split else "no split (see the problems)"
+        split = (
+            f"train/val/test = {'/'.join(str(s.split[k]) for k in SPLITS)} {unit}s"
+            if s.split
+            else "no split (see the problems)"
+        )
         sizes = ", ".join(f"{h}x{w} ({_count(n, unit)})" for (h, w), n in s.sizes.most_common())
         channels = ", ".join(f"{kind} ({_count(n, files)})" for kind, n in sorted(s.channels.items()))
         upright = f"; {s.upright} turned upright by their EXIF Orientation tag" if s.upright else ""
-        lines = [f"{s.site}: {what}, {_count(s.groups, 'group')}; {split}; H x W {sizes or '-'}; {channels or '-'}{upright}"]
+        lines = [
+            f"{s.site}: {what}, {_count(s.groups, 'group')}; {split}; H x W {sizes or '-'}; {channels or '-'}{upright}"
+        ]
         names = self.class_names
         if s.class_pixels is not None:
             total = sum(s.mask_values.values()) or 1
             mapping = self.options.class_of_value
-            values = ", ".join(f"{v} -> {mapping[v]} {names[mapping[v]]}" if v in mapping else f"{v} -> (not in mask_values)"
-                               for v in sorted(s.mask_values))
+            values = ", ".join(
+                f"{v} -> {mapping[v]} {names[mapping[v]]}" if v in mapping else f"{v} -> (not in mask_values)"
+                for v in sorted(s.mask_values)
+            )
             lines.append(f"  mask values: {values or '-'}")
             unmapped = total - sum(s.class_pixels) if s.mask_values else 0
             shares = [f"{n} {_percent(c / total)}" for n, c in zip(names, s.class_pixels)]
-            lines.append("  pixels per class: " + ", ".join(shares + ([f"not in mask_values {_percent(unmapped / total)}"] if unmapped else [])))
+            lines.append(
+                "  pixels per class: "
+                + ", ".join(shares + ([f"not in mask_values {_percent(unmapped / total)}"] if unmapped else []))
+            )
         if s.class_images is not None:
             lines.append("  images per class: " + ", ".join(f"{n} {c}" for n, c in zip(names, s.class_images)))
         if s.split_classes:
             lines += self._split_lines(s, unit)
         if s.group_splits:
-            shown = "; ".join(f"{name} " + ", ".join(f"{g} ({n})" for g, n in groups[:GROUPS_SHOWN])
-                              + (f", ... ({len(groups)} groups)" if len(groups) > GROUPS_SHOWN else "")
-                              for name, groups in s.group_splits.items() if groups)
+            shown = "; ".join(
+                f"{name} "
+                + ", ".join(f"{g} ({n})" for g, n in groups[:GROUPS_SHOWN])
+                + (f", ... ({len(groups)} groups)" if len(groups) > GROUPS_SHOWN else "")
+                for name, groups in s.group_splits.items()
+                if groups
+            )
             lines.append(f"  groups ({groups_source(self.options)}; {unit}s per group): {shown}")
         return lines
-
 
     def _split_lines(self, s: SiteReport, unit: str) -> list[str]:
         """One line per split: samples, groups and per class its count; a class the site has that
@@ -174,8 +205,10 @@ class DataReport:
         lines = []
         for split in SPLITS:
             samples, groups, counts = s.split_classes[split]
-            marked = [f"{name} {n}" + (" (missing)" if not n and in_site[k] and split != "val" else "")
-                      for k, (name, n) in enumerate(zip(names, counts))]
+            marked = [
+                f"{name} {n}" + (" (missing)" if not n and in_site[k] and split != "val" else "")
+                for k, (name, n) in enumerate(zip(names, counts))
+            ]
             what = "images per class" if kind == "classification" else f"{unit}s holding each class"
             lines.append(f"  {split}: {_count(samples, unit)}, {_count(groups, 'group')}; {what}: {', '.join(marked)}")
         return lines
@@ -208,7 +241,9 @@ def _header(path: Path, page: int = 0) -> tuple[int, int, str, int, int]:
         try:
             h, w, channels, orientation, pages = tiff_header(path, page)
             kind = "grey" if channels == 1 else "colour"
-            return (w, h, kind, orientation, pages) if orientation >= 5 else (h, w, kind, orientation, pages)  # 5..8 swap H and W
+            return (
+                (w, h, kind, orientation, pages) if orientation >= 5 else (h, w, kind, orientation, pages)
+            )  # 5..8 swap H and W
         except FoldersDataError:
             raise
         except Exception as exc:  # tifffile raises many types (bad tags, truncated header)
@@ -278,14 +313,20 @@ def _read_pair(pair: tuple, options: FoldersOptions) -> _Pair:
             out.size, out.channels = (h, w), "grey"
             mask, mask_grid = _read_volume(mask_path, options.nifti_axis)
             if mask.shape != (out.slices, h, w):
-                raise FoldersDataError(f"{image_path} has shape {(out.slices, h, w)} (slices, H, W) but its mask "
-                                         f"{mask_path} has {mask.shape}")
+                raise FoldersDataError(
+                    f"{image_path} has shape {(out.slices, h, w)} (slices, H, W) but its mask "
+                    f"{mask_path} has {mask.shape}"
+                )
             differs = _geometry_difference(grid, mask_grid)  # as reading._volume_samples refuses it
             if differs is not None:
-                raise FoldersDataError(f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
-                                         "(image vs mask); resample the mask onto its image (nearest neighbour) or fix its header")
+                raise FoldersDataError(
+                    f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
+                    "(image vs mask); resample the mask onto its image (nearest neighbour) or fix its header"
+                )
             if mask.dtype.kind == "f" and (not np.isfinite(mask).all() or not np.array_equal(mask, np.round(mask))):
-                raise FoldersDataError(f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values")
+                raise FoldersDataError(
+                    f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values"
+                )
             mask = mask.astype(np.int64)
         else:
             h, w, out.channels, out.orientation, pages = _header(image_path, options.tiff_page)
@@ -294,14 +335,18 @@ def _read_pair(pair: tuple, options: FoldersOptions) -> _Pair:
             mask = mask[None]
             out.multipage = [(p, n) for p, n in ((image_path, pages), (mask_path, mask_pages)) if n > 1]
             if mask.shape[1:] != (h, w):
-                raise FoldersDataError(f"{image_path} is {w}x{h} but its mask {mask_path} is {mask.shape[2]}x{mask.shape[1]}")
+                raise FoldersDataError(
+                    f"{image_path} is {w}x{h} but its mask {mask_path} is {mask.shape[2]}x{mask.shape[1]}"
+                )
         found, counts = np.unique(mask, return_counts=True)
         out.values = dict(zip(found.tolist(), counts.tolist()))
         mapping = options.class_of_value
         if any(v not in mapping for v in out.values):
             _map_mask(found, mapping, mask_path)  # raises preprocessing's own message
         background = [v for v, c in mapping.items() if c == 0]
-        out.foreground = (mask.reshape(len(mask), -1).shape[1] - np.isin(mask, background).reshape(len(mask), -1).sum(1)).tolist()
+        out.foreground = (
+            mask.reshape(len(mask), -1).shape[1] - np.isin(mask, background).reshape(len(mask), -1).sum(1)
+        ).tolist()
         out.present = [tuple(sorted({mapping[v] for v in np.unique(m).tolist()})) for m in mask]
     except FoldersDataError as exc:
         out.problem = str(exc)
@@ -313,8 +358,13 @@ def _read_pair(pair: tuple, options: FoldersOptions) -> _Pair:
 # ---------------------------------------------------------------------------
 
 
-def inspect_folders(options: Mapping | FoldersOptions, name: str = "", *,
-                    size_problem: Callable[[int, int], str | None] | None = None, threads: int = THREADS) -> DataReport:
+def inspect_folders(
+    options: Mapping | FoldersOptions,
+    name: str = "",
+    *,
+    size_problem: Callable[[int, int], str | None] | None = None,
+    threads: int = THREADS,
+) -> DataReport:
     """The report of one ``folders`` data section; never raises for bad data (each problem is a line
     of the report). ``options`` that are themselves wrong raise ``ConfigError``. ``size_problem(H, W)``:
     why the task's model cannot take images of that size, or None (the caller knows the model; the
@@ -350,7 +400,8 @@ def _check_channels(report: DataReport, site: SiteReport, kinds: list[tuple[Path
     if len(first) > 1:
         report.problems.append(
             f"site {site.site}: mixed channels: {site.channels['grey']} grey and {site.channels['colour']} colour images "
-            f"(e.g. {first['grey']} is grey, {first['colour']} is colour); preprocessing needs one kind per site")
+            f"(e.g. {first['grey']} is grey, {first['colour']} is colour); preprocessing needs one kind per site"
+        )
 
 
 def _multipage(report: DataReport, site: str, files: list[tuple[Path, int]], root: Path) -> None:
@@ -390,8 +441,10 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: D
         foreground = got.foreground if len(got.foreground) == got.slices else [np.nan] * got.slices
         present = got.present if len(got.present) == got.slices else [()] * got.slices
         # As folders._segmentation_site builds the store: one row per image or slice, a volume one group.
-        rows += [{"group": f"{site}/{stem}", "source": _relative(image_path, root), "foreground": fg, "classes": cs}
-                 for fg, cs in zip(foreground, present)]
+        rows += [
+            {"group": f"{site}/{stem}", "source": _relative(image_path, root), "foreground": fg, "classes": cs}
+            for fg, cs in zip(foreground, present)
+        ]
     _file_problems(report, site, problems)
     _check_channels(report, rep, kinds)
     _multipage(report, site, multipage, root)
@@ -400,14 +453,21 @@ def _segmentation_site(root: Path, site: str, options: FoldersOptions, report: D
     return meta
 
 
-def _classification_sites(root: Path, options: FoldersOptions, report: DataReport, pool) -> dict[str, pd.DataFrame | None]:
+def _classification_sites(
+    root: Path, options: FoldersOptions, report: DataReport, pool
+) -> dict[str, pd.DataFrame | None]:
     try:
         table = _labelled_images(root, options)  # labels.csv: columns, labels, files
     except FoldersDataError as exc:
         report.problems.append(str(exc))
         return {}
     unlisted = _unlisted_message(root, table)  # preprocessing stops on it; the rest is still worth seeing
-    if options.group_pattern is None and options.groups_csv is None and options.split_csv is None and (table["group"] == "").all():
+    if (
+        options.group_pattern is None
+        and options.groups_csv is None
+        and options.split_csv is None
+        and (table["group"] == "").all()
+    ):
         warning = subject_column_warning(table, LABEL_COLUMNS + OPTIONAL_LABEL_COLUMNS + ("label_index", "path"))
         if warning:
             report.warnings.append(warning)
@@ -443,8 +503,14 @@ def _classification_sites(root: Path, options: FoldersOptions, report: DataRepor
         sources = [_relative(p, root) for p in table["path"]]
         # As folders._classification_site builds the store: an image without a group is its own group.
         groups = [f"{site}/{g}" if g else f"{site}/{s}" for g, s in zip(table["group"], sources)]
-        metas[site] = pd.DataFrame({"group": groups, "source": sources, "foreground": np.nan,
-                                    "label": [options.classes[k] for k in table["label_index"]]})
+        metas[site] = pd.DataFrame(
+            {
+                "group": groups,
+                "source": sources,
+                "foreground": np.nan,
+                "label": [options.classes[k] for k in table["label_index"]],
+            }
+        )
         rep.samples, rep.groups = len(table), len(set(groups))
     return metas
 
@@ -456,8 +522,11 @@ def _groups(report: DataReport, root: Path, metas: dict[str, pd.DataFrame | None
     options = report.options
     if options.group_pattern is None and options.groups_csv is None:
         if options.split_csv is None:  # a user split already says which images go together
-            own = {site: [src.rsplit("/", 1)[-1] for src in meta["source"].unique()] for site, meta in metas.items()
-                   if meta is not None and len(meta) and meta["group"].nunique() == meta["source"].nunique()}
+            own = {
+                site: [src.rsplit("/", 1)[-1] for src in meta["source"].unique()]
+                for site, meta in metas.items()
+                if meta is not None and len(meta) and meta["group"].nunique() == meta["source"].nunique()
+            }
             warning = prefix_warning(own)
             if warning:
                 report.warnings.append(warning)
@@ -515,12 +584,15 @@ def _split(report: DataReport, metas: dict[str, pd.DataFrame | None]) -> None:
         rep.split_classes = _split_classes(metas[site], rows, names, report.class_names)
         report.warnings += [f"site {site}: {note}" for note in class_notes(metas[site], rows, names, options, user)]
         if len(set(groups)) < metas[site]["source"].nunique():  # some group holds several files: show them
-            rep.group_splits = {s: sorted(Counter(g.split("/", 1)[1] for g in groups[names == s]).items()) for s in SPLITS}
+            rep.group_splits = {
+                s: sorted(Counter(g.split("/", 1)[1] for g in groups[names == s]).items()) for s in SPLITS
+            }
         foreground = metas[site]["foreground"].to_numpy(np.float64)[rows]
         test = foreground[names == "test"]
         if options.kind == "segmentation" and len(test) and not np.isnan(test).any() and test.sum() == 0:
-            report.warnings.append(f"site {site}: no foreground pixel (class >= 1) in the test split: "
-                                   "its foreground Dice is undefined")
+            report.warnings.append(
+                f"site {site}: no foreground pixel (class >= 1) in the test split: its foreground Dice is undefined"
+            )
 
 
 def _split_classes(meta: pd.DataFrame, rows: np.ndarray, names: np.ndarray, classes: Sequence[str]) -> dict:
@@ -550,8 +622,10 @@ def _check_sizes(report: DataReport, size_problem: Callable[[int, int], str | No
         sizes.update(site.sizes)
     if options.image_size is None and len(sizes) > 1:
         shown = ", ".join(f"{h}x{w} ({n})" for (h, w), n in sizes.most_common(4)) + (", ..." if len(sizes) > 4 else "")
-        report.problems.append(f"{len(sizes)} image sizes (H x W) across the sites ({shown}) and no image_size: preprocessing needs "
-                               "one size; set image_size to resize every image to one square size")
+        report.problems.append(
+            f"{len(sizes)} image sizes (H x W) across the sites ({shown}) and no image_size: preprocessing needs "
+            "one size; set image_size to resize every image to one square size"
+        )
         return
     size = (options.image_size, options.image_size) if options.image_size else next(iter(sizes), None)
     problem = size_problem(*size) if size_problem and size else None
@@ -570,13 +644,18 @@ def _check_classes(report: DataReport) -> None:
     totals = np.sum([getattr(s, per_class) for s in counted], axis=0)
     for k, name in enumerate(names):
         if totals[k] == 0:
-            how = (f"mask_values {dict(sorted(report.options.class_of_value.items()))} map no value found to it"
-                   if kind == "segmentation" else f"no row of {LABELS_FILE} has this label")
+            how = (
+                f"mask_values {dict(sorted(report.options.class_of_value.items()))} map no value found to it"
+                if kind == "segmentation"
+                else f"no row of {LABELS_FILE} has this label"
+            )
             report.problems.append(f"class {k} {name!r} has no {what} in any site ({how})")
     for s in counted:  # a class some sites lack (label skew) is legal, and worth knowing: one line per site
         absent = [f"{k} {name!r}" for k, name in enumerate(names) if getattr(s, per_class)[k] == 0 and totals[k]]
         if absent:
-            report.warnings.append(f"site {s.site}: no {what} of class{'es' if len(absent) > 1 else ''} {', '.join(absent)}")
+            report.warnings.append(
+                f"site {s.site}: no {what} of class{'es' if len(absent) > 1 else ''} {', '.join(absent)}"
+            )
 
 
 def builtin_line(name: str, family: str, counts_files: Sequence[str | os.PathLike]) -> str:
@@ -588,9 +667,13 @@ def builtin_line(name: str, family: str, counts_files: Sequence[str | os.PathLik
         if path.is_file():
             try:
                 counts = json.loads(path.read_text())
-                built.append(f"{path} ({sum(counts.values())} samples: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
+                built.append(
+                    f"{path} ({sum(counts.values())} samples: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")"
+                )
             except (ValueError, AttributeError, TypeError):
                 built.append(f"{path} (unreadable)")
     if built:
         return line + "; built: " + "; ".join(built)
-    return line + "; not built yet" + (f" (counts will be in {', '.join(map(str, counts_files))})" if counts_files else "")
+    return (
+        line + "; not built yet" + (f" (counts will be in {', '.join(map(str, counts_files))})" if counts_files else "")
+    )

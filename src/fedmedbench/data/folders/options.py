@@ -107,7 +107,10 @@ class FoldersOptions(Strict):
         if not isinstance(d, Mapping):
             raise ConfigError(f"{where}: expected a mapping of options, got {type(d).__name__}")
         # A Path as a string, a tuple as a list: the forms of a YAML or JSON config, which the schema types.
-        d = {k: os.fspath(v) if isinstance(v, os.PathLike) else list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        d = {
+            k: os.fspath(v) if isinstance(v, os.PathLike) else list(v) if isinstance(v, tuple) else v
+            for k, v in d.items()
+        }
         values.check(d, options_schema(), where)
         kind, classes = d.get("kind", "segmentation"), d.get("classes")
         if kind == "classification":
@@ -120,16 +123,22 @@ class FoldersOptions(Strict):
             d["mask_values"] = _class_of_value(d["mask_values"], classes, where)
         fractions = d.get("fractions", DEFAULT_FRACTIONS)
         if abs(sum(fractions) - 1) > 1e-6:
-            raise ConfigError(f"{where}.fractions: expected three positive numbers train, val, test summing to 1, got {fractions}")
+            raise ConfigError(
+                f"{where}.fractions: expected three positive numbers train, val, test summing to 1, got {fractions}"
+            )
         group_pattern = d.get("group_pattern")
         if group_pattern is not None:
             try:
                 compiled = re.compile(group_pattern)
             except re.error as exc:
-                raise ConfigError(f"{where}.group_pattern: '{group_pattern}' is not a regular expression ({exc})") from None
+                raise ConfigError(
+                    f"{where}.group_pattern: '{group_pattern}' is not a regular expression ({exc})"
+                ) from None
             if compiled.groups < 1:
-                raise ConfigError(f"{where}.group_pattern: '{group_pattern}' has no capture group; put the part that names "
-                                  "the group (patient) in parentheses, e.g. '^images/(\\d+)_'")
+                raise ConfigError(
+                    f"{where}.group_pattern: '{group_pattern}' has no capture group; put the part that names "
+                    "the group (patient) in parentheses, e.g. '^images/(\\d+)_'"
+                )
             if "groups_csv" in d:
                 raise ConfigError(f"{where}: group_pattern and groups_csv are both set; give the groups one way")
         return super().from_dict(d, where)
@@ -140,8 +149,11 @@ def options_schema() -> dict:
     """The schema of a ``family: folders`` data section less the keys the config adds around the
     options (``family``; ``protocols``, filled in)."""
     section = schema()["properties"]["data"]["additionalProperties"]["then"]
-    return {**section, "required": [k for k in section["required"] if k != "family"],
-            "properties": {k: v for k, v in section["properties"].items() if k not in ("family", "protocols")}}
+    return {
+        **section,
+        "required": [k for k in section["required"] if k != "family"],
+        "properties": {k: v for k, v in section["properties"].items() if k not in ("family", "protocols")},
+    }
 
 
 def _class_of_value(mask_values: Mapping, classes: list | None, where: str) -> dict[int, int]:
@@ -154,14 +166,18 @@ def _class_of_value(mask_values: Mapping, classes: list | None, where: str) -> d
             raise ConfigError(f"{where}.mask_values: key {value!r} is not a non-negative integer pixel value")
         parsed[int(key)] = index
     if classes is not None and max(parsed.values()) >= len(classes):
-        raise ConfigError(f"{where}.mask_values: class index {max(parsed.values())} is out of range for "
-                          f"{len(classes)} classes {list(classes)}")
+        raise ConfigError(
+            f"{where}.mask_values: class index {max(parsed.values())} is out of range for "
+            f"{len(classes)} classes {list(classes)}"
+        )
     # Class indices are the model's outputs 0 .. n-1: a gap is a class no pixel can have (an
     # output trained only towards 0, a per-class score of nothing), usually a typo.
     n_classes = len(classes) if classes is not None else max(parsed.values()) + 1
     unused = sorted(set(range(n_classes)) - set(parsed.values()))
     if unused:
         name = f" ({classes[unused[0]]!r} of classes {list(classes)})" if classes is not None else ""
-        raise ConfigError(f"{where}.mask_values: no pixel value maps to class index {unused[0]}{name}; the class "
-                          f"indices must be exactly 0 .. {n_classes - 1} without gaps, got {dict(sorted(parsed.items()))}")
+        raise ConfigError(
+            f"{where}.mask_values: no pixel value maps to class index {unused[0]}{name}; the class "
+            f"indices must be exactly 0 .. {n_classes - 1} without gaps, got {dict(sorted(parsed.items()))}"
+        )
     return parsed

@@ -49,13 +49,17 @@ def check_name(path: Path) -> None:
     try:
         path.name.encode("utf-8")
     except UnicodeEncodeError:
-        raise FoldersDataError(f"{shown_path(path)}: the name is not valid UTF-8 text (the bytes shown as \\x..); "
-                               "rename it with UTF-8 characters only") from None
+        raise FoldersDataError(
+            f"{shown_path(path)}: the name is not valid UTF-8 text (the bytes shown as \\x..); "
+            "rename it with UTF-8 characters only"
+        ) from None
 
 
 def _check_site_name(site: str, where: str) -> None:
     if not site or site in (".", "..") or site.startswith(".") or "/" in site or "\\" in site:
-        raise FoldersDataError(f"{where}: site name {site!r} must be a plain folder name (no '/', not starting with '.')")
+        raise FoldersDataError(
+            f"{where}: site name {site!r} must be a plain folder name (no '/', not starting with '.')"
+        )
 
 
 def _stem_and_format(path: Path) -> tuple[str, str] | None:
@@ -79,7 +83,9 @@ def _files_by_stem(folder: Path) -> dict[str, Path]:
         check_name(path)
         parsed = _stem_and_format(path) if path.is_file() else None
         if parsed is None:
-            raise FoldersDataError(f"{path}: not a supported file (expected {', '.join(IMAGE_SUFFIXES + NIFTI_SUFFIXES)})")
+            raise FoldersDataError(
+                f"{path}: not a supported file (expected {', '.join(IMAGE_SUFFIXES + NIFTI_SUFFIXES)})"
+            )
         stem = parsed[0]
         if stem in found:
             raise FoldersDataError(f"{path}: two files with the stem {stem!r} ({found[stem].name} and {path.name})")
@@ -105,8 +111,10 @@ def discover_sites(root: str | os.PathLike, kind: str | None = None) -> list[str
         check_name(path)
         # Every folder is a site: a folder without images/ (a typo such as Images/) is an error, not skipped.
         if not (path / "images").is_dir():
-            raise FoldersDataError(f"{path}: site folder without an images/ folder (expected {path}/images/ and "
-                                   f"{path}/masks/; start the folder name with '.' to skip it)")
+            raise FoldersDataError(
+                f"{path}: site folder without an images/ folder (expected {path}/images/ and "
+                f"{path}/masks/; start the folder name with '.' to skip it)"
+            )
         sites.append(path.name)
     if not sites:
         raise FoldersDataError(f"{root}: no site folders (expected <root>/<site>/images/ and <root>/<site>/masks/)")
@@ -159,8 +167,10 @@ def list_pairs(root: Path, site: str, mask_suffix: str = "") -> list[tuple[str, 
     masks = {}
     for stem, path in by_mask_stem.items():
         if not stem.endswith(mask_suffix) or stem == mask_suffix:
-            raise FoldersDataError(f"{path}: mask name does not end with mask_suffix {mask_suffix!r} "
-                                   f"(expected masks/<image stem>{mask_suffix}.<ext>)")
+            raise FoldersDataError(
+                f"{path}: mask name does not end with mask_suffix {mask_suffix!r} "
+                f"(expected masks/<image stem>{mask_suffix}.<ext>)"
+            )
         masks[stem[: len(stem) - len(mask_suffix)]] = path
     for stem, path in images.items():
         if stem not in masks:
@@ -172,8 +182,10 @@ def list_pairs(root: Path, site: str, mask_suffix: str = "") -> list[tuple[str, 
     for stem in sorted(images):
         kind_i, kind_m = _stem_and_format(images[stem])[1], _stem_and_format(masks[stem])[1]
         if kind_i != kind_m:
-            raise FoldersDataError(f"{masks[stem]}: a {kind_m} mask for the {kind_i} image {images[stem].name}; "
-                                   "NIfTI volumes need NIfTI masks, 2-D images 2-D masks")
+            raise FoldersDataError(
+                f"{masks[stem]}: a {kind_m} mask for the {kind_i} image {images[stem].name}; "
+                "NIfTI volumes need NIfTI masks, 2-D images 2-D masks"
+            )
         pairs.append((stem, images[stem], masks[stem], kind_i))
     return pairs
 
@@ -216,8 +228,10 @@ def _read_labels_csv(root: Path) -> pd.DataFrame:
         # (a misspelt site, image or label is a missing column below), in any case: GROUP ignored
         # would let a patient's images into two splits without a word.
         if column not in known and closest(column.lower(), OPTIONAL_LABEL_COLUMNS):
-            raise FoldersDataError(f"{path}: unknown column {column!r}{closest(column.lower(), known)}; "
-                                   f"expected site, image, label and optionally group")
+            raise FoldersDataError(
+                f"{path}: unknown column {column!r}{closest(column.lower(), known)}; "
+                f"expected site, image, label and optionally group"
+            )
     missing = [c for c in LABEL_COLUMNS if c not in table.columns]
     if missing:
         raise FoldersDataError(f"{path}: missing column(s) {missing}; expected site, image, label and optionally group")
@@ -235,8 +249,10 @@ def _read_labels_csv(root: Path) -> pd.DataFrame:
     if len(duplicated):
         i = duplicated[0]
         first = int(np.flatnonzero(table["image"].to_numpy() == table["image"].iloc[i])[0])
-        raise FoldersDataError(f"{path} line {_line(i)}: image {table['image'].iloc[i]} is listed twice "
-                               f"(lines {_line(first)} and {_line(i)})")
+        raise FoldersDataError(
+            f"{path} line {_line(i)}: image {table['image'].iloc[i]} is listed twice "
+            f"(lines {_line(first)} and {_line(i)})"
+        )
     return table
 
 
@@ -308,8 +324,9 @@ def _decode(path: Path, page: int = 0) -> tuple[np.ndarray, int, int]:
             mode = img.mode
             if deep and mode in ("L", "LA", "RGB", "RGBA"):
                 # Pillow has kept only the high byte of each 16-bit sample: refuse rather than lose bits.
-                raise FoldersDataError(f"{path}: {deep} samples, which Pillow reads as 8-bit; save it as 8-bit "
-                                       "or as a TIFF")
+                raise FoldersDataError(
+                    f"{path}: {deep} samples, which Pillow reads as 8-bit; save it as 8-bit or as a TIFF"
+                )
             if mode in ("P", "PA"):
                 img = img.convert("RGBA")  # the palette colours, exactly
             elif mode in ("CMYK", "YCbCr", "LAB", "HSV"):
@@ -353,8 +370,10 @@ def multipage_warning(site: str, files: list[tuple[Path, int]], root: Path, page
         return None
     shown = ", ".join(f"{_relative(p, root)} ({n} pages)" for p, n in files[:3]) + (", ..." if len(files) > 3 else "")
     which = "the first, the full resolution of a pyramid" if page == 0 else f"tiff_page {page}"
-    return (f"folders {site}: warning: {len(files)} multi-page TIFF file(s) read at page {page} ({which}): {shown}; "
-            "set tiff_page to read another page")
+    return (
+        f"folders {site}: warning: {len(files)} multi-page TIFF file(s) read at page {page} ({which}): {shown}; "
+        "set tiff_page to read another page"
+    )
 
 
 def _map_mask(values: np.ndarray, mapping: dict[int, int], path: Path) -> np.ndarray:
@@ -363,10 +382,18 @@ def _map_mask(values: np.ndarray, mapping: dict[int, int], path: Path) -> np.nda
     found, inverse = np.unique(values, return_inverse=True)
     missing = [v for v in found.tolist() if v not in mapping]
     if missing:
-        shown = ", ".join(f"{v:g}" for v in missing[:6]) + (f", ... ({len(missing)} values)" if len(missing) > 6 else "")
-        hint = "; JPEG compression changes mask values: save masks as PNG" if path.suffix.lower() in (".jpg", ".jpeg") else ""
-        raise FoldersDataError(f"{path}: mask value(s) {shown} not in mask_values {dict(sorted(mapping.items()))} "
-                               f"(map every pixel value of the masks to a class index, e.g. {{0: 0, 255: 1}}){hint}")
+        shown = ", ".join(f"{v:g}" for v in missing[:6]) + (
+            f", ... ({len(missing)} values)" if len(missing) > 6 else ""
+        )
+        hint = (
+            "; JPEG compression changes mask values: save masks as PNG"
+            if path.suffix.lower() in (".jpg", ".jpeg")
+            else ""
+        )
+        raise FoldersDataError(
+            f"{path}: mask value(s) {shown} not in mask_values {dict(sorted(mapping.items()))} "
+            f"(map every pixel value of the masks to a class index, e.g. {{0: 0, 255: 1}}){hint}"
+        )
     lut = np.array([mapping[v] for v in found.tolist()], np.uint8)
     return lut[inverse].reshape(values.shape)
 
@@ -413,18 +440,26 @@ def _geometry_difference(image: dict, mask: dict) -> str | None:
     return None
 
 
-def _volume_samples(image_path: Path, mask_path: Path, options: FoldersOptions) -> list[tuple[np.ndarray, np.ndarray, dict]]:
+def _volume_samples(
+    image_path: Path, mask_path: Path, options: FoldersOptions
+) -> list[tuple[np.ndarray, np.ndarray, dict]]:
     """One (image H x W x 3, class map, meta) per slice of a volume pair."""
-    (volume, grid), (mask, mask_grid) = _read_volume(image_path, options.nifti_axis), _read_volume(mask_path, options.nifti_axis)
+    (volume, grid), (mask, mask_grid) = (
+        _read_volume(image_path, options.nifti_axis),
+        _read_volume(mask_path, options.nifti_axis),
+    )
     if volume.shape != mask.shape:
-        raise FoldersDataError(f"{image_path} has shape {volume.shape} (slices, H, W) but its mask {mask_path} "
-                               f"has {mask.shape}")
+        raise FoldersDataError(
+            f"{image_path} has shape {volume.shape} (slices, H, W) but its mask {mask_path} has {mask.shape}"
+        )
     # Same array shape is not enough: a mask written with a flipped direction would be scored in
     # another orientation. Refused, not resampled (docs/engineering.md).
     differs = _geometry_difference(grid, mask_grid)
     if differs is not None:
-        raise FoldersDataError(f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
-                               "(image vs mask); resample the mask onto its image (nearest neighbour) or fix its header")
+        raise FoldersDataError(
+            f"{image_path} and its mask {mask_path} are not on one voxel grid: {differs} "
+            "(image vs mask); resample the mask onto its image (nearest neighbour) or fix its header"
+        )
     if mask.dtype.kind == "f" and (not np.isfinite(mask).all() or not np.array_equal(mask, np.round(mask))):
         raise FoldersDataError(f"{mask_path}: a mask must hold integer values; found non-integer {mask.dtype} values")
     classes = _map_mask(mask.astype(np.int64), options.class_of_value, mask_path)
@@ -456,15 +491,25 @@ def read_folders_mask(path: Path, page: int = 0) -> tuple[np.ndarray, int]:
     return mask, pages
 
 
-def _image_samples(image_path: Path, mask_path: Path, options: FoldersOptions) -> list[tuple[np.ndarray, np.ndarray, dict]]:
+def _image_samples(
+    image_path: Path, mask_path: Path, options: FoldersOptions
+) -> list[tuple[np.ndarray, np.ndarray, dict]]:
     image, channels, scaling = read_image(image_path, options.tiff_page)
     grey, mask_pages = read_folders_mask(mask_path, options.tiff_page)
     if grey.shape != image.shape[:2]:
-        raise FoldersDataError(f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
-                               f"{grey.shape[1]}x{grey.shape[0]}")
+        raise FoldersDataError(
+            f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
+            f"{grey.shape[1]}x{grey.shape[0]}"
+        )
     multipage = [(p, n) for p, n in ((image_path, scaling.pop("pages")), (mask_path, mask_pages)) if n > 1]
-    info = {"slice": -1, **scaling, "native_height": image.shape[0], "native_width": image.shape[1], "channels": channels,
-            "multipage": multipage}
+    info = {
+        "slice": -1,
+        **scaling,
+        "native_height": image.shape[0],
+        "native_width": image.shape[1],
+        "channels": channels,
+        "multipage": multipage,
+    }
     return [(image, _map_mask(grey, options.class_of_value, mask_path), info)]
 
 
@@ -491,15 +536,19 @@ class _SizeCheck:
             self.first = (image.shape[:2], path)
         elif image.shape[:2] != self.first[0]:
             (h, w), first = self.first
-            raise FoldersDataError(f"{path}: {image.shape[1]}x{image.shape[0]} differs from {w}x{h} of {first}; "
-                                   "set image_size to resize every image to one square size")
+            raise FoldersDataError(
+                f"{path}: {image.shape[1]}x{image.shape[0]} differs from {w}x{h} of {first}; "
+                "set image_size to resize every image to one square size"
+            )
 
 
 def _check_channels(site: str, loaded: list[tuple[Path, int]]) -> None:
     kinds = {c: p for p, c in reversed(loaded)}  # the first file of each channel count
     if len(kinds) > 1:
-        raise FoldersDataError(f"site {site}: mixed channel counts: {kinds[1]} is grey but {kinds[3]} is colour; "
-                               "convert the site's images to one kind")
+        raise FoldersDataError(
+            f"site {site}: mixed channel counts: {kinds[1]} is grey but {kinds[3]} is colour; "
+            "convert the site's images to one kind"
+        )
 
 
 def _pool_map(fn, items: list) -> list:
@@ -516,7 +565,9 @@ def _label_index(label: str, classes: tuple[str, ...], where: str) -> int:
         return classes.index(label)
     if label.isdigit() and int(label) < len(classes):
         return int(label)
-    raise FoldersDataError(f"{where}: label {label!r} is not one of the classes {list(classes)}{closest(label, classes)}")
+    raise FoldersDataError(
+        f"{where}: label {label!r} is not one of the classes {list(classes)}{closest(label, classes)}"
+    )
 
 
 def _unlisted_images(root: Path, listed: set[str]) -> list[str]:
@@ -551,8 +602,10 @@ def _unlisted_message(root: Path, table: pd.DataFrame) -> str | None:
     unlisted = _unlisted_images(root, {p.relative_to(root).as_posix() for p in table["path"]})
     if not unlisted:
         return None
-    return (f"{root}: {len(unlisted)} image(s) under the data root are not in {LABELS_FILE}, e.g. "
-            f"{unlisted[0]}; list them in {LABELS_FILE} or move them out of the data root")
+    return (
+        f"{root}: {len(unlisted)} image(s) under the data root are not in {LABELS_FILE}, e.g. "
+        f"{unlisted[0]}; list them in {LABELS_FILE} or move them out of the data root"
+    )
 
 
 def _parents(path: Path, root: Path) -> list[Path]:
@@ -579,21 +632,35 @@ def _labelled_images(root: Path, options: FoldersOptions) -> pd.DataFrame:
         if not path.is_file():
             in_site = root / row.site / relative
             if in_site.is_file():
-                raise FoldersDataError(f"{where}: image {row.image} is not under the data root ({path} does not exist) but "
-                                       f"under site {row.site}'s folder ({in_site}); {LABELS_FILE} takes paths from the data "
-                                       f"root: write {row.site}/{Path(relative).as_posix()}")
-            raise FoldersDataError(f"{where}: image {row.image} does not exist: neither {path} (the path from the data root, "
-                                   f"as {LABELS_FILE} takes it) nor {in_site} (from the site folder) is a file")
+                raise FoldersDataError(
+                    f"{where}: image {row.image} is not under the data root ({path} does not exist) but "
+                    f"under site {row.site}'s folder ({in_site}); {LABELS_FILE} takes paths from the data "
+                    f"root: write {row.site}/{Path(relative).as_posix()}"
+                )
+            raise FoldersDataError(
+                f"{where}: image {row.image} does not exist: neither {path} (the path from the data root, "
+                f"as {LABELS_FILE} takes it) nor {in_site} (from the site folder) is a file"
+            )
         hidden = next((part for part in _parents(path, root) if skipped(part)), None)
         if hidden is not None:  # the listing digest leaves it out: an edit of it would re-run nothing
-            raise FoldersDataError(f"{where}: image {row.image} lies in {_relative(hidden, root)}, which fedmedbench "
-                                   "skips (a hidden name, __MACOSX or the pipeline's results); move it to a plain folder")
+            raise FoldersDataError(
+                f"{where}: image {row.image} lies in {_relative(hidden, root)}, which fedmedbench "
+                "skips (a hidden name, __MACOSX or the pipeline's results); move it to a plain folder"
+            )
         paths.append(path)
     table["label_index"], table["path"] = indices, paths
     if "group" not in table.columns:
         table["group"] = ""
-    option = "group_pattern" if options.group_pattern is not None else "groups_csv" if options.groups_csv is not None else None
+    option = (
+        "group_pattern"
+        if options.group_pattern is not None
+        else "groups_csv"
+        if options.groups_csv is not None
+        else None
+    )
     if option and (table["group"] != "").any():
-        raise FoldersDataError(f"{csv_path}: has a group column and {option} is set; give the groups one way "
-                               f"(remove the column or {option})")
+        raise FoldersDataError(
+            f"{csv_path}: has a group column and {option} is set; give the groups one way "
+            f"(remove the column or {option})"
+        )
     return table

@@ -49,8 +49,9 @@ def group_classes(groups: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, n
     return unique, inverse, counts.argmax(1)
 
 
-def stratified_split_groups(groups: np.ndarray, labels: np.ndarray, rng: np.random.Generator | None,
-                            cut: Callable[[int], tuple[int, int]]) -> np.ndarray:
+def stratified_split_groups(
+    groups: np.ndarray, labels: np.ndarray, rng: np.random.Generator | None, cut: Callable[[int], tuple[int, int]]
+) -> np.ndarray:
     """The split name of every row, every group in one split, the splits holding as many groups as
     ``cut(number of groups)`` gives them (the unstratified rule, so the sizes do not depend on the
     labels), and each class spread over them by its groups (a group's class: ``group_classes``).
@@ -85,8 +86,14 @@ def stratified_split_groups(groups: np.ndarray, labels: np.ndarray, rng: np.rand
             if members[c] and room[s]:
                 place(c, s)
     while any(members.values()):  # the rest: the (split, class) furthest below the class's share of the split
-        s, c = max(((s, c) for s in SPLITS if room[s] for c in order if members[c]),
-                   key=lambda sc: (share[sc[0]] * size[sc[1]] - placed[sc[0]][sc[1]], -SPLITS.index(sc[0]), -order.index(sc[1])))
+        s, c = max(
+            ((s, c) for s in SPLITS if room[s] for c in order if members[c]),
+            key=lambda sc: (
+                share[sc[0]] * size[sc[1]] - placed[sc[0]][sc[1]],
+                -SPLITS.index(sc[0]),
+                -order.index(sc[1]),
+            ),
+        )
         place(c, s)
     return split_of[inverse].astype(str)
 
@@ -119,8 +126,9 @@ def _seeded_split(site: str, meta: pd.DataFrame, options: FoldersOptions, permut
     return rows, names[rows]
 
 
-def class_notes(meta: pd.DataFrame, rows: np.ndarray, names: np.ndarray, options: FoldersOptions,
-                user_split: str | None = None) -> list[str]:
+def class_notes(
+    meta: pd.DataFrame, rows: np.ndarray, names: np.ndarray, options: FoldersOptions, user_split: str | None = None
+) -> list[str]:
     """One line per class of a classification site that is not in every split, and why: it has fewer
     groups than splits, a split holds fewer groups than the site has classes, or ``user_split`` (the
     user's split file) puts it so. Empty for segmentation."""
@@ -139,13 +147,22 @@ def class_notes(meta: pd.DataFrame, rows: np.ndarray, names: np.ndarray, options
         if user_split:
             why = f"as {user_split} puts its images"
         else:
-            parts = [f"its images are {n_groups} group(s), fewer than the {len(SPLITS)} splits"] if n_groups < len(SPLITS) else []
+            parts = (
+                [f"its images are {n_groups} group(s), fewer than the {len(SPLITS)} splits"]
+                if n_groups < len(SPLITS)
+                else []
+            )
             if len(present) < min(n_groups, len(SPLITS)):  # it had a group to spare: the split was full
                 held = {s: len(set(groups[names == s])) for s in absent}
-                parts.append(", ".join(f"{s} holds {n} group(s)" for s, n in held.items()) + f" for the site's {n_classes} classes")
+                parts.append(
+                    ", ".join(f"{s} holds {n} group(s)" for s, n in held.items())
+                    + f" for the site's {n_classes} classes"
+                )
             why = "; ".join(parts)
-        notes.append(f"class {int(k)} {options.classes[k]!r} is in {' and '.join(present)} only, none in {' and '.join(absent)} "
-                     f"({why})")
+        notes.append(
+            f"class {int(k)} {options.classes[k]!r} is in {' and '.join(present)} only, none in {' and '.join(absent)} "
+            f"({why})"
+        )
     return notes
 
 
@@ -166,7 +183,9 @@ def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[st
         site, image, name = str(row.site).strip(), normalise_image(str(row.image)), str(row.split).strip()
         where = f"{path} line {_line(i)}"
         if site not in metas:
-            raise FoldersDataError(f"{where}: site {site!r} is not in the data{closest(site, metas)} (sites: {sorted(metas)})")
+            raise FoldersDataError(
+                f"{where}: site {site!r} is not in the data{closest(site, metas)} (sites: {sorted(metas)})"
+            )
         if name not in SPLITS:
             raise FoldersDataError(f"{where}: split {name!r} is not one of {list(SPLITS)}{closest(name, SPLITS)}")
         source = names[site].resolve(image, where)
@@ -175,7 +194,9 @@ def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[st
             continue
         key = (site, source)
         if key in seen:
-            raise FoldersDataError(f"{where}: image {image} of site {site} is listed twice (lines {seen[key]} and {_line(i)})")
+            raise FoldersDataError(
+                f"{where}: image {image} of site {site} is listed twice (lines {seen[key]} and {_line(i)})"
+            )
         seen[key] = _line(i)
         picked[site] += [(r, name) for r in rows_of[site][source]]
     if unknown:
@@ -186,25 +207,43 @@ def _read_user_split(path: Path, metas: dict[str, pd.DataFrame], log) -> dict[st
         covered = {r for r, _ in picked[site]}
         left = [meta["source"].iloc[r] for r in range(len(meta)) if r not in covered]
         if left:
-            raise FoldersDataError(f"{path}: {len(set(left))} image(s) of site {site} are in no split, e.g. {left[0]}; "
-                                   "every image needs a row (remove images you do not want from the data folder)")
+            raise FoldersDataError(
+                f"{path}: {len(set(left))} image(s) of site {site} are in no split, e.g. {left[0]}; "
+                "every image needs a row (remove images you do not want from the data folder)"
+            )
         rows = np.array([r for r, _ in picked[site]], np.int64)
         names = np.array([n for _, n in picked[site]])
         counts = [int((names == s).sum()) for s in SPLITS]
         if min(counts) == 0:
-            raise FoldersDataError(f"{path}: site {site} has train/val/test = {counts[0]}/{counts[1]}/{counts[2]} images; "
-                                   "each split needs at least one")
-        per_group = pd.DataFrame({"group": meta["group"].to_numpy(str)[rows], "split": names}).groupby("group")["split"].nunique()
+            raise FoldersDataError(
+                f"{path}: site {site} has train/val/test = {counts[0]}/{counts[1]}/{counts[2]} images; "
+                "each split needs at least one"
+            )
+        per_group = (
+            pd.DataFrame({"group": meta["group"].to_numpy(str)[rows], "split": names})
+            .groupby("group")["split"]
+            .nunique()
+        )
         spanning = sorted(per_group.index[per_group > 1])
         if spanning:
-            log(f"folders {site}: warning: {len(spanning)} group(s) of {path.name} are in more than one split "
-                f"(e.g. {spanning[0]}); kept as given")
+            log(
+                f"folders {site}: warning: {len(spanning)} group(s) of {path.name} are in more than one split "
+                f"(e.g. {spanning[0]}); kept as given"
+            )
         out[site] = (rows, names)
     return out
 
 
-def split(store_dir, out_csv, protocol: str = "", *, options: Mapping | FoldersOptions, permutation: str = "default",
-          seed: int | None = None, log: Callable[[str], object] = print) -> pd.DataFrame:
+def split(
+    store_dir,
+    out_csv,
+    protocol: str = "",
+    *,
+    options: Mapping | FoldersOptions,
+    permutation: str = "default",
+    seed: int | None = None,
+    log: Callable[[str], object] = print,
+) -> pd.DataFrame:
     """The split of record of every site, written to ``out_csv``.
 
     With ``options.split_csv``: the user's split. Otherwise groups are cut with ``options.fractions``
@@ -229,8 +268,17 @@ def split(store_dir, out_csv, protocol: str = "", *, options: Mapping | FoldersO
     for site in sites:
         rows, names = chosen[site]
         meta = metas[site]
-        tables.append(pd.DataFrame({"client": site, "split": names, "row": rows,
-                                    "id": meta["id"].to_numpy()[rows], "group": meta["group"].to_numpy()[rows]}))
+        tables.append(
+            pd.DataFrame(
+                {
+                    "client": site,
+                    "split": names,
+                    "row": rows,
+                    "id": meta["id"].to_numpy()[rows],
+                    "group": meta["group"].to_numpy()[rows],
+                }
+            )
+        )
         counts = "/".join(str(int((names == s).sum())) for s in SPLITS)
         source = Path(options.split_csv).name if options.split_csv else f"{permutation} seed {seed}"
         log(f"folders {site}: train/val/test = {counts} images, {meta['group'].nunique()} groups ({source})")

@@ -40,8 +40,10 @@ def tiff_pages(path: str | Path) -> int:
 
 def check_page(path: Path, page: int, pages: int) -> None:
     if page >= pages:
-        raise FoldersDataError(f"{path}: tiff_page is {page}, but the file has {pages} page(s), numbered 0 .. {pages - 1}; "
-                               "set tiff_page to a page every TIFF file has (0: the first)")
+        raise FoldersDataError(
+            f"{path}: tiff_page is {page}, but the file has {pages} page(s), numbered 0 .. {pages - 1}; "
+            "set tiff_page to a page every TIFF file has (0: the first)"
+        )
 
 
 def read_tiff(path: Path, page: int = 0) -> tuple[np.ndarray, int, int]:
@@ -100,16 +102,26 @@ def _shown_samples(path: Path, ifd, samples: int) -> int:
     photometric = PHOTOMETRIC(ifd.photometric)
     extra = tuple(ifd.extrasamples or ())
     colour = samples - len(extra)
-    expected = {PHOTOMETRIC.MINISBLACK: 1, PHOTOMETRIC.MINISWHITE: 1, PHOTOMETRIC.PALETTE: 1, PHOTOMETRIC.RGB: 3,
-                PHOTOMETRIC.SEPARATED: 4, PHOTOMETRIC.YCBCR: 3}.get(photometric)
+    expected = {
+        PHOTOMETRIC.MINISBLACK: 1,
+        PHOTOMETRIC.MINISWHITE: 1,
+        PHOTOMETRIC.PALETTE: 1,
+        PHOTOMETRIC.RGB: 3,
+        PHOTOMETRIC.SEPARATED: 4,
+        PHOTOMETRIC.YCBCR: 3,
+    }.get(photometric)
     if expected is None:
-        raise FoldersDataError(f"{path}: TIFF photometric interpretation {photometric.name} is not supported; "
-                               "save the image as RGB or grey")
+        raise FoldersDataError(
+            f"{path}: TIFF photometric interpretation {photometric.name} is not supported; "
+            "save the image as RGB or grey"
+        )
     # Alpha (and one sample of unspecified meaning, as Pillow's RGBX) is dropped; more extra samples
     # of unspecified meaning are channels of a multichannel image, which no viewer shows as one picture.
     if colour != expected or sum(int(e) == 0 for e in extra) > 1:
-        raise FoldersDataError(f"{path}: {colour + len(extra)} samples per pixel under photometric {photometric.name}, "
-                               f"which shows {expected} (a multichannel image); save one channel per file, or as RGB")
+        raise FoldersDataError(
+            f"{path}: {colour + len(extra)} samples per pixel under photometric {photometric.name}, "
+            f"which shows {expected} (a multichannel image); save one channel per file, or as RGB"
+        )
     return expected
 
 
@@ -135,7 +147,9 @@ def _as_viewed(path: Path, ifd, samples: np.ndarray) -> np.ndarray:
     if photometric == PHOTOMETRIC.SEPARATED:
         inkset = ifd.tags.get(INKSET)
         if inkset is not None and inkset.value != 1:
-            raise FoldersDataError(f"{path}: a separated (ink) TIFF with ink set {inkset.value}, not CMYK; save it as RGB")
+            raise FoldersDataError(
+                f"{path}: a separated (ink) TIFF with ink set {inkset.value}, not CMYK; save it as RGB"
+            )
         return _cmyk_to_rgb(path, pixels)
     if ifd.compression in (6, 7):  # JPEG: decoded to RGB already
         return pixels

@@ -59,14 +59,21 @@ __all__ = ["DOWNLOADS", "PROTOCOLS", "preprocess", "split", "write_synthetic"]
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.
-def preprocess(raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
-               log=print) -> dict:
+def preprocess(
+    raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print
+) -> dict:
     """``fedlwr``: nearest-neighbour masks; ``fedlwr_bilinear_masks``: the official bilinear masks."""
     check_protocol("fundus", protocol, PROTOCOLS)
     if download.ARCHIVE not in raw_files:
         raise sites.FundusDataError(f"raw input {download.ARCHIVE!r} not given (got {sorted(raw_files)})")
-    return raw.preprocess_fedlwr(Path(raw_files[download.ARCHIVE]), Path(store_dir), mask_resample=raw.MASK_RESAMPLE[protocol],
-                                 expect_real_counts=expect_real_counts, size=size, log=log)
+    return raw.preprocess_fedlwr(
+        Path(raw_files[download.ARCHIVE]),
+        Path(store_dir),
+        mask_resample=raw.MASK_RESAMPLE[protocol],
+        expect_real_counts=expect_real_counts,
+        size=size,
+        log=log,
+    )
 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:

@@ -42,7 +42,9 @@ _THREADS = max(1, min(8, os.cpu_count() or 1))
 # ---------------------------------------------------------------------------
 
 
-def mask_to_classes(grey: np.ndarray, cup_max: float = CUP_MAX, background_above: float = BACKGROUND_ABOVE) -> np.ndarray:
+def mask_to_classes(
+    grey: np.ndarray, cup_max: float = CUP_MAX, background_above: float = BACKGROUND_ABOVE
+) -> np.ndarray:
     """Grey mask (0 cup / 128 rim / 255 background, any value) -> uint8 classes 0 bg, 1 rim, 2 cup,
     by DoFE's rule: grey <= cup_max cup, grey > background_above background, else rim."""
     grey = np.asarray(grey)
@@ -137,7 +139,9 @@ def find_fundus_root(extracted: str | os.PathLike) -> Path:
     )
 
 
-def list_pairs(root: str | os.PathLike, domain: str, split: str, log: Callable[[str], object] = print) -> list[tuple[str, Path, Path]]:
+def list_pairs(
+    root: str | os.PathLike, domain: str, split: str, log: Callable[[str], object] = print
+) -> list[tuple[str, Path, Path]]:
     """``(name, image_path, mask_path)`` of one domain and official split, sorted by file name.
 
     The mask is ``ROIs/mask/<same name>`` (or the same stem with another image suffix). An image
@@ -203,27 +207,41 @@ def check_mask_encoding(grey: np.ndarray, mask_path: Path) -> int:
     class indices 0/1/2 (all "cup"), a mask without disc or without background, or one far from the
     three levels. Returns the number of off-level pixels."""
     if grey.max() <= 2 and len(np.unique(grey)) > 1:
-        raise FundusDataError(f"{mask_path}: values {sorted(np.unique(grey).tolist())} look like class indices; expected DoFE's grey levels 0 (cup), 128 (rim), 255 (background)")
+        raise FundusDataError(
+            f"{mask_path}: values {sorted(np.unique(grey).tolist())} look like class indices; expected DoFE's grey levels 0 (cup), 128 (rim), 255 (background)"
+        )
     if not (grey <= BACKGROUND_ABOVE).any():
         raise FundusDataError(f"{mask_path}: no optic disc (every pixel > {BACKGROUND_ABOVE:g}, i.e. background)")
     if not (grey > BACKGROUND_ABOVE).any():
-        raise FundusDataError(f"{mask_path}: no background (no pixel > {BACKGROUND_ABOVE:g}); expected a disc-centred ROI")
+        raise FundusDataError(
+            f"{mask_path}: no background (no pixel > {BACKGROUND_ABOVE:g}); expected a disc-centred ROI"
+        )
     off_level = int((~np.isin(grey, (0, 128, 255))).sum())
     if off_level > MAX_OFF_LEVEL_FRACTION * grey.size:
-        raise FundusDataError(f"{mask_path}: {off_level / grey.size:.1%} of pixels are not 0/128/255 (more than {MAX_OFF_LEVEL_FRACTION:.0%}); not a DoFE mask")
+        raise FundusDataError(
+            f"{mask_path}: {off_level / grey.size:.1%} of pixels are not 0/128/255 (more than {MAX_OFF_LEVEL_FRACTION:.0%}); not a DoFE mask"
+        )
     return off_level
 
 
-def load_pair(image_path: Path, mask_path: Path, size: int, mask_resample: str = "nearest") -> tuple[np.ndarray, np.ndarray, dict]:
+def load_pair(
+    image_path: Path, mask_path: Path, size: int, mask_resample: str = "nearest"
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """One image (RGB, bilinear) and its class map: ``nearest`` = DoFE's classes resized by nearest
     neighbour; ``bilinear`` = Fed-LWR's code exactly (classes by its formula, then OpenCV's bilinear resize
     of the class map and of the image, bit for bit)."""
     # Masks through the shared reader: convert("L") would clip a 16-bit mask (rim 32896 -> 255).
     image, grey = _read(image_path, "RGB"), read_mask(mask_path, error=FundusDataError)
     if image.shape[:2] != grey.shape:
-        raise FundusDataError(f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
-                              f"{grey.shape[1]}x{grey.shape[0]}")
-    info = {"orig_height": grey.shape[0], "orig_width": grey.shape[1], "mask_off_level_px": check_mask_encoding(grey, mask_path)}
+        raise FundusDataError(
+            f"{image_path} is {image.shape[1]}x{image.shape[0]} but its mask {mask_path} is "
+            f"{grey.shape[1]}x{grey.shape[0]}"
+        )
+    info = {
+        "orig_height": grey.shape[0],
+        "orig_width": grey.shape[1],
+        "mask_off_level_px": check_mask_encoding(grey, mask_path),
+    }
     if mask_resample == "nearest":
         return resize_bilinear(image, size), resize_nearest(mask_to_classes(grey), size), info
     if mask_resample == "bilinear":
@@ -267,7 +285,8 @@ def preprocess_fedlwr(
         ]
         if problems:
             raise FundusDataError(
-                f"the fundus data in {root} do not match the DoFE release used by Fed-LWR:\n  " + "\n  ".join(problems)
+                f"the fundus data in {root} do not match the DoFE release used by Fed-LWR:\n  "
+                + "\n  ".join(problems)
                 + "\n(for other or synthetic data set expect_real_counts to false)"
             )
     counts: dict[str, int] = {}
@@ -295,8 +314,10 @@ def preprocess_fedlwr(
             write_client(tmp_store, domain, images, labels, meta)
             counts[domain] = len(meta)
             n_train = int((meta["official_split"] == "train").sum())
-            log(f"fundus {domain} ({DOMAIN_SOURCES[domain]}): {n_train} train + {len(meta) - n_train} test images "
-                f"-> {size}x{size}, masks {mask_resample}")
+            log(
+                f"fundus {domain} ({DOMAIN_SOURCES[domain]}): {n_train} train + {len(meta) - n_train} test images "
+                f"-> {size}x{size}, masks {mask_resample}"
+            )
         info = {
             "family": "fundus",
             "classes": list(CLASSES),

@@ -10,7 +10,12 @@ PROTOCOLS = {"fedlwr": DOMAINS, "fedlwr_bilinear_masks": DOMAINS}
 
 EXPECTED_COUNTS = {"Domain1": (50, 51), "Domain2": (99, 60), "Domain3": (320, 80), "Domain4": (320, 80)}
 # train/val/test of Fed-LWR (from the fork's log): int(0.8 n) of the official train folder.
-FEDLWR_SPLIT_COUNTS = {"Domain1": (40, 10, 51), "Domain2": (79, 20, 60), "Domain3": (256, 64, 80), "Domain4": (256, 64, 80)}
+FEDLWR_SPLIT_COUNTS = {
+    "Domain1": (40, 10, 51),
+    "Domain2": (79, 20, 60),
+    "Domain3": (256, 64, 80),
+    "Domain4": (256, 64, 80),
+}
 
 
 class FundusDataError(DataError):

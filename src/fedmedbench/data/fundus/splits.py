@@ -56,8 +56,17 @@ def split_fedlwr(
             )
         rows = np.concatenate([train_rows, test_rows]).astype(np.int64)
         names = ["train"] * n_train + ["val"] * (len(train_rows) - n_train) + ["test"] * len(test_rows)
-        tables.append(pd.DataFrame({"client": domain, "split": names, "row": rows,
-                                    "id": meta["id"].to_numpy()[rows], "group": meta["group"].to_numpy()[rows]}))
+        tables.append(
+            pd.DataFrame(
+                {
+                    "client": domain,
+                    "split": names,
+                    "row": rows,
+                    "id": meta["id"].to_numpy()[rows],
+                    "group": meta["group"].to_numpy()[rows],
+                }
+            )
+        )
     table = pd.concat(tables, ignore_index=True)
     write_split_csv(table, out_csv)
     return table

@@ -39,7 +39,9 @@ def _synthetic_names(domain: str, split: str, n: int) -> list[str]:
     return names
 
 
-def _coverage(rng_center: tuple[float, float], radii: tuple[float, float], size: int, supersample: int = 4) -> np.ndarray:
+def _coverage(
+    rng_center: tuple[float, float], radii: tuple[float, float], size: int, supersample: int = 4
+) -> np.ndarray:
     """Fraction of each pixel inside an ellipse (supersampled): anti-aliased edges."""
     s = supersample
     coords = (np.arange(size * s) + 0.5) / s
@@ -65,8 +67,11 @@ def _synthetic_pair(rng: np.random.Generator, domain: str, size: int) -> tuple[n
     angle = np.arctan2(y - center[0] / size, x - center[1] / size)
     vessels = sum(np.exp(-((np.sin(angle - a) * 30) ** 2)) for a in rng.uniform(0, 2 * np.pi, 4))
     base = base * (1 - 0.35 * np.clip(vessels, 0, 1)[..., None] * (1 - cup[..., None]))
-    image = base * (1 - disc[..., None]) + np.asarray([0.95, 0.80, 0.45]) * (disc - cup)[..., None] + np.asarray(
-        [1.0, 0.95, 0.80]) * cup[..., None]
+    image = (
+        base * (1 - disc[..., None])
+        + np.asarray([0.95, 0.80, 0.45]) * (disc - cup)[..., None]
+        + np.asarray([1.0, 0.95, 0.80]) * cup[..., None]
+    )
     image = image * 255.0 * (1 + 0.05 * rng.standard_normal(3))
     image = (image - image.mean()) * st["contrast"] + image.mean()
     image = image * np.asarray(st["cast"]) * st["gain"]
@@ -83,8 +88,9 @@ def _png(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, *, train_per_domain: int = 6, test_per_domain: int = 3,
-                    size: int = 48) -> dict:
+def write_synthetic(
+    out_dir: str | os.PathLike, seed: int = 0, *, train_per_domain: int = 6, test_per_domain: int = 3, size: int = 48
+) -> dict:
     """Write a small ``Fundus.zip`` in the DoFE layout (``Fundus/Domain{1..4}/{train,test}/ROIs/{image,mask}``).
 
     Real-style names per domain (``gdrishtiGS_001.png``, ``G-1-L.png``, ``g0001.png``, ``V0001.png``),
@@ -93,8 +99,10 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, *, train_per_doma
     edges. Returns the names per domain and split.
     """
     if train_per_domain < 2 or test_per_domain < 1 or size < 16:
-        raise ValueError(f"need train_per_domain >= 2, test_per_domain >= 1, size >= 16; got "
-                         f"{train_per_domain}, {test_per_domain}, {size}")
+        raise ValueError(
+            f"need train_per_domain >= 2, test_per_domain >= 1, size >= 16; got "
+            f"{train_per_domain}, {test_per_domain}, {size}"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     members: list[tuple[str, bytes]] = [("Fundus/", b"")]

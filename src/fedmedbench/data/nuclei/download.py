@@ -10,12 +10,8 @@ MONUSEG_TRAIN = "MoNuSeg_2018_Training_Data.zip"
 MONUSEG_TEST = "MoNuSegTestData.zip"
 TNBC_ZIP = "TNBC_NucleiSegmentation.zip"
 
-_MONUSAC_LICENCE = (
-    "CC BY-NC-SA 4.0 (MoNuSAC2020 challenge Data page). Cite Verma et al., IEEE TMI 2021."
-)
-_MONUSEG_LICENCE = (
-    "CC BY-NC-SA 4.0 (MoNuSeg challenge Data page). Cite Kumar et al., IEEE TMI 2017 and 2019."
-)
+_MONUSAC_LICENCE = "CC BY-NC-SA 4.0 (MoNuSAC2020 challenge Data page). Cite Verma et al., IEEE TMI 2021."
+_MONUSEG_LICENCE = "CC BY-NC-SA 4.0 (MoNuSeg challenge Data page). Cite Kumar et al., IEEE TMI 2017 and 2019."
 
 
 def _drive_step(upstream: str, page: str, filename: str) -> str:
@@ -52,7 +48,9 @@ DOWNLOADS = [
         filename=MONUSEG_TRAIN,  # upstream name: "MoNuSeg 2018 Training Data.zip"
         sha256="25d3d3185bb2970b397cafa72eb664c9b4d24294aee382e7e3df9885affce742",  # torch-em's hash
         licence=_MONUSEG_LICENCE,
-        manual_step=_drive_step("MoNuSeg 2018 Training Data.zip", "https://monuseg.grand-challenge.org/Data/", MONUSEG_TRAIN),
+        manual_step=_drive_step(
+            "MoNuSeg 2018 Training Data.zip", "https://monuseg.grand-challenge.org/Data/", MONUSEG_TRAIN
+        ),
         homepage="https://monuseg.grand-challenge.org/Data/",
     ),
     DownloadSpec(

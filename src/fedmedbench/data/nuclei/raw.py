@@ -386,7 +386,9 @@ def tile_pair(image: np.ndarray, mask: np.ndarray, size: int) -> tuple[np.ndarra
 def _discover(raw: dict, log: Callable[[str], object]) -> Discovery:
     missing = [spec.filename for spec in DOWNLOADS if spec.filename not in raw]
     if missing:
-        raise NucleiDataError(f"nuclei: raw files {missing} are missing; expected all of {[s.filename for s in DOWNLOADS]}")
+        raise NucleiDataError(
+            f"nuclei: raw files {missing} are missing; expected all of {[s.filename for s in DOWNLOADS]}"
+        )
     total = Discovery()
     parts = [
         find_monusac(Path(raw[MONUSAC_TRAIN]), "train", MONUSAC_TRAIN),
@@ -464,7 +466,11 @@ def preprocess(
     counts_found = _found_counts(found)
     log("nuclei: found " + ", ".join(f"{k} {v}" for k, v in counts_found.items()))
     if expect_real_counts:
-        problems = [f"{k}: found {counts_found[k]}, the real data have {v}" for k, v in REAL_COUNTS.items() if counts_found[k] != v]
+        problems = [
+            f"{k}: found {counts_found[k]}, the real data have {v}"
+            for k, v in REAL_COUNTS.items()
+            if counts_found[k] != v
+        ]
         if problems:
             raise NucleiDataError(
                 "the nuclei data do not match the real MoNuSAC2020 / MoNuSeg 2018 / TNBC v1.0 releases:\n  "
@@ -504,7 +510,9 @@ def preprocess(
                 if tiled:
                     x, y, coords = tile_pair(image, mask, size)
                     for ty, tx in coords:
-                        rows.append({"id": f"{sample.image_id}/y{ty:05d}_x{tx:05d}", **base, "tile_y": ty, "tile_x": tx})
+                        rows.append(
+                            {"id": f"{sample.image_id}/y{ty:05d}_x{tx:05d}", **base, "tile_y": ty, "tile_x": tx}
+                        )
                 else:
                     x, y = resize_pair(image, mask, size)
                     x, y = x[None], y[None]

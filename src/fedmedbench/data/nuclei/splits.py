@@ -76,10 +76,17 @@ def split(
         rows_of = pd.Series(np.arange(len(meta))).groupby(key).apply(list).to_dict()
         for name, names in parts.items():
             rows = np.array([r for g in names for r in rows_of[g]], dtype=np.int64)
-            tables.append(pd.DataFrame({
-                "client": client, "split": name, "row": rows,
-                "id": meta["id"].to_numpy()[rows], "group": meta["group"].to_numpy()[rows],
-            }))
+            tables.append(
+                pd.DataFrame(
+                    {
+                        "client": client,
+                        "split": name,
+                        "row": rows,
+                        "id": meta["id"].to_numpy()[rows],
+                        "group": meta["group"].to_numpy()[rows],
+                    }
+                )
+            )
     table = pd.concat(tables, ignore_index=True)
     write_split_csv(table, out_csv)
     return table

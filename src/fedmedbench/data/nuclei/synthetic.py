@@ -18,27 +18,91 @@ from .sites import MONUSAC_ORGANS, ORGAN_CLIENTS
 
 # Per-site stain (optical-density vectors), strength, brightness, blur, noise and nucleus shape.
 _SITE_STYLE = {
-    "MoNuSAC_breast": dict(h=(0.65, 0.70, 0.29), e=(0.07, 0.99, 0.11), strength=1.00, brightness=1.00, blur=0.0,
-                           noise=3.0, nuclei=(45, 70), radius=(5.0, 9.0)),
-    "MoNuSAC_kidney": dict(h=(0.55, 0.78, 0.35), e=(0.05, 0.85, 0.30), strength=1.20, brightness=0.93, blur=0.7,
-                           noise=2.0, nuclei=(35, 55), radius=(4.0, 7.0)),
-    "MoNuSAC_lung": dict(h=(0.75, 0.60, 0.22), e=(0.15, 1.05, 0.05), strength=0.80, brightness=1.05, blur=0.0,
-                         noise=5.0, nuclei=(30, 50), radius=(4.5, 8.0)),
-    "MoNuSAC_prostate": dict(h=(0.60, 0.75, 0.45), e=(0.02, 0.75, 0.15), strength=1.10, brightness=0.97, blur=1.2,
-                             noise=1.5, nuclei=(40, 60), radius=(4.0, 7.5)),
-    "MoNuSeg": dict(h=(0.70, 0.65, 0.35), e=(0.20, 0.95, 0.20), strength=1.30, brightness=0.90, blur=0.4,
-                    noise=4.0, nuclei=(55, 85), radius=(4.0, 7.0)),
-    "TNBC": dict(h=(0.62, 0.72, 0.40), e=(0.10, 0.70, 0.40), strength=0.70, brightness=1.08, blur=0.9,
-                 noise=2.5, nuclei=(35, 55), radius=(5.0, 10.0)),
+    "MoNuSAC_breast": dict(
+        h=(0.65, 0.70, 0.29),
+        e=(0.07, 0.99, 0.11),
+        strength=1.00,
+        brightness=1.00,
+        blur=0.0,
+        noise=3.0,
+        nuclei=(45, 70),
+        radius=(5.0, 9.0),
+    ),
+    "MoNuSAC_kidney": dict(
+        h=(0.55, 0.78, 0.35),
+        e=(0.05, 0.85, 0.30),
+        strength=1.20,
+        brightness=0.93,
+        blur=0.7,
+        noise=2.0,
+        nuclei=(35, 55),
+        radius=(4.0, 7.0),
+    ),
+    "MoNuSAC_lung": dict(
+        h=(0.75, 0.60, 0.22),
+        e=(0.15, 1.05, 0.05),
+        strength=0.80,
+        brightness=1.05,
+        blur=0.0,
+        noise=5.0,
+        nuclei=(30, 50),
+        radius=(4.5, 8.0),
+    ),
+    "MoNuSAC_prostate": dict(
+        h=(0.60, 0.75, 0.45),
+        e=(0.02, 0.75, 0.15),
+        strength=1.10,
+        brightness=0.97,
+        blur=1.2,
+        noise=1.5,
+        nuclei=(40, 60),
+        radius=(4.0, 7.5),
+    ),
+    "MoNuSeg": dict(
+        h=(0.70, 0.65, 0.35),
+        e=(0.20, 0.95, 0.20),
+        strength=1.30,
+        brightness=0.90,
+        blur=0.4,
+        noise=4.0,
+        nuclei=(55, 85),
+        radius=(4.0, 7.0),
+    ),
+    "TNBC": dict(
+        h=(0.62, 0.72, 0.40),
+        e=(0.10, 0.70, 0.40),
+        strength=0.70,
+        brightness=1.08,
+        blur=0.9,
+        noise=2.5,
+        nuclei=(35, 55),
+        radius=(5.0, 10.0),
+    ),
 }
 
 MONUSEG_SYNTHETIC_IDS = {
-    "train": ["TCGA-A7-A13E-01Z-00-DX1", "TCGA-B0-5711-01Z-00-DX1", "TCGA-18-5592-01Z-00-DX1",
-              "TCGA-G9-6336-01Z-00-DX1", "TCGA-DK-A2I6-01A-01-TS1", "TCGA-AY-A8YK-01A-01-TS1",
-              "TCGA-KB-A93J-01A-01-TS1", "TCGA-HE-7128-01Z-00-DX1", "TCGA-21-5784-01Z-00-DX1",
-              "TCGA-AR-A1AK-01Z-00-DX1", "TCGA-CH-5767-01Z-00-DX1", "TCGA-NH-A8F7-01A-01-TS1"],
-    "test": ["TCGA-2Z-A9J9-01A-01-TS1", "TCGA-44-2665-01B-06-BS6", "TCGA-69-7764-01A-01-TS1",
-             "TCGA-A6-6782-01A-01-BS1", "TCGA-AC-A2FO-01A-01-TS1", "TCGA-HT-8564-01Z-00-DX1"],
+    "train": [
+        "TCGA-A7-A13E-01Z-00-DX1",
+        "TCGA-B0-5711-01Z-00-DX1",
+        "TCGA-18-5592-01Z-00-DX1",
+        "TCGA-G9-6336-01Z-00-DX1",
+        "TCGA-DK-A2I6-01A-01-TS1",
+        "TCGA-AY-A8YK-01A-01-TS1",
+        "TCGA-KB-A93J-01A-01-TS1",
+        "TCGA-HE-7128-01Z-00-DX1",
+        "TCGA-21-5784-01Z-00-DX1",
+        "TCGA-AR-A1AK-01Z-00-DX1",
+        "TCGA-CH-5767-01Z-00-DX1",
+        "TCGA-NH-A8F7-01A-01-TS1",
+    ],
+    "test": [
+        "TCGA-2Z-A9J9-01A-01-TS1",
+        "TCGA-44-2665-01B-06-BS6",
+        "TCGA-69-7764-01A-01-TS1",
+        "TCGA-A6-6782-01A-01-BS1",
+        "TCGA-AC-A2FO-01A-01-TS1",
+        "TCGA-HT-8564-01Z-00-DX1",
+    ],
 }
 
 
@@ -196,7 +260,10 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dic
     info: dict = {"images": {}, "nucleus_pixels": {}}
 
     # MoNuSAC: per organ, train images from two train patients, test images from one test patient.
-    zips = {name: _ZipWriter(out_dir / name) for name in (MONUSAC_TRAIN, MONUSAC_TEST, MONUSEG_TRAIN, MONUSEG_TEST, TNBC_ZIP)}
+    zips = {
+        name: _ZipWriter(out_dir / name)
+        for name in (MONUSAC_TRAIN, MONUSAC_TEST, MONUSEG_TRAIN, MONUSEG_TEST, TNBC_ZIP)
+    }
     for o_index, organ in enumerate(("breast", "kidney", "lung", "prostate")):
         client = ORGAN_CLIENTS[organ]
         info["images"][client], info["nucleus_pixels"][client] = 0, []
@@ -211,7 +278,10 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dic
             rng = np.random.default_rng([seed, 1, o_index, i])
             h, w = (int(size * f) for f in rng.uniform(0.5, 1.3, 2))
             rgb, mask, polys, hazy = _synthetic_image(rng, client, h, w, ambiguous=subset == "test")
-            cell_types = [("Epithelial", polys[::2]), ("Lymphocyte", polys[1::2] + [np.array([[1.0, 1.0], [4.0, 4.0]])])]
+            cell_types = [
+                ("Epithelial", polys[::2]),
+                ("Lymphocyte", polys[1::2] + [np.array([[1.0, 1.0], [4.0, 4.0]])]),
+            ]
             if hazy:
                 cell_types.append(("Ambiguous", hazy))
             zip_name = MONUSAC_TRAIN if subset == "train" else MONUSAC_TEST

@@ -60,14 +60,24 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int = 0, **options) -> dic
     return synthetic.write_synthetic_release(Path(out_dir) / download.DOWNLOAD.filename, seed=seed, **options)
 
 
-def preprocess(raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print) -> dict:
+def preprocess(
+    raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print
+) -> dict:
     """``harmofl``: HarmoFL's 2.5D slices; ``fedlwr`` / ``fedlwr_stack``: Fed-LWR's slices, replicated / stacked."""
     check_protocol("prostate", protocol, PROTOCOLS)
     raw_root = Path(raw_files[download.DOWNLOAD.filename])
     if protocol == "harmofl":
-        return raw.preprocess_harmofl(raw_root, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
-    return raw.preprocess_fedlwr(raw_root, Path(store_dir), channels=raw.FEDLWR_CHANNELS[protocol],
-                                 expect_real_counts=expect_real_counts, size=size, log=log)
+        return raw.preprocess_harmofl(
+            raw_root, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log
+        )
+    return raw.preprocess_fedlwr(
+        raw_root,
+        Path(store_dir),
+        channels=raw.FEDLWR_CHANNELS[protocol],
+        expect_real_counts=expect_real_counts,
+        size=size,
+        log=log,
+    )
 
 
 def split(store_dir, out_csv, protocol: str, *, permutation: str = "default", seed: int = 0) -> pd.DataFrame:

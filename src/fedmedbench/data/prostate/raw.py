@@ -80,7 +80,9 @@ def client_site_dirs(release_root: str | os.PathLike) -> dict[str, Path]:
     # Name the missing site(s) of whichever naming the folder is closer to.
     expected = max((RELEASE_SITES, HARMOFL_CLIENTS), key=lambda sites: len(set(sites) & names))
     missing = [site for site in expected if site not in names]
-    raise ProstateDataError(f"{release_root}: site folder(s) {', '.join(missing)} missing (expected {list(expected)}, found {sorted(names)})")
+    raise ProstateDataError(
+        f"{release_root}: site folder(s) {', '.join(missing)} missing (expected {list(expected)}, found {sorted(names)})"
+    )
 
 
 def list_cases(site_dir: str | os.PathLike) -> list[tuple[str, Path, Path]]:
@@ -105,12 +107,16 @@ def list_cases(site_dir: str | os.PathLike) -> list[tuple[str, Path, Path]]:
         case = match["case"]
         table = labels if match["seg"] else images
         if case in table:
-            raise ProstateDataError(f"{path}: case {case} has two {'mask' if match['seg'] else 'image'} files "
-                                    f"({table[case].name} and {path.name})")
+            raise ProstateDataError(
+                f"{path}: case {case} has two {'mask' if match['seg'] else 'image'} files "
+                f"({table[case].name} and {path.name})"
+            )
         table[case] = path
     for case, path in images.items():
         if case not in labels:
-            raise ProstateDataError(f"{path}: image has no segmentation file ({case}_segmentation.nii.gz) in {site_dir}")
+            raise ProstateDataError(
+                f"{path}: image has no segmentation file ({case}_segmentation.nii.gz) in {site_dir}"
+            )
     for case, path in labels.items():
         if case not in images:
             raise ProstateDataError(f"{path}: segmentation has no image file ({case}.nii.gz) in {site_dir}")
@@ -144,8 +150,12 @@ def read_label_volume(path: str | os.PathLike) -> np.ndarray:
     label = read_volume(path)
     if label.size and (not np.isfinite(label).all() or label.min() < 0 or not np.array_equal(label, np.round(label))):
         found = np.unique(label)
-        shown = ", ".join(f"{v:g}" for v in found[:6].tolist()) + (f", ... ({len(found)} distinct)" if len(found) > 6 else "")
-        raise ProstateDataError(f"{path}: a segmentation must hold non-negative integer classes; found {label.dtype} values {shown}")
+        shown = ", ".join(f"{v:g}" for v in found[:6].tolist()) + (
+            f", ... ({len(found)} distinct)" if len(found) > 6 else ""
+        )
+        raise ProstateDataError(
+            f"{path}: a segmentation must hold non-negative integer classes; found {label.dtype} values {shown}"
+        )
     return label
 
 
@@ -218,6 +228,7 @@ def _check_against_dir_list(client: str, site_dir: Path, cases, index_dir: Path)
         return [f"{client}: cannot check file names, {dir_file} is missing"]
     expected = {str(name) for name in np.load(dir_file, allow_pickle=False)}
     found = {p.name for _, img, lab in cases for p in (img, lab)}
+
     def few(names: set[str]) -> str:
         names = sorted(names)
         return f"{len(names)} file(s), e.g. {names[:4]}"
@@ -339,7 +350,9 @@ def fedlwr_normalize_slice(image: np.ndarray) -> np.ndarray:
     return np.round((np.clip(x, low, high) - low) / (high - low) * 255).astype(np.uint8)
 
 
-def fedlwr_slices(image: np.ndarray, label: np.ndarray, channels: str = "replicate") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fedlwr_slices(
+    image: np.ndarray, label: np.ndarray, channels: str = "replicate"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fed-LWR samples of one case: (images n x H x W x 3, binary labels n x H x W, slice indices).
 
     Every slice with a non-empty mask is kept, edges included. ``channels="replicate"``: the
@@ -357,7 +370,9 @@ def fedlwr_slices(image: np.ndarray, label: np.ndarray, channels: str = "replica
     if not keep:
         return np.zeros((0, h, w, 3), np.uint8), np.zeros((0, h, w), np.uint8), np.zeros(0, np.int64)
     depth = image.shape[0]
-    needed = sorted({j for i in keep for j in ((i,) if channels == "replicate" else (max(i - 1, 0), i, min(i + 1, depth - 1)))})
+    needed = sorted(
+        {j for i in keep for j in ((i,) if channels == "replicate" else (max(i - 1, 0), i, min(i + 1, depth - 1)))}
+    )
     norm = {j: fedlwr_normalize_slice(image[j]) for j in needed}
     if channels == "replicate":
         stacks = [np.stack([norm[i]] * 3, axis=-1) for i in keep]
@@ -409,7 +424,9 @@ def preprocess_fedlwr(
             for case, img_path, lab_path in cases:
                 image, label = read_volume(img_path), read_label_volume(lab_path)
                 if image.shape != label.shape:
-                    raise ProstateDataError(f"{img_path} has shape {image.shape} but its mask {lab_path.name} has {label.shape}")
+                    raise ProstateDataError(
+                        f"{img_path} has shape {image.shape} but its mask {lab_path.name} has {label.shape}"
+                    )
                 x, y, idx = fedlwr_slices(image, label, channels)
                 inner += int(((idx >= 1) & (idx <= image.shape[0] - 2)).sum())
                 if x.shape[1:3] != (size, size):
@@ -417,27 +434,34 @@ def preprocess_fedlwr(
                 images.append(x)
                 labels.append(y)
                 for s in idx:
-                    rows.append({
-                        "id": f"{client}/{case}/s{s:03d}",
-                        "group": f"{client}/{case}",
-                        "source": img_path.relative_to(raw_root).as_posix(),
-                        "case": case,
-                        "slice": int(s),
-                        "site": release,
-                        "label_source": lab_path.relative_to(raw_root).as_posix(),
-                    })
+                    rows.append(
+                        {
+                            "id": f"{client}/{case}/s{s:03d}",
+                            "group": f"{client}/{case}",
+                            "source": img_path.relative_to(raw_root).as_posix(),
+                            "case": case,
+                            "slice": int(s),
+                            "site": release,
+                            "label_source": lab_path.relative_to(raw_root).as_posix(),
+                        }
+                    )
             if not rows:
                 raise ProstateDataError(f"{site_dir}: no case has a non-empty mask")
             if expect_real_counts and inner != HARMOFL_SLICE_COUNTS[harmofl_name]:
-                problems.append(f"{client} ({release}): {inner} foreground slices inside 1..D-2, HarmoFL has "
-                                f"{HARMOFL_SLICE_COUNTS[harmofl_name]}")
+                problems.append(
+                    f"{client} ({release}): {inner} foreground slices inside 1..D-2, HarmoFL has "
+                    f"{HARMOFL_SLICE_COUNTS[harmofl_name]}"
+                )
             counts[client] = len(rows)
             write_client(tmp_store, client, np.concatenate(images), np.concatenate(labels), pd.DataFrame(rows))
-            log(f"prostate {client} = {release} (folder {site_dir.name}): {len(cases)} cases, {len(rows)} slices, "
-                f"channels {channels}")
+            log(
+                f"prostate {client} = {release} (folder {site_dir.name}): {len(cases)} cases, {len(rows)} slices, "
+                f"channels {channels}"
+            )
         if problems:
             raise ProstateDataError(
-                "the prostate data do not match the real SAML release:\n  " + "\n  ".join(problems)
+                "the prostate data do not match the real SAML release:\n  "
+                + "\n  ".join(problems)
                 + "\n(for other or synthetic data set expect_real_counts to false)"
             )
     return counts

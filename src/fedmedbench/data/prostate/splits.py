@@ -80,7 +80,9 @@ def split_harmofl(
         else:
             # Our seeded split keeps every case in one split.
             rng = client_rng(seed, client)
-            perm, split = grouped_split(meta["group"].to_numpy(str), rng, lambda cases, client=client: case_cut_points(cases, fractions, client))
+            perm, split = grouped_split(
+                meta["group"].to_numpy(str), rng, lambda cases, client=client: case_cut_points(cases, fractions, client)
+            )
             order = np.argsort([{"train": 0, "val": 1, "test": 2}[s] for s in split], kind="stable")
             perm, split = perm[order], split[order]
         tables.append(
@@ -132,11 +134,22 @@ def split_fedlwr(
     for client in FEDLWR_CLIENTS:
         meta = open_client(store_dir, client).meta
         rng = client_rng(seed, client) if permutation == "seeded" else None
-        names = split_groups(meta["group"].to_numpy(str), rng, lambda cases, client=client: case_cut_points(cases, fractions, client))
+        names = split_groups(
+            meta["group"].to_numpy(str), rng, lambda cases, client=client: case_cut_points(cases, fractions, client)
+        )
         rank = {"train": 0, "val": 1, "test": 2}
         rows = np.argsort([rank[name] for name in names], kind="stable").astype(np.int64)  # store order inside a split
-        tables.append(pd.DataFrame({"client": client, "split": names[rows], "row": rows,
-                                    "id": meta["id"].to_numpy()[rows], "group": meta["group"].to_numpy()[rows]}))
+        tables.append(
+            pd.DataFrame(
+                {
+                    "client": client,
+                    "split": names[rows],
+                    "row": rows,
+                    "id": meta["id"].to_numpy()[rows],
+                    "group": meta["group"].to_numpy()[rows],
+                }
+            )
+        )
     table = pd.concat(tables, ignore_index=True)
     write_split_csv(table, out_csv)
     return table

@@ -54,8 +54,9 @@ __all__ = ["DOWNLOADS", "PROTOCOLS", "preprocess", "split", "write_synthetic"]
 
 
 # The family interface (see fedmedbench.data): each protocol's reader and split of record.
-def preprocess(raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None,
-               log=print) -> dict:
+def preprocess(
+    raw_files: dict, store_dir, protocol: str, *, expect_real_counts: bool = False, size: int | None = None, log=print
+) -> dict:
     check_protocol("skin", protocol, PROTOCOLS)
     return raw.preprocess_prrfl(raw_files, Path(store_dir), expect_real_counts=expect_real_counts, size=size, log=log)
 

@@ -126,8 +126,12 @@ def read_isic2017_ground_truth(path: str | os.PathLike) -> pd.DataFrame:
         raise SkinDataError(f"{path}: duplicated image_id(s) {list(dup.head(5))}")
     label = np.where(flags["melanoma"] == 1, 2, np.where(flags["seborrheic_keratosis"] == 1, 1, 0)).astype(np.int64)
     out = pd.DataFrame(
-        {"image_id": gt["image_id"], "melanoma": flags["melanoma"], "seborrheic_keratosis": flags["seborrheic_keratosis"],
-         "label": label}
+        {
+            "image_id": gt["image_id"],
+            "melanoma": flags["melanoma"],
+            "seborrheic_keratosis": flags["seborrheic_keratosis"],
+            "label": label,
+        }
     )
     return out.sort_values("image_id", kind="stable").reset_index(drop=True)
 
@@ -194,7 +198,9 @@ def _load_many(paths: list[Path], size: int) -> tuple[np.ndarray, list[tuple[int
 
 def _raw_path(raw: dict, name: str) -> Path:
     if name not in raw:
-        raise SkinDataError(f"raw input {name!r} not given (got {sorted(raw)}); the skin family needs {[s.filename for s in DOWNLOADS]}")
+        raise SkinDataError(
+            f"raw input {name!r} not given (got {sorted(raw)}); the skin family needs {[s.filename for s in DOWNLOADS]}"
+        )
     return Path(raw[name])
 
 
@@ -271,29 +277,48 @@ def preprocess_prrfl(
             if client == ISIC_CLIENT:
                 table = gt
                 entries = [isic_images[i] for i in table["image_id"]]
-                extras = {"label_name": [CLASSES[k] for k in table["label"]], "dataset": "isic2017",
-                          "melanoma": table["melanoma"], "seborrheic_keratosis": table["seborrheic_keratosis"]}
+                extras = {
+                    "label_name": [CLASSES[k] for k in table["label"]],
+                    "dataset": "isic2017",
+                    "melanoma": table["melanoma"],
+                    "seborrheic_keratosis": table["seborrheic_keratosis"],
+                }
                 groups = table["image_id"]
             else:
                 table = clients[client]
                 entries = [ham_images[i] for i in table["image_id"]]
-                extras = {"label_name": table["dx"], **{c: table[c] for c in ("dx_type", "age", "sex", "localization", "dataset")}}
+                extras = {
+                    "label_name": table["dx"],
+                    **{c: table[c] for c in ("dx_type", "age", "sex", "localization", "dataset")},
+                }
                 groups = table["lesion_id"]
             if len(table) == 0:
                 raise SkinDataError(f"client {client}: no image of classes {CLASSES} in the raw data")
             images, shapes = _load_many([p for _, p in entries], size)
             meta = pd.DataFrame(
-                {"id": table["image_id"], "group": groups, "source": [source(e) for e in entries], **extras,
-                 "orig_width": [w for w, _ in shapes], "orig_height": [h for _, h in shapes]}
+                {
+                    "id": table["image_id"],
+                    "group": groups,
+                    "source": [source(e) for e in entries],
+                    **extras,
+                    "orig_width": [w for w, _ in shapes],
+                    "orig_height": [h for _, h in shapes],
+                }
             )
             write_client(tmp_store, client, images, table["label"].to_numpy(np.int64), meta)
             counts[client] = len(table)
             log(f"skin {client}: {len(table)} images -> {size}x{size}")
         info = {
-            "family": "skin", "protocol": "prrfl", "classes": list(CLASSES), "size": size,
+            "family": "skin",
+            "protocol": "prrfl",
+            "classes": list(CLASSES),
+            "size": size,
             "resize": f"centre square crop on the shorter side, Pillow {RESAMPLE} (antialiased)",
-            "clients": {**{c: f"HAM10000 {s}" for c, s in CLIENT_SOURCES.items()}, ISIC_CLIENT: "ISIC 2017 training set",
-                        OOD_CLIENT: f"HAM10000 {OOD_SOURCE} (out-of-distribution cohort, test only)"},
+            "clients": {
+                **{c: f"HAM10000 {s}" for c, s in CLIENT_SOURCES.items()},
+                ISIC_CLIENT: "ISIC 2017 training set",
+                OOD_CLIENT: f"HAM10000 {OOD_SOURCE} (out-of-distribution cohort, test only)",
+            },
         }
         atomic_write_text(Path(tmp_store) / "info.json", json.dumps(info, indent=2) + "\n")
     return counts

@@ -37,8 +37,14 @@ def read_prrfl_split(split_dir: str | os.PathLike = DEFAULT_SPLIT_DIR) -> pd.Dat
             if labels.isna().any() or not labels.isin([0, 1, 2]).all():
                 raise SkinDataError(f"{path}: column 'label' must hold 0, 1 or 2")
             tables.append(
-                pd.DataFrame({"client": client, "split": split, "image_id": df["image_id"].str.strip(),
-                              "label": labels.astype(np.int64)})
+                pd.DataFrame(
+                    {
+                        "client": client,
+                        "split": split,
+                        "image_id": df["image_id"].str.strip(),
+                        "label": labels.astype(np.int64),
+                    }
+                )
             )
     table = pd.concat(tables, ignore_index=True)
     dup = table[table.duplicated(subset=["client", "image_id"], keep=False)]
@@ -47,7 +53,9 @@ def read_prrfl_split(split_dir: str | os.PathLike = DEFAULT_SPLIT_DIR) -> pd.Dat
     return table
 
 
-def check_prrfl_membership(client_ids: dict[str, Iterable[str]], split_dir: str | os.PathLike = DEFAULT_SPLIT_DIR) -> list[str]:
+def check_prrfl_membership(
+    client_ids: dict[str, Iterable[str]], split_dir: str | os.PathLike = DEFAULT_SPLIT_DIR
+) -> list[str]:
     """Differences between our clients A-D and the union of PRR-FL's CSVs, as text (empty = equal)."""
     prrfl = read_prrfl_split(split_dir)
     problems = []
@@ -55,9 +63,13 @@ def check_prrfl_membership(client_ids: dict[str, Iterable[str]], split_dir: str 
         ours = set(client_ids.get(client, ()))
         theirs = set(prrfl.loc[prrfl["client"] == client, "image_id"])
         if ours - theirs:
-            problems.append(f"client {client}: {len(ours - theirs)} image(s) not in PRR-FL's CSVs, e.g. {sorted(ours - theirs)[:3]}")
+            problems.append(
+                f"client {client}: {len(ours - theirs)} image(s) not in PRR-FL's CSVs, e.g. {sorted(ours - theirs)[:3]}"
+            )
         if theirs - ours:
-            problems.append(f"client {client}: {len(theirs - ours)} PRR-FL image(s) missing, e.g. {sorted(theirs - ours)[:3]}")
+            problems.append(
+                f"client {client}: {len(theirs - ours)} PRR-FL image(s) missing, e.g. {sorted(theirs - ours)[:3]}"
+            )
     return problems
 
 
@@ -120,12 +132,32 @@ def split_prrfl(
             rows, names = grouped_split(meta["group"].to_numpy(str), rng, _position_cut(), strata=labels)
             empty = [s for s in ("train", "val", "test") if not (names == s).any()]
             if empty:
-                raise SkinDataError(f"client {client}: {len(rows)} images are too few for a 70/10/20 split (no {empty})")
-        tables.append(pd.DataFrame({"client": client, "split": names, "row": rows,
-                                    "id": meta["id"].to_numpy()[rows], "group": meta["group"].to_numpy()[rows]}))
+                raise SkinDataError(
+                    f"client {client}: {len(rows)} images are too few for a 70/10/20 split (no {empty})"
+                )
+        tables.append(
+            pd.DataFrame(
+                {
+                    "client": client,
+                    "split": names,
+                    "row": rows,
+                    "id": meta["id"].to_numpy()[rows],
+                    "group": meta["group"].to_numpy()[rows],
+                }
+            )
+        )
     ood = open_client(store_dir, OOD_CLIENT).meta
-    tables.append(pd.DataFrame({"client": OOD_CLIENT, "split": "test", "row": np.arange(len(ood), dtype=np.int64),
-                                "id": ood["id"], "group": ood["group"]}))
+    tables.append(
+        pd.DataFrame(
+            {
+                "client": OOD_CLIENT,
+                "split": "test",
+                "row": np.arange(len(ood), dtype=np.int64),
+                "id": ood["id"],
+                "group": ood["group"],
+            }
+        )
+    )
     table = pd.concat(tables, ignore_index=True)
     write_split_csv(table, out_csv)
     return table

@@ -18,17 +18,27 @@ from .sites import CLASSES, CLIENT_SOURCES, EXPECTED_CLASS_COUNTS, ISIC_CLIENT, 
 
 # Per-source acquisition style: skin tone, colour cast, brightness, contrast, blur, noise, vignette.
 _SOURCE_STYLE = {
-    "vidir_modern": dict(skin=(222, 180, 160), cast=(1.00, 0.97, 0.95), gain=1.00, contrast=1.00, blur=0.0, noise=3, vignette=0.25),
-    "vidir_molemax": dict(skin=(205, 150, 135), cast=(1.05, 0.92, 0.88), gain=0.85, contrast=0.80, blur=1.0, noise=6, vignette=0.10),
-    "rosendahl": dict(skin=(230, 195, 175), cast=(0.95, 1.00, 1.06), gain=1.10, contrast=1.15, blur=0.0, noise=2, vignette=0.45),
-    "vienna_dias": dict(skin=(215, 190, 140), cast=(1.08, 1.00, 0.78), gain=0.90, contrast=0.70, blur=1.5, noise=10, vignette=0.60),
-    "isic2017": dict(skin=(200, 170, 165), cast=(0.97, 0.97, 1.02), gain=0.95, contrast=1.05, blur=0.5, noise=4, vignette=0.30),
+    "vidir_modern": dict(
+        skin=(222, 180, 160), cast=(1.00, 0.97, 0.95), gain=1.00, contrast=1.00, blur=0.0, noise=3, vignette=0.25
+    ),
+    "vidir_molemax": dict(
+        skin=(205, 150, 135), cast=(1.05, 0.92, 0.88), gain=0.85, contrast=0.80, blur=1.0, noise=6, vignette=0.10
+    ),
+    "rosendahl": dict(
+        skin=(230, 195, 175), cast=(0.95, 1.00, 1.06), gain=1.10, contrast=1.15, blur=0.0, noise=2, vignette=0.45
+    ),
+    "vienna_dias": dict(
+        skin=(215, 190, 140), cast=(1.08, 1.00, 0.78), gain=0.90, contrast=0.70, blur=1.5, noise=10, vignette=0.60
+    ),
+    "isic2017": dict(
+        skin=(200, 170, 165), cast=(0.97, 0.97, 1.02), gain=0.95, contrast=1.05, blur=0.5, noise=4, vignette=0.30
+    ),
 }
 # Class signal: lesion colour, radius (fraction of the short side), border irregularity, texture.
 _CLASS_STYLE = {
-    0: dict(colour=(120, 75, 50), radius=0.22, irregular=0.05, texture=0.05),   # nevus: brown, round, smooth
+    0: dict(colour=(120, 75, 50), radius=0.22, irregular=0.05, texture=0.05),  # nevus: brown, round, smooth
     1: dict(colour=(170, 135, 95), radius=0.28, irregular=0.15, texture=0.35),  # BKL: tan, oval, warty
-    2: dict(colour=(55, 35, 40), radius=0.30, irregular=0.25, texture=0.20),    # melanoma: dark, irregular
+    2: dict(colour=(55, 35, 40), radius=0.30, irregular=0.25, texture=0.20),  # melanoma: dark, irregular
 }
 _REAL_FRACTIONS = {c: np.asarray(v, float) / sum(v) for c, v in EXPECTED_CLASS_COUNTS.items()}
 
@@ -49,7 +59,9 @@ def _synthetic_image(rng: np.random.Generator, label: int, source: str, width: i
     angle = np.arctan2(y - cy, x - cx)
     radius = cl["radius"] * short * rng.uniform(0.85, 1.15)
     stretch = 1.3 if label == 1 else 1.0
-    border = 1 + cl["irregular"] * (np.cos(3 * angle + rng.uniform(0, 6.3)) + 0.6 * np.cos(5 * angle + rng.uniform(0, 6.3)))
+    border = 1 + cl["irregular"] * (
+        np.cos(3 * angle + rng.uniform(0, 6.3)) + 0.6 * np.cos(5 * angle + rng.uniform(0, 6.3))
+    )
     dist = np.sqrt(((x - cx) / stretch) ** 2 + (y - cy) ** 2) / (radius * border)
     lesion = np.clip((1.0 - dist) * 4, 0, 1)[..., None]  # soft edge
     skin = np.asarray(st["skin"], float) * (1 + 0.04 * rng.standard_normal(3))
@@ -119,10 +131,18 @@ def write_synthetic(
             image_id = f"ISIC_{next_image:07d}"
             next_image += 1
             age = "" if j == 5 else f"{float(rng.integers(1, 18) * 5):.1f}"
-            rows.append({"lesion_id": f"HAM_{next_lesion:07d}", "image_id": image_id, "dx": dx,
-                         "dx_type": ("histo", "follow_up", "consensus", "confocal")[j % 4], "age": age,
-                         "sex": ("male", "female")[j % 2], "localization": ("back", "face", "trunk", "lower extremity")[j % 4],
-                         "dataset": source})
+            rows.append(
+                {
+                    "lesion_id": f"HAM_{next_lesion:07d}",
+                    "image_id": image_id,
+                    "dx": dx,
+                    "dx_type": ("histo", "follow_up", "consensus", "confocal")[j % 4],
+                    "age": age,
+                    "sex": ("male", "female")[j % 2],
+                    "localization": ("back", "face", "trunk", "lower extremity")[j % 4],
+                    "dataset": source,
+                }
+            )
             drawn = label if label >= 0 else 1
             jpegs.append((image_id, _jpeg(_synthetic_image(rng, drawn, source, width, height))))
     order = rng.permutation(len(rows))  # the real file is not grouped by source
