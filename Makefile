@@ -71,7 +71,11 @@ test-all: $(STAMP)
 test-both-tiers: $(STAMP)
 	$(PYTEST_TIER)
 
+# The Python formatted and checked by ruff (pyproject.toml: pyflakes, import order, bugbear, imports at
+# module top), the workflow by Snakemake's linter and snakefmt. CI runs it before the tests.
 lint: $(STAMP)
+	ruff format --check .
+	ruff check .
 	snakemake --lint
 	snakefmt --check .
 
