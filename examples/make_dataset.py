@@ -18,5 +18,7 @@ parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.R
 parser.add_argument("out", type=Path, help="the data folder to create (must not exist or be empty)")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
-made = write_example(args.out, kind="segmentation", sites=("siteA", "siteB", "siteC"), seed=args.seed, counts=(8, 10, 12))
+made = write_example(
+    args.out, kind="segmentation", sites=("siteA", "siteB", "siteC"), seed=args.seed, counts=(8, 10, 12)
+)
 print(f"wrote {args.out}: images per site {json.dumps(made['counts'])}")
