@@ -18,7 +18,7 @@ import torch
 
 from fedmedbench.fl import checkpoint
 
-SRC = Path(checkpoint.__file__).resolve().parents[2]  # src/, for the subprocess
+SRC = Path(__file__).resolve().parents[1] / "src"  # for the subprocess
 MIB = 1 << 20
 
 

@@ -29,6 +29,13 @@ def doc_blocks(kind: str = "bash") -> dict[str, list[str]]:
     return blocks
 
 
+def federation_block() -> str:
+    """docs/federation.md's block on one's own data and method, the one this test runs."""
+    text = (ROOT / "docs" / "federation.md").read_text()
+    [block] = re.findall(r"<!-- run-by: tests/test_extending\.py[^>]*-->\n```bash\n(.*?)```", text, flags=re.DOTALL)
+    return block
+
+
 def private_venv(where: Path) -> Path:
     """A virtual environment whose own site-packages come first and which sees this one's packages
     (fedmedbench, snakemake, pip) behind them: the guide's `pip install -e ./myfed` goes there, not
@@ -46,7 +53,10 @@ def private_venv(where: Path) -> Path:
     (Path(purelib) / "_outer_environment.pth").write_text(
         f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
     )
-    for script in ("pip", "snakemake"):
+    # Flower's commands too: docs/federation.md's federation of the guide's data and plug-in starts them
+    # beside its python, and their apps must import the plug-in installed here.
+    flower = sorted(p.name for p in BIN.iterdir() if p.name.startswith(("flwr", "flower-")))
+    for script in ("pip", "snakemake", *flower):
         text = (BIN / script).read_text()
         (where / "bin" / script).write_text(re.sub(r"^#!.*", f"#!{python}", text, count=1))
         (where / "bin" / script).chmod(0o755)
@@ -90,6 +100,8 @@ def test_the_guide_has_the_blocks_this_test_runs():
     for command in ("new-method myfed", "pip install -e ./myfed", "fedmedbench methods", "myfed.yaml"):
         assert command in add, command
     assert "fedxyz" not in add  # the guide follows the package new-method writes
+    federated = federation_block()  # docs/federation.md's federation of the same data and plug-in
+    assert "federation local" in federated and "--task mysites" in federated and "--run myfed" in federated
 
 
 @pytest.mark.slow
@@ -147,3 +159,10 @@ def test_the_extending_guide_runs_as_written(tmp_path):
     assert final.is_file()
     log = (out / "logs" / "train" / "mysites" / "myfed" / "seed0.log").read_text()
     assert log.splitlines()[0].split(" INFO fedmedbench: ")[1].startswith(f"fedmedbench {version()}")
+
+    # docs/federation.md: the same data and plug-in over Flower, one SuperNode per site, the engine's numbers.
+    result = run(federation_block(), repo, bin_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    federated = out / "federation" / "mysites" / "myfed" / "seed0"
+    for name in ("final.json", "history.csv"):
+        assert (federated / name).read_bytes() == (final.parent / name).read_bytes(), name
