@@ -20,7 +20,7 @@ import yaml
 from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
 
-from fedmedbench.report import fedlwr, figure_check, figures, prrfl, qualitative, sweeps
+from fedmedbench.report import fedlwr, figure_check, figures, metric_names, prrfl, qualitative, sweeps
 from fedmedbench.report.figures import SOURCE_COLUMNS, SYNTHETIC_MARK
 from fedmedbench.report.flags import collect_flags
 from fedmedbench.report.tables import AVG, SYNTHETIC_NOTE, seed_summary, write_table
@@ -283,7 +283,7 @@ def test_one_error_definition_per_paper_figure_named_on_it(drawn, tmp_path):
     assert figure_check.check_figures(tmp_path) == []
     # two definitions across Fig. 5's panels are one too many for the folder check
     data = pd.read_csv(tmp_path / "paper_fig5c_sweep.csv")
-    data["error"] = data["error"].where(data["error"].isna(), sweeps.SWEEP_ERRORS["clients_std"])
+    data["error"] = data["error"].where(data["error"].isna(), metric_names.SWEEP_ERRORS["clients_std"])
     data.to_csv(tmp_path / "paper_fig5c_sweep.csv", index=False)
     assert any("paper_fig5: its panels" in p for p in figure_check.check_figures(tmp_path))
 

@@ -91,13 +91,13 @@ def test_the_classification_store_holds_the_generated_labels_and_groups(examples
         rows = labels_csv[labels_csv["site"] == site]
         assert list(client.meta["source"]) == list(rows["image"])
         assert list(client.meta["group"]) == [f"{site}/{g}" for g in rows["group"]]
-        assert [F.EXAMPLE_LABELS[k] for k in client.labels] == list(rows["label"]) == list(client.meta["label"])
+        assert [F.example.EXAMPLE_LABELS[k] for k in client.labels] == list(rows["label"]) == list(client.meta["label"])
 
 
 def test_labels_may_be_class_indices_and_groups_may_be_missing(examples, tmp_path):
     root, options = _copy(examples["classification"], tmp_path)
     table = pd.read_csv(root / "labels.csv", dtype=str)
-    expected = [F.EXAMPLE_LABELS.index(label) for label in table["label"]]
+    expected = [F.example.EXAMPLE_LABELS.index(label) for label in table["label"]]
     table["label"] = [str(k) for k in expected]
     table.drop(columns="group").to_csv(root / "labels.csv", index=False)
     store, _ = _preprocess(options, tmp_path)

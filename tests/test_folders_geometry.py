@@ -226,9 +226,9 @@ def test_a_native_size_is_read_from_one_header_at_dag_time(tmp_path):
     )
     # NIfTI (i, j, k) = (32, 36, 5): slices along k are 36x32 (H x W), along j 5x32.
     F.write_example(tmp_path / "nii", image_format="nifti", counts=(3, 3, 3))
-    assert F.native_size({"root": str(tmp_path / "nii")})[:2] == (36, 32)
-    assert F.native_size({"root": str(tmp_path / "nii"), "nifti_axis": 1})[:2] == (5, 32)
-    assert F.native_size({"root": str(tmp_path / "nii"), "nifti_axis": 0})[:2] == (5, 36)
+    assert F.reading.native_size({"root": str(tmp_path / "nii")})[:2] == (36, 32)
+    assert F.reading.native_size({"root": str(tmp_path / "nii"), "nifti_axis": 1})[:2] == (5, 32)
+    assert F.reading.native_size({"root": str(tmp_path / "nii"), "nifti_axis": 0})[:2] == (5, 36)
     assert "36x32 (H x W) is not a multiple of 16" in _dag_error(_user_config(tmp_path / "nii"))
     # A classifier's minimum: DenseNet-121 needs 13 pixels; the example's 8-pixel images are refused.
     cls = F.write_example(tmp_path / "cls", kind="classification", size=8)
@@ -237,7 +237,7 @@ def test_a_native_size_is_read_from_one_header_at_dag_time(tmp_path):
         "config: data.mysites.image_size: 8 is below 13, the smallest size the DenseNet of task 'mysites' "
         "can take (its strided layers would leave no pixel); it is not set"
     )
-    assert F.native_size({"root": str(tmp_path / "missing")}) is None  # unreadable: preprocessing names it
+    assert F.reading.native_size({"root": str(tmp_path / "missing")}) is None  # unreadable: preprocessing names it
 
 
 def test_train_checks_the_store_size_before_the_first_step(tmp_path):

@@ -262,7 +262,7 @@ def task_image_size(config: dict, task: str, source: str = "config") -> tuple[st
             return f"data.{dataset}.image_size", (size, size), ""
         from fedmedbench.data import folders  # noqa: PLC0415  (start-up: see the comment at the top)
 
-        found = folders.native_size(folders_options(config, dataset))
+        found = folders.reading.native_size(folders_options(config, dataset))
         if found is None:
             return f"data.{dataset}.image_size", None, ""
         height, width, path = found

@@ -27,7 +27,7 @@ from fedmedbench.report.figures import (
     y_from_floor,
 )
 from fedmedbench.report.flags import MARKS, collapsed_texts
-from fedmedbench.report.metric_names import SWEEP_ERRORS, metric_label  # noqa: F401  (SWEEP_ERRORS: re-exported)
+from fedmedbench.report.metric_names import SWEEP_ERRORS, metric_label
 from fedmedbench.report.tables import AVG, seed_summary, std_over_seeds
 
 # A point is a mean of accuracies or Dice scores in percent: no error bar leaves 0-100 %.

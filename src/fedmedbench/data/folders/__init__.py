@@ -81,25 +81,16 @@ import numpy as np
 import pandas as pd
 
 from ..store import atomic_write_text, staged_dir, write_client
-from .example import EXAMPLE_CLASSES, EXAMPLE_LABELS, EXAMPLE_MASK_VALUES, write_example  # noqa: F401
+from .example import write_example
 from .groups import assign_groups
 from .inspect import inspect_folders
-from .options import (  # noqa: F401
-    DEFAULT_FRACTIONS,
-    IMAGE_SUFFIXES,
-    KINDS,
-    LABEL_COLUMNS,
-    LABELS_FILE,
+from .options import (
     META_DETAILS,
-    NIFTI_SUFFIXES,
-    OPTIONAL_LABEL_COLUMNS,
-    SPLIT_CSV_COLUMNS,
     FoldersDataError,
     FoldersOptions,
     _is_int,
 )
-from .reading import (  # noqa: F401
-    GEOMETRY_TOLERANCE,
+from .reading import (
     ROBUST_PERCENTILES,
     _check_channels,
     _check_root,
@@ -113,10 +104,9 @@ from .reading import (  # noqa: F401
     discover_sites,
     list_pairs,
     multipage_warning,
-    native_size,
     read_image,
 )
-from .splits import split  # noqa: F401
+from .splits import split
 
 __all__ = [
     "DOWNLOADS",
