@@ -150,6 +150,7 @@ def test_hook_timeout_ends_a_stuck_hook_with_the_same_line(tmp_path, tiny_task, 
     cfg = stuck_config(
         tiny_task, tmp_path / "stuck", round_index=1, client="A"
     )  # the first Client.train: stuck at once
+    before = signal.getsignal(signal.SIGTERM)  # whatever this worker's earlier tests left (Ray installs one)
     started = time.monotonic()
     with pytest.raises(HookStopped) as caught, watching(timeout_s=2.5):
         engine.run_training(cfg, tmp_path / "run", threads=1, progress=False)
@@ -159,7 +160,7 @@ def test_hook_timeout_ends_a_stuck_hook_with_the_same_line(tmp_path, tiny_task, 
     )
     assert caught.value.code == 1 and time.monotonic() - started < 60
     assert running() is None and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are put back
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back
 
 
 def test_hook_timeout_is_off_by_default_and_a_bad_value_is_one_line(tmp_path, capsys):
