@@ -257,6 +257,22 @@ def interrupt_after_round(cfg, out, monkeypatch, round_index=1):
     monkeypatch.delenv(faults.KILL_AT_ENV)
 
 
+def install_lab_plugin(root, monkeypatch, name: str, source: str):
+    """A plug-in method ``my_lab.<name>`` (``source``) importable from ``root`` for this test: written,
+    put first on sys.path, any earlier ``my_lab`` forgotten (a method registry cache included).
+    Returns ``root``; the caller ``forget()``s the registry again when done."""
+    from fedmedbench.registry import forget
+
+    (root / "my_lab").mkdir(parents=True)
+    (root / "my_lab" / "__init__.py").write_text("")
+    (root / "my_lab" / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(root))
+    for module in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
+        monkeypatch.delitem(sys.modules, module)
+    forget()
+    return root
+
+
 @pytest.fixture()
 def tiny_task(tmp_path):
     return write_tiny_task(tmp_path / "data")

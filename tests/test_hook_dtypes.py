@@ -5,8 +5,6 @@ plug-in, defined here."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
@@ -15,7 +13,7 @@ from fedmedbench.fl import engine
 from fedmedbench.models import build_model
 from fedmedbench.registry import forget
 from fedmedbench.runconfig import RunConfig
-from tests.conftest import tiny_run_config
+from tests.conftest import install_lab_plugin, tiny_run_config
 
 INTFED = '''
 """FedAvg whose state turns integer where its parameter ``where`` says."""
@@ -59,14 +57,7 @@ class Server(BaseServer):
 
 @pytest.fixture()
 def intfed(tmp_path, monkeypatch):
-    root = tmp_path / "plugins"
-    (root / "my_lab").mkdir(parents=True)
-    (root / "my_lab" / "__init__.py").write_text("")
-    (root / "my_lab" / "intfed.py").write_text(INTFED)
-    monkeypatch.syspath_prepend(str(root))
-    for name in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
-        monkeypatch.delitem(sys.modules, name)
-    forget()
+    install_lab_plugin(tmp_path / "plugins", monkeypatch, "intfed", INTFED)
     yield
     forget()
 

@@ -21,7 +21,7 @@ from fedmedbench.errors import HookStopped
 from fedmedbench.fl import engine
 from fedmedbench.fl.hookwatch import running, watching
 from fedmedbench.registry import forget
-from tests.conftest import tiny_run_config
+from tests.conftest import install_lab_plugin, tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 STUCKFED = '''
@@ -57,15 +57,7 @@ class Server(BaseServer):
 
 @pytest.fixture()
 def stuckfed(tmp_path, monkeypatch):
-    root = tmp_path / "plugins"
-    (root / "my_lab").mkdir(parents=True)
-    (root / "my_lab" / "__init__.py").write_text("")
-    (root / "my_lab" / "stuckfed.py").write_text(STUCKFED)
-    monkeypatch.syspath_prepend(str(root))
-    for name in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
-        monkeypatch.delitem(sys.modules, name)
-    forget()
-    yield root
+    yield install_lab_plugin(tmp_path / "plugins", monkeypatch, "stuckfed", STUCKFED)
     forget()
 
 

@@ -19,7 +19,7 @@ from fedmedbench.fl import engine
 from fedmedbench.models import build_model
 from fedmedbench.registry import forget
 from fedmedbench.runconfig import RunConfig
-from tests.conftest import tiny_run_config
+from tests.conftest import install_lab_plugin, tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,15 +67,8 @@ class Server(BaseServer):
 @pytest.fixture()
 def plugin_root(tmp_path, monkeypatch):
     """``my_lab.brokenfed`` on sys.path and PYTHONPATH (a CLI process and Ray's workers import it)."""
-    root = tmp_path / "plugins"
-    (root / "my_lab").mkdir(parents=True)
-    (root / "my_lab" / "__init__.py").write_text("")
-    (root / "my_lab" / "brokenfed.py").write_text(BROKEN)
-    monkeypatch.syspath_prepend(str(root))
+    root = install_lab_plugin(tmp_path / "plugins", monkeypatch, "brokenfed", BROKEN)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    for name in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
-        monkeypatch.delitem(sys.modules, name)
-    forget()
     yield root
     forget()
 
