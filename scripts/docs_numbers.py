@@ -11,7 +11,12 @@ Each block name maps to one CSV file under ``benchmarks/results/`` (dated, with 
 command beside it in the Markdown record of the same date) and the columns it shows. The values are copied
 as the CSV spells them, never recomputed or rounded, so the page says exactly what the file says.
 
-    python scripts/docs_numbers.py            # rewrite every block in README.md and docs/**/*.md
+The benchmark records themselves (``benchmarks/results/*.md``) show their summary tables the same way: each
+table is a block written from the CSV beside the record (``RECORD_TABLES``: every column, headed as the CSV
+heads it), so a measured value has one place, its CSV, and ``tests/test_docs_units.py`` fails on one written
+by hand outside a block.
+
+    python scripts/docs_numbers.py            # rewrite every block in README.md, docs/**/*.md and the records
     python scripts/docs_numbers.py --check    # exit 1, naming the page and block, where a block is stale
 
 ``tests/test_docs.py`` runs the check.
@@ -118,12 +123,22 @@ BLOCKS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
     ),
 }
 
+# The records' own tables: record -> the CSV files (beside it) whose tables it shows, in the order shown. The
+# block's name is the CSV's name without ".csv"; it shows every column under the CSV's own header.
+RECORD_TABLES: dict[str, list[str]] = {}
+for _record, _tables in RECORD_TABLES.items():
+    BLOCKS.update({t.removesuffix(".csv"): (t, _record, []) for t in _tables})
+
 BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 
 
 def pages(root: Path = ROOT) -> list[Path]:
-    """The pages that may hold generated blocks: README.md and every page under docs/."""
-    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    """The pages that may hold generated blocks: README.md, every page under docs/ and the benchmark records."""
+    return [
+        root / "README.md",
+        *sorted((root / "docs").rglob("*.md")),
+        *sorted((root / "benchmarks" / "results").glob("*.md")),
+    ]
 
 
 def render(name: str, page: Path, results: Path = RESULTS) -> str:
@@ -133,13 +148,21 @@ def render(name: str, page: Path, results: Path = RESULTS) -> str:
     csv_name, record, columns = BLOCKS[name]
     with open(results / csv_name, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
+    if not columns:  # a record's own table: every column, headed as the CSV heads it
+        with open(results / csv_name, newline="", encoding="utf-8") as f:
+            columns = [(c, c) for c in next(csv.reader(f), [])]
     for column, _ in columns:
         if rows and column not in rows[0]:
             raise KeyError(f"{results / csv_name}: no column {column!r} (block {name!r})")
     lines = ["| " + " | ".join(header for _, header in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(row[column] for column, _ in columns) + " |" for row in rows]
     rel = Path(os.path.relpath(results, page.parent)).as_posix()
-    lines += ["", f"Source: [{csv_name}]({rel}/{csv_name}), measured as recorded in [{record}]({rel}/{record})."]
+    prefix = "" if rel == "." else rel + "/"  # a record links the CSV beside it by its bare name
+    if page.name == record and page.parent.resolve() == results.resolve():
+        lines += ["", f"Source: [{csv_name}]({prefix}{csv_name})."]  # the record is this page
+    else:
+        source = f"Source: [{csv_name}]({prefix}{csv_name}), measured as recorded in [{record}]({prefix}{record})."
+        lines += ["", source]
     return "\n".join(lines) + "\n"
 
 

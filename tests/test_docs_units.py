@@ -1,15 +1,19 @@
-"""No number with a unit in the README or docs/ that a run produced, unless a generated block holds it.
+"""No number with a unit in the README, docs/ or a benchmark record that a run produced, unless a generated
+block holds it.
 
 A measurement goes stale the day the code changes, so the pages quote one only inside a generated block
 (``<!-- generated:NAME -->``, written from its result file by ``scripts/docs_numbers.py`` and checked by
-``tests/test_docs.py``). This test scans README.md and docs/**/*.md for numbers with a unit (s, min, GB,
-×, %, h) outside those blocks and outside code, and fails on any not in ``ALLOWED``: constants that no
-run of ours produces (paper values, defaults, upstream sizes and timeouts), each with its reason.
+``tests/test_docs.py``). This test scans README.md, docs/**/*.md and the benchmark records
+(``benchmarks/results/*.md``) for numbers with a unit (ms, s, min, h, kB, MB, GB, TB, MiB, GiB, ×, %)
+outside those blocks and outside code, and fails on any not in ``ALLOWED``: constants that no run of ours
+produces (paper values, defaults, settings, published sizes), each with its reason. A measurement is never
+allow-listed.
 
-The benchmark records (``benchmarks/results/*.md``) are not scanned: each is the dated source of record of
-its measurements (machine, commit and command on its first lines, ``tests/test_docs.py`` checks that), so a
-number there is the measurement itself, not a copy of one. The pages quote them only through generated
-blocks, whose values come from the records' CSV files.
+A record is held to the same rule: its summary tables are blocks written from the CSV beside it (the CSV is
+the measurement; the record says how it was taken), and its prose points at those tables rather than
+repeating their values. One narrow exception: the row of a record's header table whose first cell is
+``machine`` (``| machine | ... 2 CPUs, 23 GiB ... |``) describes the machine, not a run's result, and is not
+scanned; only that row, so a measurement elsewhere in the record is still caught.
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ GENERATED = re.compile(r"<!-- generated:[a-z0-9-]+ -->\n.*?<!-- /generated -->",
 FENCE = re.compile(r"^[ \t]*(```|~~~)[^\n]*\n.*?^[ \t]*\1[ \t]*$", re.M | re.S)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 NUMBER = re.compile(
-    r"(?<![\w.])(?:~|≈|about |under |up to |< ?)?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?(?:min|GB|s|h|×|%)(?!\w)"
+    r"(?<![\w.])(?:~|≈|about |under |up to |< ?)?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?"
+    r"(?:min|ms|s|h|kB|KB|MB|GB|TB|MiB|GiB|×|%)(?!\w)"
 )
+# The machine row of a record's header table (a fact about the machine, not a run's result).
+MACHINE_ROW = re.compile(r"^\|\s*machine\s*\|[^\n]*$", re.M | re.I)
+RECORDS = ROOT / "benchmarks" / "results"
 
 # (page, the number as written, why it may stay). Keep it short: a number a run produced is generated or removed.
 ALLOWED: list[tuple[str, str, str]] = [
@@ -43,6 +51,8 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("docs/data/camelyon17.md", "96 ×", "the store's shape (arithmetic)"),
     ("docs/data/camelyon17.md", "12.6 GB", "455,954 × 96 × 96 × 3 bytes (arithmetic)"),
     ("docs/data/camelyon17.md", "35 GB", "archive + extraction + store (sizes)"),
+    ("docs/data/camelyon17.md", "6.7 MB", "the seeded synthetic twin's size at its defaults (deterministic)"),
+    ("docs/data/camelyon17.md", "6 MB", "the seeded synthetic archive's size at its defaults (deterministic)"),
     ("docs/data/fundus.md", "≈0.8 GB", "the store's shape at 384 px (arithmetic)"),
     ("docs/data/fundus.md", "25 %", "MAX_OFF_LEVEL_FRACTION (a default)"),
     (
@@ -52,12 +62,19 @@ ALLOWED: list[tuple[str, str, str]] = [
     ),
     ("docs/data/fundus.md", "under 1 %", "off-level pixels at 384 px (deterministic)"),
     ("docs/data/fundus.md", "1 %", "the alternative threshold discussed"),
+    ("docs/data/nuclei.md", "about 600 MB", "MoNuSAC's published zip sizes (eva's docs)"),
+    ("docs/data/nuclei.md", "about 25 MB", "TNBC's published archive size"),
+    ("docs/data/nuclei.md", "about 80 MB", "the store's shape, 388 × 256 × 256 × 3 bytes (arithmetic)"),
+    ("docs/data/nuclei.md", "about 5 MB", "the seeded synthetic archive's size at its defaults (deterministic)"),
+    ("docs/data/skin.md", "≈540 MB", "the store's shape at 128 px (arithmetic)"),
     ("docs/data/skin.md", "≈1.3 GB", "the archive's published size"),
     ("docs/data/skin.md", "≈1.4 GB", "the archive's published size"),
     ("docs/data.md", "~10 GB", "Camelyon17's published download size"),
     ("docs/data/nuclei.md", "0.5–1.3×", "MoNuSAC's image sizes against the default 256 px (data property)"),
     ("docs/engineering.md", "2×", "a test's growth factor"),
     ("docs/engineering.md", "4×", "a test's growth factor"),
+    ("docs/engineering.md", "~0.4 KB", "a zip record and its pickle entry per tensor (the formats', deterministic)"),
+    ("docs/engineering.md", "50 ms", "the ServerApp's first polling wait (a constant)"),
     ("docs/engineering.md", "2 s", "the hashing guard's window (a constant)"),
     ("docs/engineering.md", "0.1 s", "the ServerApp's polling bound (a constant)"),
     ("docs/engineering.md", "3 s", "Flower's Grid.send_and_receive wait (its source)"),
@@ -71,14 +88,36 @@ ALLOWED: list[tuple[str, str, str]] = [
 PAPER_PERCENT = {"20 %", "20%", "80 %"}
 
 
+# Records whose tables are not yet generated, with why. Strict: the test fails once such a record passes, so
+# the entry is removed then.
+NOT_YET_GENERATED: dict[str, str] = {
+    "benchmarks/results/2026-12-01-checkpoint.md": "rewritten with bench_checkpoint.py's own CSV",
+    "benchmarks/results/2026-11-22-engine-small-cpu.md": "being converted",
+    "benchmarks/results/2026-11-22-fedlwr-cka-cpu.md": "being converted",
+    "benchmarks/results/2026-11-23-dag-time.md": "being converted",
+    "benchmarks/results/2026-11-23-demo-wall-time.md": "being converted",
+    "benchmarks/results/2026-11-25-checkpoint-writer.md": "being converted",
+    "benchmarks/results/2026-11-25-federation-and-simulators.md": "being converted",
+    "benchmarks/results/2026-11-25-paper-scale-cpu.md": "being converted",
+    "benchmarks/results/2026-11-26-checkpoint-writer.md": "being converted",
+    "benchmarks/results/2026-11-26-demo-wall-time.md": "being converted",
+    "benchmarks/results/2026-11-26-h200.md": "being converted",
+    "benchmarks/results/2026-11-28-demo-wall-time.md": "being converted",
+    "benchmarks/results/2026-11-28-test-tiers.md": "being converted",
+    "benchmarks/results/2026-11-29-federation-rounds.md": "being converted",
+    "benchmarks/results/2026-11-29-install.md": "being converted",
+    "benchmarks/results/2026-11-29-test-tiers.md": "being converted",
+}
+
+
 def pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted(RECORDS.glob("*.md"))]
 
 
 def numbers_with_units(text: str) -> list[str]:
     """The numbers with a unit of ``text`` outside generated blocks, fenced code and inline code."""
     blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
-    text = INLINE_CODE.sub("``", FENCE.sub(blank, GENERATED.sub(blank, text)))
+    text = MACHINE_ROW.sub("", INLINE_CODE.sub("``", FENCE.sub(blank, GENERATED.sub(blank, text))))
     return [m.group(0) for m in NUMBER.finditer(text)]
 
 
@@ -91,7 +130,28 @@ def test_the_scanner_finds_numbers_with_units_and_skips_generated_blocks_and_cod
     assert numbers_with_units("python 3.11 and 455,954 images, 1e-4, model 5.3") == []
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_record_is_scanned_and_only_its_machine_row_is_exempt():
+    assert RECORDS / "2026-11-29-install.md" in pages()
+    record = (
+        "# A benchmark (2026-12-09)\n\n| | |\n|---|---|\n| machine | AMD EPYC, 2 CPUs, 23 GiB, 16 GB swap |\n"
+        "| commit | abc1234 |\n\n| task | s/round |\n|---|---|\n| prostate | 4.21 s |\n\n"
+        "<!-- generated:x -->\n| prostate | 4.21 s |\n<!-- /generated -->\n\nA round took 38.5 ms, 55.7 MB.\n"
+    )
+    assert numbers_with_units(record) == ["4.21 s", "38.5 ms", "55.7 MB"]
+
+
+def scanned_pages() -> list:
+    """Every page; a record of NOT_YET_GENERATED is expected to fail, strictly (passing fails the run)."""
+    out = []
+    for page in pages():
+        rel = page.relative_to(ROOT).as_posix()
+        reason = NOT_YET_GENERATED.get(rel)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        out.append(pytest.param(page, marks=marks, id=rel))
+    return out
+
+
+@pytest.mark.parametrize("page", scanned_pages())
 def test_no_page_quotes_a_measured_number_outside_a_generated_block(page):
     rel = page.relative_to(ROOT).as_posix()
     allowed = {re.sub(r"\s+", " ", number) for where, number, _ in ALLOWED if where == rel} | PAPER_PERCENT
