@@ -83,6 +83,7 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("docs/reviewers/fedlwr.md", "10 %", "CFFL's θ_u = 0.1 (a default)"),
     ("docs/reviewers/fedlwr.md", "0.3–0.5×", "the movement test's thresholds (constants of the test)"),
     ("docs/troubleshooting.md", "up to 10 s", "the SLURM plugin's timeout (its default)"),
+    ("benchmarks/results/2026-11-23-dag-time.md", "10 s", "the SLURM plugin's scontrol timeout (its default)"),
 ]
 # Paper values: the papers' split fractions (20 % test, 80/20 train/validation, the last 20 % of rounds).
 PAPER_PERCENT = {"20 %", "20%", "80 %"}
@@ -92,17 +93,11 @@ PAPER_PERCENT = {"20 %", "20%", "80 %"}
 # the entry is removed then.
 NOT_YET_GENERATED: dict[str, str] = {
     "benchmarks/results/2026-12-01-checkpoint.md": "rewritten with bench_checkpoint.py's own CSV",
-    "benchmarks/results/2026-11-22-engine-small-cpu.md": "being converted",
-    "benchmarks/results/2026-11-22-fedlwr-cka-cpu.md": "being converted",
-    "benchmarks/results/2026-11-23-dag-time.md": "being converted",
-    "benchmarks/results/2026-11-23-demo-wall-time.md": "being converted",
     "benchmarks/results/2026-11-25-checkpoint-writer.md": "being converted",
     "benchmarks/results/2026-11-25-federation-and-simulators.md": "being converted",
     "benchmarks/results/2026-11-25-paper-scale-cpu.md": "being converted",
     "benchmarks/results/2026-11-26-checkpoint-writer.md": "being converted",
-    "benchmarks/results/2026-11-26-demo-wall-time.md": "being converted",
     "benchmarks/results/2026-11-26-h200.md": "being converted",
-    "benchmarks/results/2026-11-28-demo-wall-time.md": "being converted",
     "benchmarks/results/2026-11-28-test-tiers.md": "being converted",
     "benchmarks/results/2026-11-29-federation-rounds.md": "being converted",
     "benchmarks/results/2026-11-29-install.md": "being converted",
