@@ -132,6 +132,20 @@ RECORD_TABLES: dict[str, list[str]] = {
     "2026-11-23-demo-wall-time.md": ["2026-11-23-demo-wall-time.csv"],
     "2026-11-26-demo-wall-time.md": ["2026-11-26-demo-wall-time.csv"],
     "2026-11-28-demo-wall-time.md": ["2026-11-28-demo-wall-time.csv", "2026-11-28-demo-wall-time-pair.csv"],
+    "2026-11-28-test-tiers.md": [
+        "2026-11-28-test-tiers-fast.csv",
+        "2026-11-28-test-tiers-slow.csv",
+        "2026-11-28-test-tiers-ci.csv",
+        "2026-11-28-test-tiers-avx512.csv",
+        "2026-11-28-test-tiers-ci-9022adf.csv",
+        "2026-11-28-test-tiers-ci-3e61222.csv",
+    ],
+    "2026-11-29-test-tiers.md": [
+        "2026-11-29-test-tiers-fast.csv",
+        "2026-11-29-test-tiers-ci.csv",
+        "2026-11-29-test-tiers-demo.csv",
+    ],
+    "2026-11-29-install.md": ["2026-11-29-install.csv"],
 }
 for _record, _tables in RECORD_TABLES.items():
     BLOCKS.update({t.removesuffix(".csv"): (t, _record, []) for t in _tables})

@@ -84,6 +84,18 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("docs/reviewers/fedlwr.md", "0.3–0.5×", "the movement test's thresholds (constants of the test)"),
     ("docs/troubleshooting.md", "up to 10 s", "the SLURM plugin's timeout (its default)"),
     ("benchmarks/results/2026-11-23-dag-time.md", "10 s", "the SLURM plugin's scontrol timeout (its default)"),
+    (
+        "benchmarks/results/2026-11-28-test-tiers.md",
+        "23 GiB",
+        "the second machine's memory, in its heading (a machine fact)",
+    ),
+    (
+        "benchmarks/results/2026-11-29-install.md",
+        "about 3 GB",
+        "the published size of the torch, torchvision and CUDA wheels",
+    ),
+    ("benchmarks/results/2026-11-29-install.md", "~0.2 GB", "the published size of PyTorch's CPU wheels"),
+    ("benchmarks/results/2026-11-29-install.md", "~0.7 GB", "PyTorch's CPU wheels installed (their published sizes)"),
 ]
 # Paper values: the papers' split fractions (20 % test, 80/20 train/validation, the last 20 % of rounds).
 PAPER_PERCENT = {"20 %", "20%", "80 %"}
@@ -98,10 +110,7 @@ NOT_YET_GENERATED: dict[str, str] = {
     "benchmarks/results/2026-11-25-paper-scale-cpu.md": "being converted",
     "benchmarks/results/2026-11-26-checkpoint-writer.md": "being converted",
     "benchmarks/results/2026-11-26-h200.md": "being converted",
-    "benchmarks/results/2026-11-28-test-tiers.md": "being converted",
     "benchmarks/results/2026-11-29-federation-rounds.md": "being converted",
-    "benchmarks/results/2026-11-29-install.md": "being converted",
-    "benchmarks/results/2026-11-29-test-tiers.md": "being converted",
 }
 
 
