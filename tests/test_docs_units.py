@@ -105,10 +105,8 @@ PAPER_PERCENT = {"20 %", "20%", "80 %"}
 # the entry is removed then.
 NOT_YET_GENERATED: dict[str, str] = {
     "benchmarks/results/2026-12-01-checkpoint.md": "rewritten with bench_checkpoint.py's own CSV",
-    "benchmarks/results/2026-11-25-checkpoint-writer.md": "being converted",
     "benchmarks/results/2026-11-25-federation-and-simulators.md": "being converted",
     "benchmarks/results/2026-11-25-paper-scale-cpu.md": "being converted",
-    "benchmarks/results/2026-11-26-checkpoint-writer.md": "being converted",
     "benchmarks/results/2026-11-26-h200.md": "being converted",
     "benchmarks/results/2026-11-29-federation-rounds.md": "being converted",
 }
