@@ -146,6 +146,14 @@ RECORD_TABLES: dict[str, list[str]] = {
         "2026-11-29-test-tiers-demo.csv",
     ],
     "2026-11-29-install.md": ["2026-11-29-install.csv"],
+    "2026-11-25-paper-scale-cpu.md": [
+        "2026-11-25-paper-scale-cpu-eval-per-round.csv",
+        "2026-11-25-paper-scale-cpu-reader.csv",
+        "2026-11-25-paper-scale-cpu-reader-bound.csv",
+        "2026-11-25-paper-scale-cpu-memory-per-store.csv",
+        "2026-11-25-paper-scale-cpu-engine.csv",
+        "2026-11-25-paper-scale-cpu-engine-ab.csv",
+    ],
 }
 for _record, _tables in RECORD_TABLES.items():
     BLOCKS.update({t.removesuffix(".csv"): (t, _record, []) for t in _tables})
