@@ -154,6 +154,15 @@ RECORD_TABLES: dict[str, list[str]] = {
         "2026-11-25-paper-scale-cpu-engine.csv",
         "2026-11-25-paper-scale-cpu-engine-ab.csv",
     ],
+    "2026-11-29-federation-rounds.md": [
+        "2026-11-29-federation-rounds-after-time.csv",
+        "2026-11-29-federation-rounds-after-bytes.csv",
+        "2026-11-29-federation-rounds-before-time.csv",
+        "2026-11-29-federation-rounds-before-floor.csv",
+        "2026-11-29-federation-rounds-before-bytes.csv",
+        "2026-11-29-federation-rounds-tiny-time.csv",
+        "2026-11-29-federation-rounds-tiny-bytes.csv",
+    ],
 }
 for _record, _tables in RECORD_TABLES.items():
     BLOCKS.update({t.removesuffix(".csv"): (t, _record, []) for t in _tables})

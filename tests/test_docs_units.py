@@ -107,6 +107,37 @@ ALLOWED: list[tuple[str, str, str]] = [
         "4×",
         "tests/test_memory.py's growth factor (a constant of the test)",
     ),
+    (
+        "benchmarks/results/2026-11-29-federation-rounds.md",
+        "50 ms",
+        "our ServerApp's first reply-polling wait (a setting)",
+    ),
+    (
+        "benchmarks/results/2026-11-29-federation-rounds.md",
+        "0.5 s",
+        "the former polling bound and Flower's SuperNode wait step (settings, its source)",
+    ),
+    (
+        "benchmarks/results/2026-11-29-federation-rounds.md",
+        "0.1 s",
+        "the polling bound and SuperExec interval we set (settings)",
+    ),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "100 ms", "the benchmark patch's wait (a setting)"),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "up to 0.1 s", "the benchmark patch's wait (a setting)"),
+    (
+        "benchmarks/results/2026-11-29-federation-rounds.md",
+        "1.3×",
+        "the goal for ours ÷ engine (a constant of the issue)",
+    ),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "up to 0.5 s", "Flower 1.42's wait steps (its source)"),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "up to 3 s", "Flower 1.42's SuperNode sleep (its source)"),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "3 s", "Flower 1.42's sleeps (its source)"),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "1 s", "Flower's SuperExec poll interval (its default)"),
+    (
+        "benchmarks/results/2026-11-29-federation-rounds.md",
+        "7 s",
+        "two steps × (3 s + 0.5 s): the floor's bound from Flower's source (arithmetic)",
+    ),
 ]
 # Paper values: the papers' split fractions (20 % test, 80/20 train/validation, the last 20 % of rounds).
 PAPER_PERCENT = {"20 %", "20%", "80 %"}
@@ -118,7 +149,6 @@ NOT_YET_GENERATED: dict[str, str] = {
     "benchmarks/results/2026-12-01-checkpoint.md": "rewritten with bench_checkpoint.py's own CSV",
     "benchmarks/results/2026-11-25-federation-and-simulators.md": "being converted",
     "benchmarks/results/2026-11-26-h200.md": "being converted",
-    "benchmarks/results/2026-11-29-federation-rounds.md": "being converted",
 }
 
 
