@@ -148,7 +148,7 @@ PAPER_PERCENT = {"20 %", "20%", "80 %"}
 NOT_YET_GENERATED: dict[str, str] = {
     "benchmarks/results/2026-12-01-checkpoint.md": "rewritten with bench_checkpoint.py's own CSV",
     "benchmarks/results/2026-11-25-federation-and-simulators.md": "being converted",
-    "benchmarks/results/2026-11-26-h200.md": "being converted",
+    "benchmarks/results/2026-11-26-h200.md": "tables generated; its prose still quotes their values",
 }
 
 
