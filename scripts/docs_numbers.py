@@ -164,11 +164,16 @@ RECORD_TABLES: dict[str, list[str]] = {
         "2026-11-29-federation-rounds-tiny-bytes.csv",
     ],
     "2026-11-26-h200.md": [
+        "2026-11-26-h200-calls.csv",
         "2026-11-26-h200-engine-first-call.csv",
         "2026-11-26-h200-jobs-first-call.csv",
         "2026-11-26-h200-engine-second-call.csv",
+        "2026-11-26-h200-between-calls.csv",
+        "2026-11-26-h200-checkpoint-gpu.csv",
         "2026-11-26-h200-estimate-calls.csv",
+        "2026-11-26-h200-round-first-look.csv",
         "2026-11-26-h200-round-phases-cpu.csv",
+        "2026-11-26-h200-round-budget.csv",
     ],
 }
 for _record, _tables in RECORD_TABLES.items():
