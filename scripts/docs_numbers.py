@@ -121,6 +121,21 @@ BLOCKS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
         "2026-11-25-paper-scale-cpu.md",
         [("quantity", "quantity"), ("value", "value"), ("unit", "unit"), ("how", "measured with")],
     ),
+    "fair-steps": (
+        "2026-12-02-fair-steps.csv",
+        "2026-12-02-fair-steps.md",
+        [
+            ("task", "task"),
+            ("setting", "setting"),
+            ("local_steps", "local steps s (round 1, mean)"),
+            ("run", "row"),
+            ("step_over_fedavg_rounds", "global step ÷ FedAvg's (round 1 / 2 / ...)"),
+            ("mean_client_update_r1", "mean ‖Δ_i‖ (round 1)"),
+            ("adam_bound_fraction_r1", "‖Δ_i‖ ÷ η·s·√N"),
+            ("gamma_r1", "Γ (round 1)"),
+            ("h_term_ratio_r1", "q·F^(q−1)·‖Δw‖² ÷ L·F^q (round 1)"),
+        ],
+    ),
 }
 
 # The records' own tables: record -> the CSV files (beside it) whose tables it shows, in the order shown. The
@@ -175,6 +190,7 @@ RECORD_TABLES: dict[str, list[str]] = {
         "2026-11-26-h200-round-phases-cpu.csv",
         "2026-11-26-h200-round-budget.csv",
     ],
+    "2026-12-02-fair-steps.md": ["2026-12-02-fair-steps.csv"],
 }
 for _record, _tables in RECORD_TABLES.items():
     BLOCKS.update({t.removesuffix(".csv"): (t, _record, []) for t in _tables})
