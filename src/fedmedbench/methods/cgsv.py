@@ -17,9 +17,12 @@ Each agent is evaluated with its own model (``PERSONALIZED``).
 
 **Γ** (``gamma``) is the server's step length: ||u_N|| <= Γ. The reference fixes it per dataset
 (utils/arguments.py: 0.5 MNIST and 0.15 CIFAR-10, trained with SGD; 1 for the text models SST and MR,
-trained with Adam) and no source gives it for a UNet, whose Adam round updates are ~η·steps per
-coordinate (||Δ|| ~ 23 **estimated** at Fed-LWR's size, so Γ = 1 would make the step about 0.043 of
-FedAvg's; not measured on the demo). ``gamma: null``
+trained with Adam) and no source gives it for a UNet, whose Adam round updates move each coordinate
+up to ~η per local step: with Γ = 1 the step ||u_N|| <= 1 is about 1/||Δ|| of FedAvg's (||Δ|| ~ 23, a step
+~0.043 of FedAvg's: **estimated** at Fed-LWR's size, derived in docs/reviewers/fedlwr.md). **Measured**
+on the demo's Fed-LWR tasks, and with the paper's UNet on the demo data: ||Δ_i|| and the step against
+FedAvg's in docs/reviewers/fedlwr.md, generated from benchmarks/results/2026-12-02-fair-steps.csv
+(``benchmarks/bench_fair_steps.py``). ``gamma: null``
 (default, **our adaptation**) sets Γ_t = Σ_i w_i ||Δ_i|| each round, the aggregation-weighted mean
 length of this round's updates: normalisation still removes the magnitude differences between agents
 (a large update buys no influence, CGSV's point), and when the agents' updates are equally long

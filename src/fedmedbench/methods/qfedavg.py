@@ -20,9 +20,11 @@ Buffers (BN running statistics) are averaged with the run's weights, num_batches
 - ``inverse_lr``: L = 1/η, the reference's value (the ``qfedavg-official`` row). It reads the
   local update as one plain-SGD step of length 1/L, so Δw_k = L(w^t - w̄_k) stands for ∇F_k(w^t).
   With Adam every coordinate moves ~η per step, Δw_k is far larger than any gradient, the
-  q F^(q-1)||Δw||² term exceeds L F^q by ~1e5 and the global model moves ~1e-5 of FedAvg's step,
-  both **estimated** at paper size; measured on the demo's tiny tasks: ~1e4 and ~1e-4
-  (docs/reviewers/fedlwr.md).
+  q F^(q-1)||Δw||² term exceeds L F^q by the factor q L ||w^t - w̄_k||² / F_k and the global model
+  moves about 1 / (1 + that factor) of FedAvg's step: ~1e5-1e6 and ~1e-6-1e-5, **estimated** at paper size (derived in
+  docs/reviewers/fedlwr.md). **Measured** on the demo's Fed-LWR tasks, and with the paper's UNet on the
+  demo data: both in docs/reviewers/fedlwr.md, generated from
+  benchmarks/results/2026-12-02-fair-steps.csv (``benchmarks/bench_fair_steps.py``).
 - ``smoothness_cap`` (default, **our adaptation**; the ``qfedavg`` row):
   L = min(1/η, min_k 2 F_k / ||w^t - w̄_k||²). The reference's own model bounds its gradient
   estimate: for a loss F >= 0 with L-Lipschitz gradient, ||∇F||² <= 2 L F, i.e.
