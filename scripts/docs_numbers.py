@@ -190,6 +190,17 @@ RECORD_TABLES: dict[str, list[str]] = {
         "2026-11-26-h200-round-phases-cpu.csv",
         "2026-11-26-h200-round-budget.csv",
     ],
+    "2026-11-25-federation-and-simulators.md": [
+        "2026-11-25-federation-and-simulators-bytes-methods.csv",
+        "2026-11-25-federation-and-simulators-bytes-beyond.csv",
+        "2026-11-25-federation-and-simulators-time.csv",
+        "2026-11-25-federation-and-simulators-warm.csv",
+        "2026-11-25-federation-and-simulators-latency.csv",
+        "2026-11-25-federation-and-simulators-waits.csv",
+        "2026-11-25-federation-and-simulators-profile.csv",
+        "2026-11-25-federation-and-simulators-split.csv",
+        "2026-11-25-federation-and-simulators-ray.csv",
+    ],
     "2026-12-02-fair-steps.md": ["2026-12-02-fair-steps.csv"],
 }
 for _record, _tables in RECORD_TABLES.items():
