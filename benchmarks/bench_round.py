@@ -112,6 +112,7 @@ class Clock:
 def instrument(clock: Clock, method_name: str, method_module: str | None) -> None:
     from fedmedbench import metrics
     from fedmedbench.fl import checkpoint, client, data, engine, evaluation, rounds, selection
+    from fedmedbench.fl.history_log import HistoryLog
     from fedmedbench.registry import load_method
 
     method = load_method(method_name, method_module)
@@ -168,7 +169,7 @@ def instrument(clock: Clock, method_name: str, method_module: str | None) -> Non
 
     checkpoint.save = save_checkpoint
     clock.restore.append((checkpoint, "save", original_save))
-    w(checkpoint.HistoryLog, "append", "history log append")
+    w(HistoryLog, "append", "history log append")
     w(method.Client, "state_dict", "client state_dict")
     # After the rounds.
     w(engine, "final_test", "final test")

@@ -25,7 +25,8 @@ MIB = 1 << 20
 def saved_copies(path: Path) -> list:
     """The (path, source path) pairs a checkpoint file lists: the tensors it did not store again."""
     data = path.read_bytes()
-    return torch.load(io.BytesIO(data[: -checkpoint.TRAILER.size]), weights_only=True)["copies"]
+    copies = torch.load(io.BytesIO(data[: -checkpoint.TRAILER.size]), weights_only=True)["copies"]
+    return [(tuple(path), tuple(source)) for path, source in json.loads(copies)]
 
 
 def fedavg_state(clients: int = 3) -> dict:

@@ -17,6 +17,7 @@ import torch
 
 from fedmedbench.errors import ConfigError
 from fedmedbench.fl import checkpoint, engine, runfolder
+from fedmedbench.fl.history_log import HistoryLog
 from fedmedbench.fl.runfolder import history_file
 from tests.conftest import interrupt_after_round, tiny_run_config
 from tests.test_checkpoint import saved_copies
@@ -96,7 +97,7 @@ def test_a_checkpoint_is_streamed_so_its_size_does_not_raise_peak_memory():
 
 
 def test_the_history_log_keeps_exact_rows_and_drops_what_follows_its_position(tmp_path):
-    log = checkpoint.HistoryLog(tmp_path / "h.jsonl")
+    log = HistoryLog(tmp_path / "h.jsonl")
     rows = [
         {"round": 1, "client": "A", "split": "val", "metric": "dice", "value": 0.1 + 0.2},
         {"round": 1, "client": "A", "split": "test_local", "metric": "loss", "value": float("nan"), "epoch": 0},
@@ -150,7 +151,7 @@ def test_a_fedavg_checkpoint_holds_each_distinct_tensor_once_and_the_history_out
     checkpoint_file = killed / "checkpoint.pt"
     saved = checkpoint.load(checkpoint_file)
     assert "history" not in saved and saved["history_log"]["rows"] == len(
-        checkpoint.HistoryLog(history_file(killed)).read(saved["history_log"])
+        HistoryLog(history_file(killed)).read(saved["history_log"])
     )
     copies = sum(t.untyped_storage().nbytes() for t in tensors_of(saved))
     unique = unique_bytes(saved)

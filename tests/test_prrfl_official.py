@@ -37,6 +37,7 @@ from torch import nn
 
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import load_clients, train_batches
+from fedmedbench.fl.history_log import HistoryLog
 from fedmedbench.fl.seeding import client_generator
 from fedmedbench.methods import prrfl
 from fedmedbench.models import build_model
@@ -147,9 +148,7 @@ def test_official_variant_equals_the_transcription_of_the_official_code(tmp_path
     interrupt_after_round(cfg, tmp_path / "ours", monkeypatch, round_index=2)  # rounds 1-2 of 3
     checkpoint_file = tmp_path / "ours" / "checkpoint.pt"
     ours = {1: checkpoint.load(checkpoint.previous(checkpoint_file)), 2: checkpoint.load(checkpoint_file)}
-    history = checkpoint.HistoryLog(
-        checkpoint_file.parent / "checkpoint-history.jsonl"
-    )  # the rows outside the checkpoint
+    history = HistoryLog(checkpoint_file.parent / "checkpoint-history.jsonl")  # the rows outside the checkpoint
     for saved in ours.values():
         saved["history"] = history.read(saved["history_log"])
     assert [ours[r]["round"] for r in (1, 2)] == [1, 2]

@@ -4,7 +4,8 @@ A checkpoint (``save``/``load``) holds a tree of dicts, lists, tuples, sets, num
 and tensors: what ``torch.load(weights_only=True)`` reads back, so loading one runs no code. The file
 is a ``torch.save`` payload followed by a trailer::
 
-    torch.save({"tree": tree, "copies": [(path, source path), ...]}) | b"FMBCKPT3" | length | CRC32
+    torch.save({"tree": tree, "copies": json, "small": {dtype: buffer}, "small_index": json})
+      | b"FMBCKPT4" | length | CRC32
 
 **Structural deduplication.** A federated state repeats itself: after the server's package is
 distributed, every client's shared keys hold the global model's values, and the selection keeps one
@@ -16,7 +17,16 @@ compare per tensor, and tensors that differ are told apart in their first elemen
 its own keys, its optimizer and generator state, and any shared key it holds differently (mid-round,
 or a method that keeps it). Loading puts back a clone of the source: each copy gets its own memory,
 so an in-place step on one client's model reaches no other. One object in two places stays one
-object and views of one storage stay views, as ``torch.save`` keeps them.
+object and views of one storage stay views, as ``torch.save`` keeps them. Only tensors under string
+and integer keys (every state dict and optimizer state) are compared; the copies' paths are one JSON
+string.
+
+**Small tensors in one buffer per dtype.** ``torch.save`` costs per tensor (its pickle entries and zip
+record), not per byte: a small model's state is thousands of biases, BN statistics and step counts,
+and pickling them one by one cost more than their bytes. So a tensor under ``SMALL`` bytes that owns
+its whole storage, row-major, under string and integer keys, is concatenated with the others of its
+dtype and listed (path, offset, shape, flags) in one JSON string; loading cuts each out into its own
+memory. Larger tensors, views and shared storages are pickled by ``torch.save`` as they are.
 
 **Atomic.** The file is written to a temporary beside it, fsynced, then the previous checkpoint is
 renamed to ``<name>.prev`` and the temporary to ``<name>``: a kill at any moment leaves the last
@@ -25,11 +35,6 @@ complete checkpoint (or its ``.prev``) and at most a temporary (``.<name>.*.tmp`
 is :class:`CorruptCheckpoint`, so resuming falls back to the previous one instead of loading wrong
 numbers. Checkpoints load onto the CPU: the generators' states must stay CPU byte tensors, and each
 client moves its own tensors to its device (``to_device``).
-
-``HistoryLog``: the run's history rows live outside the checkpoint, appended (only the rows since
-the previous checkpoint) to a JSON-lines file; a checkpoint records the log's length and CRC32, so a
-checkpoint's cost does not grow with the rounds and a resume reads exactly the rows of its
-checkpoint, dropping whatever a killed job appended after it (a torn last line included).
 
 ``save_plain``/``load_plain``: a plain ``torch.save`` file (``model_best.pt``, a site's snapshot),
 written atomically, loadable by anyone with ``torch.load``.
@@ -40,6 +45,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -55,7 +61,7 @@ from fedmedbench import faults
 from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_file
 
-MAGIC = b"FMBCKPT3"
+MAGIC = b"FMBCKPT4"
 TRAILER = struct.Struct("<8sQI")  # magic, payload length, CRC32 of the payload
 
 # What a checkpoint holds (exact types: a defaultdict or a namedtuple is refused; fl/hooks.py checks a
@@ -64,6 +70,7 @@ LEAVES = (type(None), str, int, bool, float, complex, bytes, bytearray, torch.Si
 MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
 SEQUENCES = (list, tuple, set)
 HOLDS = "a checkpoint holds tensors, numbers, strings, bytes and dicts/lists/tuples/sets of them"
+SMALL = 1 << 16  # bytes: a tensor under this goes into its dtype's buffer (see the module docstring)
 
 
 class CorruptCheckpoint(DataError):
@@ -79,6 +86,15 @@ class _Unsupported(TypeError):
     def __init__(self, where: str, what: str):
         super().__init__(what)
         self.where, self.what = where, what
+
+
+def _row_major(t: torch.Tensor) -> bool:
+    """Whether ``t`` has a fresh tensor's strides for its shape (what cutting it out of a buffer gives)."""
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= size
+    return t.stride() == tuple(reversed(expected))
 
 
 def _where(path: tuple) -> str:
@@ -97,7 +113,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     ints = _SAME_SIZE_INTS.get(a.element_size())
     if ints is None:
         return False  # complex128: never merged (no such tensor in a federated state)
-    a, b = a.detach().view(ints), b.detach().view(ints)
+    if a.requires_grad:
+        a, b = a.detach(), b.detach()
+    if a.dtype is not ints:
+        a, b = a.view(ints), b.view(ints)
     if a.numel() > 1024 and a.is_contiguous() and not torch.equal(a.view(-1)[:1024], b.view(-1)[:1024]):
         return False
     return torch.equal(a, b)
@@ -112,13 +131,16 @@ class _Packer:
         self.keep: list = []  # the originals stay alive during the walk, so their ids stay unique
         self.first: dict[tuple, tuple] = {}  # (key, dtype, shape, stride, device) -> (tensor, its path)
         self.copies: list[tuple[tuple, tuple]] = []
+        self.small: list[tuple[tuple, torch.Tensor]] = []  # (path, tensor): candidates for the buffers
+        self.storages: collections.Counter = collections.Counter()  # storage address -> tensors kept on it
 
     def pack(self, x, path: tuple, dedup: bool = True):
+        """``dedup``: whether ``path`` is made of string and integer keys, where a copy can be put back."""
         kind = type(x)
-        if isinstance(x, torch.Tensor):
-            return self.tensor(x, path, dedup)
         if kind in LEAVES:
             return x
+        if isinstance(x, torch.Tensor):
+            return self.tensor(x, path, dedup)
         if isinstance(x, float):
             return float(x)  # numpy's float64: the same IEEE number, readable without numpy
         if kind not in MAPPINGS and kind not in SEQUENCES:
@@ -139,8 +161,10 @@ class _Packer:
         else:
             out = self.memo[id(x)] = kind()
             for key, value in x.items():
-                self.pack(key, (*path, key), False)  # a key must be a value a checkpoint holds
-                out[key] = self.pack(value, (*path, key), dedup)
+                plain_key = type(key) in (str, int)
+                if not plain_key:
+                    self.pack(key, (*path, key), False)  # a key must be a value a checkpoint holds
+                out[key] = self.pack(value, (*path, key), dedup and plain_key)
             if hasattr(x, "_metadata"):  # a module's state_dict (its version numbers)
                 out._metadata = self.pack(x._metadata, (*path, "_metadata"), False)
         self.memo[id(x)] = out
@@ -161,23 +185,57 @@ class _Packer:
                 _where(path),
                 f"a {kind.__name__} of layout {t.layout} and dtype {t.dtype}; only plain strided tensors and parameters",
             )
-        if not dedup or not path or t.numel() == 0:
-            return t
-        key = (path[-1], t.dtype, t.shape, t.stride(), t.device)
-        first = self.first.get(key)
-        if first is None:
-            self.first[key] = (t, path)
-            return t
-        source, source_path = first
-        same_kind = type(source) is kind and source.requires_grad == t.requires_grad
-        if (
-            same_kind
-            and source.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
-            and _same_bits(source, t)
-        ):
-            self.copies.append((path, source_path))
-            return None
-        return t  # the same memory (torch.save keeps it one storage) or other values
+        storage = t.untyped_storage()
+        if dedup and path and t.numel():
+            key = (path[-1], t.dtype, t.shape, t.stride(), t.device)
+            first = self.first.get(key)
+            if first is None:
+                self.first[key] = (t, path)
+            else:
+                source, source_path = first
+                if (
+                    type(source) is kind
+                    and source.requires_grad == t.requires_grad
+                    and source.untyped_storage().data_ptr() != storage.data_ptr()
+                    and _same_bits(source, t)
+                ):
+                    self.copies.append((path, source_path))
+                    return None
+            # the first of its kind, the same memory as it (torch.save keeps it one storage) or other values
+            if storage.nbytes() < SMALL and storage.nbytes() == t.nbytes and _row_major(t):
+                self.small.append((path, t))
+        self.storages[storage.data_ptr()] += 1
+        return t
+
+    def take_small(self, tree) -> tuple[dict, str]:
+        """The small tensors that alone use their storage, taken out of ``tree`` into one buffer per
+        dtype: (buffers, their JSON index)."""
+        groups: dict[torch.dtype, list] = collections.defaultdict(list)
+        lengths: collections.Counter = collections.Counter()
+        index = []
+        for path, t in self.small:
+            if self.storages[t.untyped_storage().data_ptr()] != 1:
+                continue  # a storage other tensors use too: torch.save keeps them one storage
+            groups[t.dtype].append(t if t.is_cpu else t.cpu())
+            index.append(
+                [
+                    path,
+                    str(t.dtype).removeprefix("torch."),
+                    lengths[t.dtype],
+                    t.shape,
+                    t.requires_grad,
+                    type(t) is torch.nn.Parameter,
+                ]
+            )
+            lengths[t.dtype] += t.numel()
+            *parents, key = path
+            _at(tree, parents)[key] = None
+        with torch.no_grad():  # a parameter's values, not a graph
+            buffers = {
+                str(dtype).removeprefix("torch."): torch.cat([t.view(-1) for t in members])
+                for dtype, members in groups.items()
+            }
+        return buffers, json.dumps(index)
 
 
 def save(obj, path: Path) -> None:
@@ -192,6 +250,7 @@ def save(obj, path: Path) -> None:
         raise TypeError(
             f"{path.name}: cannot checkpoint the value at {err.where or 'the top'}: {err.what}; {HOLDS}"
         ) from None
+    buffers, index = packer.take_small(tree)
     with atomic_file(path) as handle:
         writer = _ChecksummedWriter(handle)
         # torch.save's own CRC32 of each record is never checked by torch.load (a flipped byte loads
@@ -199,7 +258,9 @@ def save(obj, path: Path) -> None:
         torch_crc = torch.serialization.get_crc32_options()
         torch.serialization.set_crc32_options(False)
         try:
-            torch.save({"tree": tree, "copies": packer.copies}, writer)
+            torch.save(
+                {"tree": tree, "copies": json.dumps(packer.copies), "small": buffers, "small_index": index}, writer
+            )
         finally:
             torch.serialization.set_crc32_options(torch_crc)
         faults.reached("checkpoint_write")  # a test hook: the payload written, no trailer yet
@@ -243,9 +304,14 @@ def load(path: Path):
     try:
         saved = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
         tree = saved["tree"]
-        for copy_path, source_path in saved["copies"]:
+        for item_path, dtype, offset, shape, requires_grad, parameter in json.loads(saved["small_index"]):
+            flat = saved["small"][dtype][offset : offset + math.prod(shape)]
+            *parents, key = item_path
+            _at(tree, parents)[key] = _own_copy(flat.view(shape), requires_grad, parameter)
+        for copy_path, source_path in json.loads(saved["copies"]):
             *parents, key = copy_path
-            _at(tree, parents)[key] = _copy_of(_at(tree, source_path))
+            source = _at(tree, source_path)
+            _at(tree, parents)[key] = _own_copy(source, source.requires_grad, type(source) is torch.nn.Parameter)
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError for bad payloads
         raise CorruptCheckpoint(f"{path}: unreadable ({type(exc).__name__}: {exc})") from exc
     return tree
@@ -257,12 +323,12 @@ def _at(tree, path):
     return tree
 
 
-def _copy_of(t: torch.Tensor) -> torch.Tensor:
-    """A copy in its own memory, with the source's strides, type and ``requires_grad``."""
+def _own_copy(t: torch.Tensor, requires_grad: bool, parameter: bool) -> torch.Tensor:
+    """A copy of ``t`` in its own memory, with its strides, as a parameter or not, with ``requires_grad``."""
     copy = t.detach().clone()
-    if type(t) is torch.nn.Parameter:
-        return torch.nn.Parameter(copy, requires_grad=t.requires_grad)
-    return copy.requires_grad_(t.requires_grad)
+    if parameter:
+        return torch.nn.Parameter(copy, requires_grad=requires_grad)
+    return copy.requires_grad_(requires_grad)
 
 
 def _damaged(path: Path) -> CorruptCheckpoint:
@@ -288,70 +354,3 @@ def save_plain(obj, path: Path) -> None:
 
 def load_plain(path: Path):
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-# --- the history log --------------------------------------------------------------------------------
-def _plain(value):
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy/torch scalars
-        return value.item()
-    raise TypeError(f"history value {value!r} ({type(value).__name__}) is not a number or string")
-
-
-class HistoryLog:
-    """The run's history rows as JSON lines, appended at each checkpoint; see the module docstring.
-
-    ``position()`` (what a checkpoint records) = bytes, CRC32 and rows of the log so far. Floats are
-    written with ``repr`` (exact), so the rows read back give a byte-identical ``history.csv``."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.bytes, self.crc, self.rows = 0, 0, 0
-
-    def position(self) -> dict:
-        return {"bytes": self.bytes, "crc32": self.crc, "rows": self.rows}
-
-    def read(self, position: dict) -> list[dict]:
-        """The rows of a checkpoint's ``position``: :class:`CorruptCheckpoint` when the file no
-        longer holds exactly those bytes (removed, cut short, rewritten)."""
-        size, crc, rows = position["bytes"], position["crc32"], position["rows"]
-        try:
-            with open(self.path, "rb") as handle:
-                data = handle.read(size)
-        except FileNotFoundError:
-            data = b""
-        if len(data) != size or crc32(data) != crc:
-            raise CorruptCheckpoint(
-                f"{self.path}: does not hold the {rows} history rows ({size} bytes) the checkpoint refers to"
-            )
-        out = [json.loads(line) for line in data.decode().split("\n")[:-1]]
-        if len(out) != rows:
-            raise CorruptCheckpoint(f"{self.path}: {len(out)} history rows where the checkpoint refers to {rows}")
-        return out
-
-    def continue_from(self, position: dict) -> None:
-        """Continue after a checkpoint's ``position`` (its bytes were checked by ``read``)."""
-        self.bytes, self.crc, self.rows = position["bytes"], position["crc32"], position["rows"]
-
-    def reset(self) -> None:
-        """A fresh start: an empty log."""
-        self.bytes, self.crc, self.rows = 0, 0, 0
-        self.path.unlink(missing_ok=True)
-
-    def append(self, rows: list[dict]) -> None:
-        """``rows`` after the current position, fsynced (a checkpoint written next may refer to
-        them). Written at the position, not at the file's end: whatever a killed job left beyond
-        it (a torn line) is overwritten and cut off."""
-        data = "".join(json.dumps(row, default=_plain) + "\n" for row in rows).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
-        try:
-            os.lseek(fd, self.bytes, os.SEEK_SET)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.ftruncate(fd, self.bytes + len(data))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.bytes += len(data)
-        self.crc = crc32(data, self.crc)
-        self.rows += len(rows)

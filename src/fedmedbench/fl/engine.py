@@ -27,9 +27,9 @@ import torch
 from fedmedbench import faults
 from fedmedbench.errors import ConfigError
 from fedmedbench.files import new_folder
-from fedmedbench.fl import checkpoint
 from fedmedbench.fl.data import BatchReader, check_image_size, data_digest, load_clients, load_test_only
 from fedmedbench.fl.evaluation import final_test, ood_test
+from fedmedbench.fl.history_log import HistoryLog
 from fedmedbench.fl.hooks import load_method  # the method's Server and Client, their failures named
 from fedmedbench.fl.placement import pick_device
 from fedmedbench.fl.rounds import InProcessTransport, Site, run_rounds
@@ -170,7 +170,7 @@ def _run_training(
         data_digest(Path(cfg.data.store), Path(cfg.data.split), [*cfg.clients, *cfg.ood_clients]),
     )
 
-    history_log = checkpoint.HistoryLog(history_file(out_dir))
+    history_log = HistoryLog(history_file(out_dir))
     last_round, history = restore(checkpoint_path, *fingerprints, server, clients, selection, history_log)
     saved_version = selection.version  # the selection file the last checkpoint refers to
     remove_stale_files(out_dir, saved_version)

@@ -35,7 +35,7 @@ import torch
 
 from fedmedbench import faults
 from fedmedbench.errors import ConfigError, FedmedbenchError
-from fedmedbench.fl import checkpoint, runfolder
+from fedmedbench.fl import runfolder
 from fedmedbench.fl.data import data_digest
 from fedmedbench.fl.evaluation import (
     check_finite,
@@ -47,6 +47,7 @@ from fedmedbench.fl.evaluation import (
     score_cohort,
     warn_cohort_flags,
 )
+from fedmedbench.fl.history_log import HistoryLog
 from fedmedbench.fl.hooks import load_method
 from fedmedbench.fl.seeding import seed_everything
 from fedmedbench.fl.selection import Selection, selection_open
@@ -391,7 +392,7 @@ def serve(
     metric = cfg.selection_metric
     checkpoint_path = out_dir / "checkpoint.pt"
     fingerprints = (cfg.fingerprint(), transport.data_fingerprint())
-    history_log = checkpoint.HistoryLog(runfolder.history_file(out_dir))
+    history_log = HistoryLog(runfolder.history_file(out_dir))
     last_round, history = (
         runfolder.restore(checkpoint_path, *fingerprints, server, [], selection, history_log) if resume else (0, [])
     )

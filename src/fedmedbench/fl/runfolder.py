@@ -23,6 +23,7 @@ from fedmedbench.errors import DataError
 from fedmedbench.files import atomic_file, atomic_write_text
 from fedmedbench.finals import write_final
 from fedmedbench.fl import checkpoint
+from fedmedbench.fl.history_log import HistoryLog
 from fedmedbench.fl.seeding import global_rng_state, set_global_rng_state
 from fedmedbench.fl.selection import Selection
 from fedmedbench.metrics import METRIC_DESCRIPTIONS, cohort_flag_texts
@@ -37,7 +38,7 @@ def selection_file(out_dir: Path, version: int) -> Path:
 
 
 def history_file(out_dir: Path) -> Path:
-    """The checkpointed history rows (``checkpoint.HistoryLog``), beside ``checkpoint.pt``."""
+    """The checkpointed history rows (``HistoryLog``), beside ``checkpoint.pt``."""
     return out_dir / "checkpoint-history.jsonl"
 
 
@@ -53,14 +54,14 @@ def restore(
     server,
     clients,
     selection: Selection,
-    history_log: checkpoint.HistoryLog | None = None,
+    history_log: HistoryLog | None = None,
 ) -> tuple[int, list[dict]]:
     """Resume state from the checkpoint (or, if it is damaged, the previous one): (last round, history).
     (0, []) when there is nothing usable, and training starts from scratch. A checkpoint of another
     configuration, or of data rebuilt since it was written (``data_digest``), is not used. The
     history rows are those of the checkpoint's position in the history log; ``history_log``, when
     given, continues from there."""
-    reader = history_log or checkpoint.HistoryLog(history_file(checkpoint_path.parent))
+    reader = history_log or HistoryLog(history_file(checkpoint_path.parent))
     for candidate in (checkpoint_path, checkpoint.previous(checkpoint_path)):
         if not candidate.exists():
             continue
@@ -125,7 +126,7 @@ def save_state(
     selection: Selection,
     history: list[dict],
     previous_version: int,
-    history_log: checkpoint.HistoryLog,
+    history_log: HistoryLog,
 ) -> int:
     """The checkpoint of this round. The selected models live in ``selection-v<version>.pt``, written
     only when the selection changed; kept are the files of this checkpoint and of its ``.prev``
