@@ -3,7 +3,8 @@ against a plain ``torch.save`` of the same tensors to the same disk.
 
     python benchmarks/bench_checkpoint.py                       # prostate, camelyon17, skin (paper sizes)
     python benchmarks/bench_checkpoint.py --tasks prostate --reps 7
-    python benchmarks/bench_checkpoint.py --small               # tiny models: a smoke run in seconds
+    python benchmarks/bench_checkpoint.py --small               # the demo's model sizes: seconds
+    python benchmarks/bench_checkpoint.py --csv benchmarks/results/<date>-checkpoint.csv   # a record's table
     python benchmarks/bench_checkpoint.py --device cuda         # the state in GPU memory, as a GPU job's
 
 The state is the engine's own at the end of a round: config.yaml's task (model, optimizer, clients)
@@ -29,9 +30,10 @@ Numbers:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import csv
 import hashlib
-import json
 import os
 import statistics
 import sys
@@ -54,10 +56,10 @@ from fedmedbench.registry import load_method  # noqa: E402
 from fedmedbench.runconfig import RunConfig  # noqa: E402
 
 TASKS = ("prostate", "camelyon17", "skin")
-SMALL_MODELS = {
-    "prostate": {"init_features": 4},
+SMALL_MODELS = {  # the demo's models (workflow/profiles/demo/demo.yaml)
+    "prostate": {"init_features": 8},
     "camelyon17": {"growth_rate": 8, "block_config": [2, 2, 2, 2], "num_init_features": 16},
-    "skin": {"name": "vgg_slim"},
+    "skin": {"name": "vgg_slim", "init_features": 4},
 }
 
 
@@ -221,28 +223,43 @@ def mb(n: int) -> str:
     return f"{n / 1e6:.1f}"
 
 
-def report(results: list[dict]) -> None:
-    print(
-        "| task (model, K, optimizer, device) | model MB | state MB | unique MB | checkpoint file MB | **file / unique** | torch.save(state) file MB | selection: state / unique / file MB |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for r in results:
-        print(
-            f"| {r['task']} ({r['model']}, K={r['clients']}, {r['optimizer']}, {r['device']}) | {mb(r['model_bytes'])} | {mb(r['state_bytes'])} | {mb(r['unique_bytes'])} | {mb(r['file_bytes'])} | **{r['file_bytes'] / r['unique_bytes']:.3f}** | {mb(r['state_file_bytes'])} | {mb(r['selection_state'])} / {mb(r['selection_unique'])} / {mb(r['selection_file'])} |"
-        )
-    print(
-        "\n| task | load, start → end | checkpoint s | torch.save(state) + fsync s | torch.save(distinct) + fsync s | torch.save(distinct) s | **checkpoint / torch.save(state) + fsync** (per repetition) | checkpoint / torch.save(distinct) + fsync (per repetition) | checkpoint / torch.save(distinct) (per repetition) | CPU s: checkpoint / state + fsync / distinct + fsync / distinct |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in results:
-        t = r["times"]
-        ratios = " | ".join(
-            f"{t['checkpoint'] / t[k]:.2f} ({t[f'checkpoint_per_{k}']:.2f})"
-            for k in ("state_fsync", "distinct_fsync", "distinct")
-        )
-        print(
-            f"| {r['task']} | {r['load'][0]:.1f} → {r['load'][1]:.1f} | {t['checkpoint']:.3f} | {t['state_fsync']:.3f} | {t['distinct_fsync']:.3f} | {t['distinct']:.3f} | **{ratios.split(' | ')[0]}** | {' | '.join(ratios.split(' | ')[1:])} | {t['checkpoint_cpu']:.2f} / {t['state_fsync_cpu']:.2f} / {t['distinct_fsync_cpu']:.2f} / {t['distinct_cpu']:.2f} |"
-        )
+def csv_row(r: dict) -> dict:
+    """One task's numbers as the record shows them (rounded here, once: the record copies them)."""
+    t = r["times"]
+    row = {
+        "task": r["task"],
+        "model": r["model"],
+        "clients": r["clients"],
+        "optimizer": r["optimizer"],
+        "device": r["device"],
+        "model_mb": mb(r["model_bytes"]),
+        "state_mb": mb(r["state_bytes"]),
+        "unique_mb": mb(r["unique_bytes"]),
+        "file_mb": mb(r["file_bytes"]),
+        "file_over_unique": f"{r['file_bytes'] / r['unique_bytes']:.3f}",
+        "torch_save_state_file_mb": mb(r["state_file_bytes"]),
+        "selection_state_mb": mb(r["selection_state"]),
+        "selection_unique_mb": mb(r["selection_unique"]),
+        "selection_file_mb": mb(r["selection_file"]),
+        "selection_file_over_unique": f"{r['selection_file'] / r['selection_unique']:.3f}",
+        "load_start": f"{r['load'][0]:.1f}",
+        "load_end": f"{r['load'][1]:.1f}",
+    }
+    for key in ("checkpoint", "state_fsync", "distinct_fsync", "distinct"):
+        row[f"{key}_s"] = f"{t[key]:.3f}"
+        row[f"{key}_cpu_s"] = f"{t[f'{key}_cpu']:.3f}"
+    for key in ("state_fsync", "distinct_fsync", "distinct"):
+        row[f"checkpoint_over_{key}"] = f"{t['checkpoint'] / t[key]:.2f}"
+        row[f"checkpoint_over_{key}_per_rep"] = f"{t[f'checkpoint_per_{key}']:.2f}"
+    return row
+
+
+def write_csv(results: list[dict], path: Path | None) -> None:
+    rows = [csv_row(r) for r in results]
+    with open(path, "w", newline="", encoding="utf-8") if path else contextlib.nullcontext(sys.stdout) as out:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def main() -> None:
@@ -252,17 +269,16 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny models (a smoke run)")
     parser.add_argument("--device", default="cpu", help="where the state lives (cpu, cuda)")
     parser.add_argument("--dir", default=None, help="where to write (default: the system's temporary folder)")
-    parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--csv", type=Path, help="write the table here (default: standard output)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; state on {args.device}; sizes: {'small' if args.small else 'paper'}\n"
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; state on {args.device}; sizes: {'the demo' if args.small else 'paper'}\n",
+        file=sys.stderr,
     )
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         results = [bench_task(task, args.small, args.reps, Path(tmp), args.device) for task in args.tasks]
-    report(results)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    write_csv(results, args.csv)
 
 
 if __name__ == "__main__":
