@@ -211,6 +211,7 @@ BLOCKS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
 # The records' own tables: record -> the CSV files (beside it) whose tables it shows, in the order shown. The
 # block's name is the CSV's name without ".csv"; it shows every column under the CSV's own header.
 RECORD_TABLES: dict[str, list[str]] = {
+    "2026-12-02-demo-wall-time.md": ["2026-12-02-demo-wall-time.csv", "2026-12-02-demo-wall-time-summary.csv"],
     "2026-11-22-engine-small-cpu.md": ["2026-11-22-engine-small-cpu.csv"],
     "2026-11-22-fedlwr-cka-cpu.md": ["2026-11-22-fedlwr-cka-cpu.csv", "2026-11-22-fedlwr-cka-cpu-steps.csv"],
     "2026-11-23-dag-time.md": ["2026-11-23-dag-time.csv", "2026-11-23-dag-time-slurm-probe.csv"],

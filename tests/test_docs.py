@@ -8,9 +8,11 @@ run (docs/data.md, docs/extending.md, docs/federation.md) are only checked for b
 
 from __future__ import annotations
 
+import csv
 import functools
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import unicodedata
@@ -319,6 +321,24 @@ def test_every_generated_block_names_a_known_result_file():
                 assert m.group("name") in docs_numbers.BLOCKS, f"{rel(page)}: unknown block {m.group('name')}"
     for csv_name, record, _ in docs_numbers.BLOCKS.values():
         assert (docs_numbers.RESULTS / csv_name).exists() and (docs_numbers.RESULTS / record).exists()
+
+
+def test_the_demo_wall_time_summary_is_the_median_and_mean_of_its_runs():
+    results = ROOT / "benchmarks" / "results"
+    with open(results / "2026-12-02-demo-wall-time.csv", newline="", encoding="utf-8") as f:
+        runs = list(csv.DictReader(f))
+    with open(results / "2026-12-02-demo-wall-time-summary.csv", newline="", encoding="utf-8") as f:
+        summary = {row["commit"]: row for row in csv.DictReader(f)}
+    assert set(summary) == {run["commit"] for run in runs}
+    for commit, row in summary.items():
+        walls = [float(r["wall (s)"]) for r in runs if r["commit"] == commit]
+        jobs = [float(r["training jobs summed (s)"]) for r in runs if r["commit"] == commit]
+        assert int(row["runs"]) == len(walls)
+        assert float(row["wall: median (s)"]) == round(statistics.median(walls))
+        assert float(row["wall: mean (s)"]) == round(statistics.mean(walls))
+        assert row["wall: range (s)"] == f"{min(walls):.0f}–{max(walls):.0f}"
+        assert float(row["training jobs summed: median (s)"]) == round(statistics.median(jobs))
+        assert float(row["training jobs summed: mean (s)"]) == round(statistics.mean(jobs))
 
 
 def test_every_benchmark_record_names_its_machine_commit_and_command():

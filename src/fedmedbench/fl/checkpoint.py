@@ -1,4 +1,5 @@
-"""Checkpoints, the checkpointed history log, and plain model files: atomic, checksummed, read on the CPU.
+"""Checkpoints and plain model files: atomic, checksummed, read on the CPU (the history rows a
+checkpoint refers to: ``fl/history_log.py``).
 
 A checkpoint (``save``/``load``) holds a tree of dicts, lists, tuples, sets, numbers, strings, bytes
 and tensors: what ``torch.load(weights_only=True)`` reads back, so loading one runs no code. The file
@@ -13,9 +14,9 @@ global model per client. So a tensor under a dict key (or list position) is chec
 *first* tensor met under the same key with the same dtype, shape and strides, with an exact
 ``torch.equal`` of their bits (NaN payloads and the sign of zero count); an equal one is left out of
 the tree and listed in ``copies`` by its path and its source's path. Nothing is hashed or sampled: one
-compare per tensor, and tensors that differ are told apart in their first elements. The global state is written once, each client adds
-its own keys, its optimizer and generator state, and any shared key it holds differently (mid-round,
-or a method that keeps it). Loading puts back a clone of the source: each copy gets its own memory,
+compare per tensor, and tensors that differ are told apart in their first elements. The global state
+is written once, each client adds its own keys, its optimizer and generator state, and any shared key
+it holds differently (mid-round, or a method that keeps it). Loading puts back a clone of the source: each copy gets its own memory,
 so an in-place step on one client's model reaches no other. One object in two places stays one
 object and views of one storage stay views, as ``torch.save`` keeps them. Only tensors under string
 and integer keys (every state dict and optimizer state) are compared; the copies' paths are one JSON
