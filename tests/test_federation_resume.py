@@ -21,7 +21,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from fedmedbench.files import try_flock  # noqa: E402
 from fedmedbench.fl.engine import run_training  # noqa: E402
+from fedmedbench.fl.runlock import LOCK_NAME  # noqa: E402
 from tests.conftest import tiny_run_config  # noqa: E402
 
 OUTPUTS = ("final.json", "history.csv", "model_best.pt", "predictions.npz")
@@ -56,6 +58,12 @@ def killed_in_round_3(workdir: Path, out: Path, clients) -> bool:
                 return False
         except Exception:  # being replaced this instant
             return False
+    # The sites are done with round 3 a moment before the server has their replies and reaches its
+    # kill: until then it still holds the run folder's lock, and a second run would be refused.
+    handle = try_flock(out / LOCK_NAME)
+    if handle is None:
+        return False
+    handle.close()
     return True
 
 
