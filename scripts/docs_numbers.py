@@ -34,6 +34,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
+CHECKPOINT_BYTES = [
+    ("task", "task"),
+    ("model", "model"),
+    ("clients", "K"),
+    ("optimizer", "optimizer"),
+    ("model_mb", "model MB"),
+    ("state_mb", "state MB"),
+    ("unique_mb", "unique MB"),
+    ("file_mb", "checkpoint file MB"),
+    ("file_over_unique", "file ÷ unique"),
+    ("selection_unique_mb", "selection: unique MB"),
+    ("selection_file_mb", "selection: file MB"),
+    ("selection_file_over_unique", "selection: file ÷ unique"),
+]
+CHECKPOINT_TIMES = [
+    ("task", "task"),
+    ("load_start", "load, start"),
+    ("load_end", "load, end"),
+    ("checkpoint_s", "checkpoint s"),
+    ("state_fsync_s", "torch.save(state) + fsync s"),
+    ("distinct_fsync_s", "torch.save(distinct) + fsync s"),
+    ("checkpoint_over_state_fsync", "checkpoint ÷ torch.save(state) + fsync"),
+    ("checkpoint_over_state_fsync_per_rep", "(per repetition)"),
+    ("checkpoint_over_distinct_fsync", "checkpoint ÷ torch.save(distinct) + fsync"),
+    ("checkpoint_cpu_s", "CPU s: checkpoint"),
+    ("state_fsync_cpu_s", "CPU s: torch.save(state) + fsync"),
+]
+
 # name: (CSV file, the Markdown record it belongs to, [(CSV column, table header), ...])
 BLOCKS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
     "h200-engine": (
@@ -121,76 +149,12 @@ BLOCKS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
         "2026-11-25-paper-scale-cpu.md",
         [("quantity", "quantity"), ("value", "value"), ("unit", "unit"), ("how", "measured with")],
     ),
-    "checkpoint-bytes": (
-        "2026-12-02-checkpoint.csv",
-        "2026-12-02-checkpoint.md",
-        [
-            ("task", "task"),
-            ("model", "model"),
-            ("clients", "K"),
-            ("optimizer", "optimizer"),
-            ("model_mb", "model MB"),
-            ("state_mb", "state MB"),
-            ("unique_mb", "unique MB"),
-            ("file_mb", "checkpoint file MB"),
-            ("file_over_unique", "file ÷ unique"),
-            ("selection_unique_mb", "selection: unique MB"),
-            ("selection_file_mb", "selection: file MB"),
-            ("selection_file_over_unique", "selection: file ÷ unique"),
-        ],
-    ),
-    "checkpoint-times": (
-        "2026-12-02-checkpoint.csv",
-        "2026-12-02-checkpoint.md",
-        [
-            ("task", "task"),
-            ("load_start", "load, start"),
-            ("load_end", "load, end"),
-            ("checkpoint_s", "checkpoint s"),
-            ("state_fsync_s", "torch.save(state) + fsync s"),
-            ("distinct_fsync_s", "torch.save(distinct) + fsync s"),
-            ("checkpoint_over_state_fsync", "checkpoint ÷ torch.save(state) + fsync"),
-            ("checkpoint_over_state_fsync_per_rep", "(per repetition)"),
-            ("checkpoint_over_distinct_fsync", "checkpoint ÷ torch.save(distinct) + fsync"),
-            ("checkpoint_cpu_s", "CPU s: checkpoint"),
-            ("state_fsync_cpu_s", "CPU s: torch.save(state) + fsync"),
-        ],
-    ),
-    "checkpoint-demo-sizes-bytes": (
-        "2026-12-02-checkpoint-demo-sizes.csv",
-        "2026-12-02-checkpoint.md",
-        [
-            ("task", "task"),
-            ("model", "model"),
-            ("clients", "K"),
-            ("optimizer", "optimizer"),
-            ("model_mb", "model MB"),
-            ("state_mb", "state MB"),
-            ("unique_mb", "unique MB"),
-            ("file_mb", "checkpoint file MB"),
-            ("file_over_unique", "file ÷ unique"),
-            ("selection_unique_mb", "selection: unique MB"),
-            ("selection_file_mb", "selection: file MB"),
-            ("selection_file_over_unique", "selection: file ÷ unique"),
-        ],
-    ),
-    "checkpoint-demo-sizes-times": (
-        "2026-12-02-checkpoint-demo-sizes.csv",
-        "2026-12-02-checkpoint.md",
-        [
-            ("task", "task"),
-            ("load_start", "load, start"),
-            ("load_end", "load, end"),
-            ("checkpoint_s", "checkpoint s"),
-            ("state_fsync_s", "torch.save(state) + fsync s"),
-            ("distinct_fsync_s", "torch.save(distinct) + fsync s"),
-            ("checkpoint_over_state_fsync", "checkpoint ÷ torch.save(state) + fsync"),
-            ("checkpoint_over_state_fsync_per_rep", "(per repetition)"),
-            ("checkpoint_over_distinct_fsync", "checkpoint ÷ torch.save(distinct) + fsync"),
-            ("checkpoint_cpu_s", "CPU s: checkpoint"),
-            ("state_fsync_cpu_s", "CPU s: torch.save(state) + fsync"),
-        ],
-    ),
+    # The checkpoint record (bench_checkpoint.py's CSV): sizes, and write times, at the papers' and the demo's sizes.
+    **{
+        f"{name}-{part}": (f"2026-12-02-{name}.csv", "2026-12-02-checkpoint.md", columns)
+        for name in ("checkpoint", "checkpoint-demo-sizes")
+        for part, columns in (("bytes", CHECKPOINT_BYTES), ("times", CHECKPOINT_TIMES))
+    },
     "fair-steps": (
         "2026-12-02-fair-steps.csv",
         "2026-12-02-fair-steps.md",
