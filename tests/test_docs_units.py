@@ -128,6 +128,10 @@ ALLOWED: list[tuple[str, str, str]] = [
         "1.3×",
         "the goal for ours ÷ engine (a constant of the issue)",
     ),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "up to 0.5 s", "Flower 1.42's wait steps (its source)"),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "up to 3 s", "Flower 1.42's SuperNode sleep (its source)"),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "3 s", "Flower 1.42's sleeps (its source)"),
+    ("benchmarks/results/2026-11-29-federation-rounds.md", "1 s", "Flower's SuperExec poll interval (its default)"),
     (
         "benchmarks/results/2026-12-02-checkpoint.md",
         "1.1 ×",
@@ -138,10 +142,6 @@ ALLOWED: list[tuple[str, str, str]] = [
         "1.5 ×",
         "the target for a write against torch.save (a goal, not a result)",
     ),
-    ("benchmarks/results/2026-11-29-federation-rounds.md", "up to 0.5 s", "Flower 1.42's wait steps (its source)"),
-    ("benchmarks/results/2026-11-29-federation-rounds.md", "up to 3 s", "Flower 1.42's SuperNode sleep (its source)"),
-    ("benchmarks/results/2026-11-29-federation-rounds.md", "3 s", "Flower 1.42's sleeps (its source)"),
-    ("benchmarks/results/2026-11-29-federation-rounds.md", "1 s", "Flower's SuperExec poll interval (its default)"),
     (
         "benchmarks/results/2026-11-25-federation-and-simulators.md",
         "1.05×",
